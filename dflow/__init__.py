@@ -1,0 +1,80 @@
+"""dflow: long-running, distributed processes written as ordinary code with a small monad.
+
+Build a flow with ``DFlow.just`` / ``map`` / ``flat_map`` / ``id``, turn it into a pipeline
+with ``init()``, and run it in local mode (``DFlow.global_init_for_test()``) or on workers.
+"""
+
+from __future__ import annotations
+
+from .client import Entry, Pipeline, Run, adirect_run, configure, current_runtime, gather, shutdown
+from .context import ContextStack, RunInfo, RunStatus, StepRecord, StepStatus
+from .errors import (
+    BuildError,
+    ConfigurationError,
+    DFlowError,
+    DuplicateIdError,
+    MissingIdError,
+    NotWaitingError,
+    RunError,
+    RunExistsError,
+    RunFailedError,
+    RunNotFoundError,
+    RunTimeoutError,
+    SerializationError,
+    StepFailedError,
+    StepTimeoutError,
+    StoreError,
+    TransportError,
+    UnknownEntryError,
+)
+from .flow import DFlow, InitParam
+from .memory import MemoryBroker, MemoryStore, MemoryTransport
+from .policy import RetryPolicy
+from .runtime import Runtime
+from .store import Store
+from .transport import Delivery, Transport
+
+__all__ = [
+    "BuildError",
+    "ConfigurationError",
+    "ContextStack",
+    "DFlow",
+    "DFlowError",
+    "Delivery",
+    "DuplicateIdError",
+    "Entry",
+    "InitParam",
+    "MemoryBroker",
+    "MemoryStore",
+    "MemoryTransport",
+    "MissingIdError",
+    "NotWaitingError",
+    "Pipeline",
+    "RetryPolicy",
+    "Run",
+    "RunError",
+    "RunExistsError",
+    "RunFailedError",
+    "RunInfo",
+    "RunNotFoundError",
+    "RunStatus",
+    "RunTimeoutError",
+    "Runtime",
+    "SerializationError",
+    "StepFailedError",
+    "StepRecord",
+    "StepStatus",
+    "StepTimeoutError",
+    "Store",
+    "StoreError",
+    "Transport",
+    "TransportError",
+    "UnknownEntryError",
+    "adirect_run",
+    "configure",
+    "current_runtime",
+    "gather",
+    "shutdown",
+]
+
+__version__ = "0.1.0"

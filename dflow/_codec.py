@@ -1,0 +1,118 @@
+"""Encoding of values that cross a step boundary, and of transport messages.
+
+Values are msgpack data or pydantic models. A model travels as an extension record
+holding its import path and its JSON-mode dump, and is rebuilt with ``model_validate``
+on the way back, so the next step sees an instance of the same class.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from .errors import SerializationError
+
+_EXT_MODEL = 1
+
+try:  # pydantic is a core dependency, but keep the codec importable without it
+    from pydantic import BaseModel as _BaseModel
+except ImportError:  # pragma: no cover
+    _BaseModel = None  # type: ignore[assignment,misc]
+
+
+def _default(obj: Any) -> Any:
+    if _BaseModel is not None and isinstance(obj, _BaseModel):
+        cls = type(obj)
+        body = [f"{cls.__module__}:{cls.__qualname__}", obj.model_dump(mode="json")]
+        return msgpack.ExtType(_EXT_MODEL, msgpack.packb(body, use_bin_type=True))
+    raise TypeError(f"{type(obj).__module__}.{type(obj).__qualname__} is not msgpack data")
+
+
+_model_classes: dict[str, Any] = {}
+
+
+def _ext_hook(code: int, data: bytes) -> Any:
+    if code != _EXT_MODEL:
+        raise SerializationError(f"unknown msgpack extension type {code}")
+    path, dumped = msgpack.unpackb(data, raw=False)
+    cls = _model_classes.get(path)
+    if cls is None:
+        module, _, qualname = path.partition(":")
+        try:
+            obj: Any = importlib.import_module(module)
+            for part in qualname.split("."):
+                obj = getattr(obj, part)
+        except (ImportError, AttributeError) as exc:
+            raise SerializationError(
+                f"cannot rebuild pydantic model {path}: {exc}; the class must be importable "
+                "at module level on every worker"
+            ) from exc
+        cls = _model_classes[path] = obj
+    return cls.model_validate(dumped)
+
+
+_packer_kwargs = {"default": _default, "use_bin_type": True, "datetime": True}
+
+
+def encode(value: Any, what: str = "value") -> bytes:
+    """Encode ``value``; raise ``SerializationError`` naming ``what`` when it can't be."""
+    try:
+        return msgpack.packb(value, **_packer_kwargs)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise SerializationError(
+            f"{what} of type {type(value).__qualname__} cannot be serialised ({exc}). Use msgpack "
+            "data (dict, list, str, bytes, int, float, bool, None, tz-aware datetime) or a "
+            "pydantic model."
+        ) from None
+
+
+def decode(data: bytes) -> Any:
+    """Decode bytes made by ``encode``."""
+    try:
+        return msgpack.unpackb(data, raw=False, ext_hook=_ext_hook, timestamp=3, strict_map_key=False)
+    except SerializationError:
+        raise
+    except Exception as exc:
+        raise SerializationError(f"cannot decode a stored value: {exc}") from exc
+
+
+NONE = encode(None)
+
+# Message kinds: what the step should do with the run's stored value.
+RUN = 0  # run the node's function on the stored value
+CONTINUE = 1  # the stored value is the node's output (a call arrived, a delay ended)
+JOIN = 2  # the node's output comes from its zip/any branches
+FAIL = 3  # the stored value is an error the node raised elsewhere (an ``on_init``)
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A step message: which run, which step, which attempt. Values stay in the store."""
+
+    trace_id: str
+    seq: int
+    key: str
+    attempt: int = 0
+    kind: int = RUN
+
+    def encode(self) -> bytes:
+        return msgpack.packb((self.trace_id, self.seq, self.key, self.attempt, self.kind))
+
+    @classmethod
+    def decode(cls, data: bytes) -> Message:
+        """Decode a message; raise ``SerializationError`` saying why it is not one."""
+        try:
+            trace_id, seq, key, attempt, kind = msgpack.unpackb(data, raw=False)
+        except Exception as exc:
+            raise SerializationError(f"not a dflow step message ({exc})") from None
+        if not (isinstance(trace_id, str) and isinstance(seq, int) and isinstance(key, str)):
+            raise SerializationError("not a dflow step message (wrong field types)")
+        return cls(trace_id, seq, key, attempt, kind)
+
+    @property
+    def ident(self) -> str:
+        """Unique id of this delivery intent: trace, sequence and attempt."""
+        return f"{self.trace_id}#{self.seq}.{self.attempt}"

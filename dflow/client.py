@@ -1,0 +1,419 @@
+"""Starting runs, resuming them, and waiting for their results, from sync or async code.
+
+The runtime lives on its own event loop in a background thread. Sync calls hand their
+work to that loop and wait; async calls await it from any loop. Inside a step (on the
+runtime's loop) use the async forms: a sync call there cannot wait without blocking the
+very loop it waits for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import concurrent.futures
+import threading
+import uuid
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+from ._codec import Message, encode
+from .context import ContextStack, RunInfo, RunStatus, StepRecord, StepStatus
+from .errors import ConfigurationError, DFlowError, RunFailedError, RunNotFoundError, UnknownEntryError
+from .flow import DFlow, InitParam, Kind, compile_flow
+from .memory import MemoryStore, MemoryTransport
+from .runtime import Runtime
+from .store import Frame, NewRun, Store
+from .transport import Transport
+
+__all__ = [
+    "Entry",
+    "Pipeline",
+    "Run",
+    "adirect_run",
+    "configure",
+    "current_runtime",
+    "gather",
+    "global_init_for_test",
+    "shutdown",
+]
+
+T = TypeVar("T")
+
+
+class _LoopThread:
+    """An event loop running in a daemon thread."""
+
+    def __init__(self, name: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self._main, name=name, daemon=True)
+        self.thread.start()
+
+    def _main(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def on_loop(self) -> bool:
+        return threading.current_thread() is self.thread
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=5)
+        if not self.thread.is_alive():
+            self.loop.close()
+
+
+class _Host:
+    """A runtime and the loop thread it runs on."""
+
+    def __init__(self, runtime: Runtime, thread: _LoopThread) -> None:
+        self.runtime = runtime
+        self.thread = thread
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        """Run ``coro`` on the runtime's loop and wait for it (from another thread)."""
+        if self.thread.on_loop():
+            coro.close()
+            raise DFlowError(
+                "a blocking dflow call was made on the runtime's own event loop (inside a step); "
+                "use the async form (await run.wait(), await entry.acall(...), await DFlow.acall(...))"
+            )
+        return self.thread.submit(coro).result(timeout)
+
+    async def arun(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Await ``coro`` on the runtime's loop, from any loop."""
+        if self.thread.on_loop():
+            return await coro
+        return await asyncio.wrap_future(self.thread.submit(coro))
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        """Schedule ``coro`` on the runtime's loop without waiting (usable on the loop)."""
+        if self.thread.on_loop():
+            task = asyncio.ensure_future(coro)
+            task.add_done_callback(_log_failure)
+        else:
+            self.thread.submit(coro).add_done_callback(_log_failure)
+
+    def close(self, grace: float = 5.0) -> None:
+        try:
+            self.thread.submit(self.runtime.stop(grace)).result(grace + 5)
+        finally:
+            self.thread.close()
+
+
+def _log_failure(fut: Any) -> None:
+    if not fut.cancelled() and fut.exception() is not None:
+        import logging
+
+        logging.getLogger("dflow.client").error("dflow: a background call failed: %s", fut.exception())
+
+
+_host: _Host | None = None
+_host_lock = threading.Lock()
+
+
+def configure(
+    transport: Transport,
+    store: Store,
+    *,
+    consume: bool = True,
+    concurrency: int = 64,
+    lease: float = 60.0,
+    poll_interval: float = 0.05,
+) -> Runtime:
+    """Make ``transport`` and ``store`` this process's runtime, on a background loop.
+
+    With ``consume=False`` the process only starts and resumes runs (a web app, say) and
+    leaves the steps to workers. Replaces (and stops) any runtime configured before.
+    """
+    global _host
+    with _host_lock:
+        old, _host = _host, None
+        if old is not None:
+            old.close()
+        thread = _LoopThread("dflow-runtime")
+
+        async def make() -> Runtime:
+            rt = Runtime(transport, store, concurrency=concurrency, lease=lease, poll_interval=poll_interval)
+            await rt.start(consume=consume)
+            return rt
+
+        runtime = thread.submit(make()).result(10)
+        _host = _Host(runtime, thread)
+        return runtime
+
+
+def global_init_for_test(*, concurrency: int = 16, ttl: float = 3600.0) -> Runtime:
+    """Local mode: the runtime on an in-memory transport and store, in this process.
+
+    Finished runs are kept ``ttl`` seconds for ``Run.result()`` and inspection.
+    """
+    return configure(
+        MemoryTransport(), MemoryStore(ttl=ttl), concurrency=concurrency, poll_interval=0.005
+    )
+
+
+def shutdown(grace: float = 5.0) -> None:
+    """Stop this process's runtime (running steps get ``grace`` seconds to finish)."""
+    global _host
+    with _host_lock:
+        host, _host = _host, None
+    if host is not None:
+        host.close(grace)
+
+
+atexit.register(shutdown, 1.0)
+
+
+def _current() -> _Host:
+    host = _host
+    if host is None:
+        raise ConfigurationError(
+            "no dflow runtime is configured: call DFlow.global_init_for_test() for local mode, "
+            "or dflow.configure(transport, store)"
+        )
+    return host
+
+
+def current_runtime() -> Runtime:
+    """The runtime configured in this process (``ConfigurationError`` when none is)."""
+    return _current().runtime
+
+
+# -- runs --------------------------------------------------------------------------------
+
+
+class Run:
+    """A handle on one run: wait for its result, read its status and its context."""
+
+    __slots__ = ("trace_id",)
+
+    def __init__(self, trace_id: str) -> None:
+        self.trace_id = trace_id
+
+    def __repr__(self) -> str:
+        return f"Run({self.trace_id!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Run) and other.trace_id == self.trace_id
+
+    def __hash__(self) -> int:
+        return hash(self.trace_id)
+
+    async def wait(self, timeout: float | None = None) -> Any:
+        """Await the run's result. ``RunFailedError`` when it failed, ``RunTimeoutError``
+        when ``timeout`` seconds pass first (the run goes on)."""
+        host = _current()
+        info = await host.arun(host.runtime.store.wait_finished(self.trace_id, timeout))
+        return _outcome(info)
+
+    def result(self, timeout: float | None = None) -> Any:
+        """Block until the run's result (see ``wait``)."""
+        host = _current()
+        info = host.run(host.runtime.store.wait_finished(self.trace_id, timeout))
+        return _outcome(info)
+
+    def info(self) -> RunInfo:
+        """The run's status record (``RunNotFoundError`` when there is none)."""
+        host = _current()
+        info = host.run(host.runtime.store.get_run(self.trace_id))
+        if info is None:
+            raise RunNotFoundError(f"no run with trace id {self.trace_id!r}", trace_id=self.trace_id)
+        return info
+
+    def status(self) -> RunStatus:
+        """Running, waiting, done or failed."""
+        return self.info().status
+
+    def context(self) -> ContextStack:
+        """The run's context with its global data and its step records."""
+        host = _current()
+        store = host.runtime.store
+
+        async def read() -> tuple[dict[str, bytes], list[StepRecord]]:
+            return await store.get_data(self.trace_id), await store.get_steps(self.trace_id)
+
+        data, steps = host.run(read())
+        info = self.info()
+        return ContextStack(self.trace_id, data, seq=info.seq, steps=tuple(steps))
+
+
+def _outcome(info: RunInfo) -> Any:
+    if info.status is RunStatus.FAILED:
+        err = info.error or {}
+        raise RunFailedError(
+            f"run {info.trace_id!r} failed at step {err.get('step')!r}: {err.get('type')}: {err.get('message')}",
+            trace_id=info.trace_id,
+            error=err,
+        )
+    return info.result
+
+
+def _trace_of(param: Any) -> tuple[Any, str]:
+    if isinstance(param, InitParam):
+        return param.param, param.trace_id or uuid.uuid4().hex
+    return param, uuid.uuid4().hex
+
+
+def _entry_run(trace_id: str, chain_frames: tuple[Frame, ...], value: bytes, key: str) -> NewRun:
+    """A run that starts after its entry node, which outputs ``value``."""
+    top = chain_frames[-1]
+    record = StepRecord(key, 0, StepStatus.ENTRY, raw_output=value)
+    if top.pos + 1 >= len(top.chain.nodes):
+        return NewRun(trace_id, (), value, None, records=[record], result=value)
+    frames = (Frame(top.chain, top.pos + 1, top.suffix),)
+    return NewRun(trace_id, frames, value, Message(trace_id, 1, frames[-1].key), records=[record])
+
+
+def _start(run: NewRun) -> Run:
+    host = _current()
+    if host.thread.on_loop():
+        host.spawn(host.runtime.start_run(run))
+    else:
+        host.run(host.runtime.start_run(run))
+    return Run(run.trace_id)
+
+
+async def _astart(run: NewRun) -> Run:
+    host = _current()
+    await host.arun(host.runtime.start_run(run))
+    return Run(run.trace_id)
+
+
+class Entry:
+    """One way into a pipeline: its ``from_call`` head. ``call`` starts a run."""
+
+    __slots__ = ("pipeline", "call_type")
+
+    def __init__(self, pipeline: Pipeline, call_type: str) -> None:
+        self.pipeline = pipeline
+        self.call_type = call_type
+
+    def __repr__(self) -> str:
+        return f"Entry({self.pipeline.name!r}, {self.call_type!r})"
+
+    def _new_run(self, param: Any, trace_id: str | None) -> NewRun:
+        trace = trace_id or uuid.uuid4().hex
+        frame = Frame(self.pipeline._chain, 0)
+        return _entry_run(trace, (frame,), encode(param, f"the parameter of entry {self.call_type!r}"), frame.key)
+
+    def call(self, param: Any = None, trace_id: str | None = None) -> Run:
+        """Start a run with ``param``; ``RunExistsError`` if ``trace_id`` is taken."""
+        return _start(self._new_run(param, trace_id))
+
+    async def acall(self, param: Any = None, trace_id: str | None = None) -> Run:
+        """Async ``call``."""
+        return await _astart(self._new_run(param, trace_id))
+
+
+class Pipeline:
+    """A checked flow ready to run, made by ``DFlow.init()``."""
+
+    __slots__ = ("name", "_chain", "_entries")
+
+    def __init__(self) -> None:  # pragma: no cover
+        raise TypeError("pipelines are made by DFlow.init()")
+
+    @classmethod
+    def _create(cls, flow: DFlow[Any], name: str | None) -> Pipeline:
+        chain = compile_flow(flow)
+        self = object.__new__(cls)
+        self._chain = chain
+        self.name = name or chain.keys[0]
+        head = chain.nodes[0]
+        self._entries = {head._value: Entry(self, head._value)} if head._kind == Kind.FROM_CALL else {}
+        from ._registry import register
+
+        register(self)
+        return self
+
+    def __repr__(self) -> str:
+        return f"Pipeline({self.name!r}, entries={list(self._entries)})"
+
+    @property
+    def entries(self) -> list[str]:
+        """Call types that start this pipeline."""
+        return list(self._entries)
+
+    def entry(self, call_type: str) -> Entry:
+        """The entry for ``call_type``; ``UnknownEntryError`` names the ones there are."""
+        try:
+            return self._entries[call_type]
+        except KeyError:
+            have = ", ".join(repr(k) for k in self._entries) or "none (its head is not a from_call)"
+            raise UnknownEntryError(
+                f"pipeline {self.name!r} has no entry {call_type!r}; its entries: {have}"
+            ) from None
+
+    def _new_run(self, param: Any, trace_id: str | None) -> NewRun:
+        if self._entries:
+            (entry,) = self._entries.values()
+            return entry._new_run(param, trace_id)
+        if param is not None:
+            raise DFlowError(
+                f"pipeline {self.name!r} starts with {self._chain.nodes[0]._describe()}, which takes no "
+                "parameter; start it with call() or make its head a from_call"
+            )
+        trace = trace_id or uuid.uuid4().hex
+        frame = Frame(self._chain, 0)
+        return NewRun(trace, (frame,), encode(None), Message(trace, 0, frame.key))
+
+    def call(self, param: Any = None, trace_id: str | None = None) -> Run:
+        """Start a run through the pipeline's only entry (or its ``just`` head)."""
+        return _start(self._new_run(param, trace_id))
+
+    async def acall(self, param: Any = None, trace_id: str | None = None) -> Run:
+        """Async ``call``."""
+        return await _astart(self._new_run(param, trace_id))
+
+
+_DIRECT = "direct_run"
+
+
+def _direct_new_run(param: Any, builder: Callable[..., DFlow[Any]]) -> NewRun:
+    value, trace_id = _trace_of(param)
+    flow = DFlow.from_call(_DIRECT).flat_map(builder).id(f"{_DIRECT}.build")
+    frame = Frame(compile_flow(flow), 0)
+    return _entry_run(trace_id, (frame,), encode(value, "the parameter of direct_run"), frame.key)
+
+
+def direct_run(param: Any, builder: Callable[..., DFlow[Any]]) -> Run:
+    """Start a run of the flow ``builder(value)`` returns (see ``DFlow.direct_run``)."""
+    return _start(_direct_new_run(param, builder))
+
+
+async def adirect_run(param: Any, builder: Callable[..., DFlow[Any]]) -> Run:
+    """Async ``direct_run``."""
+    return await _astart(_direct_new_run(param, builder))
+
+
+def call(call_type: str, payload: Any, trace_id: str) -> None:
+    """Resume a run waiting in ``from_call(call_type)`` (see ``DFlow.call``)."""
+    host = _current()
+    body = encode(payload, f"the payload of call {call_type!r}")
+    coro = host.runtime.resume(trace_id, call_type, body)
+    if host.thread.on_loop():
+        host.spawn(coro)
+    else:
+        host.run(coro)
+
+
+async def acall(call_type: str, payload: Any, trace_id: str) -> None:
+    """Async ``call``; raises ``NotWaitingError`` even on the runtime's loop."""
+    host = _current()
+    body = encode(payload, f"the payload of call {call_type!r}")
+    await host.arun(host.runtime.resume(trace_id, call_type, body))
+
+
+def gather(runs: list[Run], timeout: float | None = None) -> list[Any]:
+    """Wait for several runs; results in order (a failed run raises ``RunFailedError``)."""
+    host = _current()
+    store = host.runtime.store
+
+    async def wait_all() -> list[RunInfo]:
+        return list(await asyncio.gather(*(store.wait_finished(r.trace_id, timeout) for r in runs)))
+
+    return [_outcome(i) for i in host.run(wait_all())]
+

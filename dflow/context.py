@@ -1,0 +1,177 @@
+"""The per-run state a step sees (``ContextStack``) and what the store records of a run."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from ._codec import decode, encode
+from .errors import DFlowError
+
+__all__ = ["ContextStack", "RunInfo", "RunStatus", "StepRecord", "StepStatus"]
+
+
+class RunStatus(str, Enum):
+    """Where a run is."""
+
+    RUNNING = "running"  #: a step is queued or executing
+    WAITING = "waiting"  #: suspended: in ``from_call``, or joining ``zip``/``any`` branches
+    DONE = "done"  #: finished with a result
+    FAILED = "failed"  #: finished with an error
+
+    @property
+    def finished(self) -> bool:
+        return self in (RunStatus.DONE, RunStatus.FAILED)
+
+
+class StepStatus(str, Enum):
+    """What became of one executed step."""
+
+    DONE = "done"  #: produced its output
+    FAILED = "failed"  #: raised; the error skipped forward
+    RETRYING = "retrying"  #: raised; another attempt is scheduled
+    RECOVERED = "recovered"  #: an ``on_error_return`` handler produced the output
+    WAITING = "waiting"  #: a ``from_call`` registered its wait
+    SLEEPING = "sleeping"  #: a ``delay`` started its timer
+    FORKED = "forked"  #: a ``zip``/``any`` started its branches
+    ENTRY = "entry"  #: the entry call that started the run
+
+
+@dataclass(slots=True)
+class StepRecord:
+    """One executed step of a run. ``input``/``output`` decode the stored values."""
+
+    key: str
+    seq: int
+    status: StepStatus
+    attempt: int = 0
+    worker: str = ""
+    started: float = 0.0  #: wall-clock start, seconds since the epoch
+    duration: float = 0.0  #: seconds
+    raw_input: bytes | None = None
+    raw_output: bytes | None = None
+    error: dict[str, Any] | None = None
+    name: str | None = None
+
+    @property
+    def input(self) -> Any:
+        return None if self.raw_input is None else decode(self.raw_input)
+
+    @property
+    def output(self) -> Any:
+        return None if self.raw_output is None else decode(self.raw_output)
+
+
+@dataclass(slots=True)
+class RunInfo:
+    """A run's status as the store holds it."""
+
+    trace_id: str
+    status: RunStatus
+    seq: int
+    created: float
+    updated: float
+    waiting_for: str | None = None
+    raw_result: bytes | None = None
+    error: dict[str, Any] | None = None
+    parent: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def result(self) -> Any:
+        return None if self.raw_result is None else decode(self.raw_result)
+
+
+_DELETED = None
+
+
+class ContextStack:
+    """The context of one run: its trace id, its global data, and its step record.
+
+    Step functions that take ``(ctx, value)`` receive it. ``get``/``put`` read and write
+    the run's global data; a step's writes are committed with its result (and dropped if
+    it fails). ``idempotency_key`` is stable across re-executions of the same step.
+    """
+
+    __slots__ = ("trace_id", "seq", "attempt", "_data", "_changes", "_steps")
+
+    def __init__(
+        self,
+        trace_id: str,
+        data: Mapping[str, bytes] | None = None,
+        *,
+        seq: int = 0,
+        attempt: int = 0,
+        steps: tuple[StepRecord, ...] | None = None,
+    ) -> None:
+        self.trace_id = trace_id
+        self.seq = seq
+        self.attempt = attempt
+        self._data: Mapping[str, bytes] = data if data is not None else {}
+        self._changes: dict[str, bytes | None] = {}
+        self._steps = steps
+
+    @property
+    def idempotency_key(self) -> str:
+        """``trace_id:seq``: the same for every execution of this step, unique otherwise."""
+        return f"{self.trace_id}:{self.seq}"
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """The value stored under ``key`` (a fresh copy), or ``default``."""
+        raw = self._changes[key] if key in self._changes else self._data.get(key)
+        return default if raw is None else decode(raw)
+
+    def put(self, key: str, value: Any) -> None:
+        """Store ``value`` under ``key``. Raises ``SerializationError`` at once for a value
+        that could not be committed."""
+        if not isinstance(key, str):
+            raise TypeError(f"context keys are strings, got {type(key).__qualname__}")
+        self._changes[key] = encode(value, f"ctx.put({key!r}) value")
+
+    def delete(self, key: str) -> None:
+        """Remove ``key`` from the run's data."""
+        self._changes[key] = _DELETED
+
+    def __contains__(self, key: object) -> bool:
+        if key in self._changes:
+            return self._changes[key] is not None  # type: ignore[index]
+        return key in self._data
+
+    def keys(self) -> Iterator[str]:
+        """Keys of the run's data."""
+        for k in self._data:
+            if self._changes.get(k, b"") is not None:
+                yield k
+        for k, v in self._changes.items():
+            if v is not None and k not in self._data:
+                yield k
+
+    def as_dict(self) -> dict[str, Any]:
+        """All of the run's data, decoded."""
+        return {k: self.get(k) for k in self.keys()}
+
+    @property
+    def steps(self) -> tuple[StepRecord, ...]:
+        """The record of executed steps, oldest first. Loaded on contexts read with
+        ``Run.context()``; a step's own ``ctx`` does not carry it (it would cost a read of
+        the whole history on every step)."""
+        if self._steps is None:
+            raise DFlowError(
+                "step records are not loaded in a step's ctx; read a run's history with "
+                "Run.context() or dflow inspect"
+            )
+        return self._steps
+
+    def _child_data(self) -> dict[str, bytes]:
+        data = dict(self._data)
+        for k, v in self._changes.items():
+            if v is None:
+                data.pop(k, None)
+            else:
+                data[k] = v
+        return data
+
+    def __repr__(self) -> str:
+        return f"ContextStack(trace_id={self.trace_id!r}, seq={self.seq})"

@@ -1,0 +1,142 @@
+"""Every error dflow raises, in one tree.
+
+::
+
+    DFlowError
+    ├── BuildError                  a flow is built wrongly (caught when it is built)
+    │   ├── MissingIdError          a node that runs as a step has no id
+    │   └── DuplicateIdError        two nodes of one flow share an id
+    ├── SerializationError          a value cannot cross a step boundary
+    ├── ConfigurationError          no runtime, a missing extra, a bad setting
+    ├── UnknownEntryError           a pipeline has no entry of that name
+    ├── RunError                    about one run (carries ``trace_id``)
+    │   ├── RunNotFoundError        no such run (never started, or expired)
+    │   ├── RunExistsError          a run with that trace id already exists
+    │   ├── NotWaitingError         ``DFlow.call`` on a run not waiting for that call
+    │   ├── RunFailedError          the awaited run ended failed
+    │   └── RunTimeoutError         waiting for a run's result timed out
+    ├── StepTimeoutError            a step ran longer than its ``timeout``
+    ├── StepFailedError             an error recorded elsewhere (a branch, an on_init)
+    ├── TransportError              the message transport failed
+    └── StoreError                  the store failed
+
+Errors that also mean something to Python carry the builtin as a second base
+(``RunTimeoutError`` is a ``TimeoutError``, ``SerializationError`` a ``TypeError``), so
+``except TimeoutError`` keeps working.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "BuildError",
+    "ConfigurationError",
+    "DFlowError",
+    "DuplicateIdError",
+    "MissingIdError",
+    "NotWaitingError",
+    "RunError",
+    "RunExistsError",
+    "RunFailedError",
+    "RunNotFoundError",
+    "RunTimeoutError",
+    "SerializationError",
+    "StepFailedError",
+    "StepTimeoutError",
+    "StoreError",
+    "TransportError",
+    "UnknownEntryError",
+]
+
+
+class DFlowError(Exception):
+    """Root of every error raised by dflow."""
+
+
+class BuildError(DFlowError):
+    """A flow is built wrongly. Raised by ``init()``, or by the ``flat_map`` step whose
+    function returned the faulty flow."""
+
+
+class MissingIdError(BuildError):
+    """A node that runs as a step has no id. Give it one with ``.id("...")``."""
+
+
+class DuplicateIdError(BuildError):
+    """Two nodes on one path of a flow share an id, so their step keys would collide."""
+
+
+class SerializationError(DFlowError, TypeError):
+    """A value (a step result, a ``ctx.put`` value, a call payload) cannot be encoded
+    or decoded. Values must be msgpack data (dict, list, str, bytes, int, float, bool,
+    None) or pydantic models."""
+
+
+class ConfigurationError(DFlowError):
+    """dflow is not set up for what was asked: no runtime, a missing extra, a bad URL."""
+
+
+class UnknownEntryError(DFlowError, KeyError):
+    """A pipeline has no entry of the given call type."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class RunError(DFlowError):
+    """An error about one run; ``trace_id`` names it."""
+
+    def __init__(self, message: str, *, trace_id: str) -> None:
+        super().__init__(message)
+        self.trace_id = trace_id
+
+
+class RunNotFoundError(RunError, LookupError):
+    """No run has this trace id: it was never started, or it finished and expired."""
+
+
+class RunExistsError(RunError):
+    """A run with this trace id already exists; trace ids name runs uniquely."""
+
+
+class NotWaitingError(RunError):
+    """``DFlow.call`` reached a run that is not waiting for that call type: it waits
+    for another call, is still running, or has finished."""
+
+
+class RunFailedError(RunError):
+    """The run ended failed. ``error`` holds what was recorded: ``type``, ``message``,
+    ``step`` (the key of the failing step) and ``traceback``."""
+
+    def __init__(self, message: str, *, trace_id: str, error: dict[str, Any]) -> None:
+        super().__init__(message, trace_id=trace_id)
+        self.error = error
+
+
+class RunTimeoutError(RunError, TimeoutError):
+    """The run did not finish within the time the caller was willing to wait. The run
+    itself goes on."""
+
+
+class StepTimeoutError(DFlowError, TimeoutError):
+    """A step ran longer than its ``timeout``. Retried when the node's retry policy
+    covers it."""
+
+
+class StepFailedError(DFlowError):
+    """An error raised elsewhere and recorded, re-raised where the flow continues: a
+    failed ``zip``/``any`` branch, or a ``from_call`` whose ``on_init`` raised. ``error``
+    holds the recorded ``type``, ``message`` and ``step``."""
+
+    def __init__(self, message: str, error: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.error = error
+
+
+class TransportError(DFlowError):
+    """The message transport failed (connection refused, broker gone)."""
+
+
+class StoreError(DFlowError):
+    """The store failed (connection refused, script error)."""

@@ -1,0 +1,461 @@
+"""The step runtime: consume step messages, run them, commit results and the next step.
+
+Local mode and workers run this same code; only the ``Transport`` and ``Store`` differ.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import itertools
+import logging
+import os
+import socket
+import time
+import traceback
+from typing import Any
+
+import msgpack
+
+from ._codec import CONTINUE, FAIL, JOIN, NONE, RUN, Message, decode, encode
+from .context import ContextStack, StepRecord, StepStatus
+from .errors import SerializationError, StepFailedError, StepTimeoutError
+from .flow import Chain, DFlow, Kind, compile_flow
+from .store import Advance, Claim, Fail, Finish, Fork, Frame, NewRun, Parent, Store, Transition, Wait
+from .transport import Delivery, Transport
+
+__all__ = ["Runtime"]
+
+log = logging.getLogger("dflow.runtime")
+
+_worker_ids = itertools.count(1)
+
+
+def error_info(exc: BaseException, step: str) -> dict[str, Any]:
+    """What is recorded of an error: type, message, step key, traceback."""
+    if isinstance(exc, StepFailedError):
+        return {**exc.error, "step": exc.error.get("step", step)}
+    cls = type(exc)
+    name = cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+    tb = "".join(traceback.format_exception(cls, exc, exc.__traceback__))
+    return {"type": name, "message": str(exc), "step": step, "traceback": tb[-4000:]}
+
+
+def _raise_recorded(error: dict[str, Any], context: str) -> None:
+    raise StepFailedError(f"{context}: {error.get('type')}: {error.get('message')}", error)
+
+
+def _next(trace_id: str, seq: int, frames: tuple[Frame, ...], out: bytes) -> Transition:
+    """The transition after the top frame's node produced ``out``."""
+    top = frames[-1]
+    pos = top.pos + 1
+    chain = top.chain
+    if pos < len(chain.nodes):
+        return Advance(
+            (*frames[:-1], Frame(chain, pos, top.suffix)),
+            out,
+            Message(trace_id, seq + 1, chain.keys[pos] + top.suffix),
+        )
+    if len(frames) == 1:
+        return Finish(out)
+    rest = frames[:-1]
+    return Advance(rest, out, Message(trace_id, seq + 1, rest[-1].key))
+
+
+_ARRAY_HEADER = msgpack.Packer()
+
+
+class Runtime:
+    """Consumes step messages from ``transport`` and runs them against ``store``.
+
+    ``concurrency`` steps run at once (async steps interleave; sync steps run on the loop
+    unless marked ``in_thread``). ``lease`` is how long a claimed step may run before
+    another worker may take it over; the runtime renews the leases of steps still running.
+    """
+
+    def __init__(
+        self,
+        transport: Transport,
+        store: Store,
+        *,
+        worker_id: str | None = None,
+        concurrency: int = 64,
+        lease: float = 60.0,
+        poll_interval: float = 0.05,
+    ) -> None:
+        self.transport = transport
+        self.store = store
+        self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{next(_worker_ids)}"
+        self.concurrency = concurrency
+        self.lease = lease
+        self.poll_interval = poll_interval
+        self._inflight: dict[str, tuple[float, Claim]] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._consumers: list[asyncio.Task[None]] = []
+        self._busy: set[asyncio.Task[Any]] = set()
+        self._stopping = False
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    async def start(self, *, consume: bool = True) -> None:
+        """Start the consumers (when ``consume``), the timer loop and lease renewal."""
+        self._stopping = False
+        loop = asyncio.get_running_loop()
+        if consume:
+            self._consumers = [loop.create_task(self._consume()) for _ in range(self.concurrency)]
+            self._tasks.append(loop.create_task(self._renew_leases()))
+        self._tasks.append(loop.create_task(self._timers()))
+
+    async def stop(self, grace: float = 10.0) -> None:
+        """Stop consuming; let running steps finish for up to ``grace`` seconds, then cancel
+        them (their messages are handed back and their leases lapse)."""
+        self._stopping = True
+        consumers, self._consumers = self._consumers, []
+        for task in consumers:
+            if task not in self._busy:  # idle in receive(): nothing to finish
+                task.cancel()
+        if consumers:
+            _, pending = await asyncio.wait(consumers, timeout=grace)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*consumers, return_exceptions=True)
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self.transport.close()
+        await self.store.close()
+
+    # -- client operations (run on this runtime's loop) ------------------------------
+
+    async def publish(self, messages: list[Message]) -> None:
+        """Publish step messages."""
+        if len(messages) == 1:
+            m = messages[0]
+            await self.transport.publish(m.encode(), m.trace_id)
+        elif messages:
+            await self.transport.publish_many([(m.encode(), m.trace_id) for m in messages])
+
+    async def start_run(self, run: NewRun) -> None:
+        """Create a run and dispatch its first step."""
+        await self.publish(await self.store.create_run(run))
+
+    async def resume(self, trace_id: str, call_type: str, payload: bytes, *, failed: bool = False) -> None:
+        """Deliver a call to a run waiting in ``from_call``."""
+        await self.publish(await self.store.resume(trace_id, call_type, payload, failed=failed))
+
+    # -- loops -----------------------------------------------------------------------
+
+    async def _consume(self) -> None:
+        transport = self.transport
+        handled = 0
+        while not self._stopping:
+            try:
+                deliveries = await transport.receive(1, timeout=0.25)
+            except Exception:
+                log.exception("dflow: receiving from the transport failed; retrying")
+                await asyncio.sleep(0.5)
+                continue
+            if deliveries:
+                me = asyncio.current_task()
+                assert me is not None
+                self._busy.add(me)
+                try:
+                    for d in deliveries:
+                        await self._handle(d)
+                finally:
+                    self._busy.discard(me)
+            handled += 1
+            if handled & 7 == 0:
+                await asyncio.sleep(0)
+
+    async def _handle(self, d: Delivery) -> None:
+        try:
+            msg = Message.decode(d.body)
+        except SerializationError as exc:
+            log.error("dflow: dead-lettering an undecodable message: %s", exc)
+            await self.transport.dead_letter(d, str(exc))
+            return
+        try:
+            await self.process(msg)
+        except asyncio.CancelledError:
+            await self.transport.nack(d)
+            raise
+        except Exception:
+            log.exception("dflow: step %s of run %s could not be processed; handing it back", msg.key, msg.trace_id)
+            await self.transport.nack(d)
+            return
+        await self.transport.ack(d)
+
+    async def _timers(self) -> None:
+        store = self.store
+        while not self._stopping:
+            try:
+                now = time.time()
+                messages, next_due = await store.due(now)
+                if messages:
+                    await self.publish(messages)
+                    continue
+            except Exception:
+                log.exception("dflow: polling the store's timers failed; retrying")
+                next_due = None
+            pause = self.poll_interval if next_due is None else min(self.poll_interval, max(0.0, next_due - now))
+            await asyncio.sleep(pause)
+
+    async def _renew_leases(self) -> None:
+        period = self.lease / 3
+        while not self._stopping:
+            await asyncio.sleep(min(period, 1.0))
+            now = time.monotonic()
+            old = [c for started, c in self._inflight.values() if now - started >= period]
+            if old:
+                try:
+                    await self.store.extend(old, self.lease)
+                except Exception:
+                    log.exception("dflow: renewing step leases failed")
+
+    # -- one step --------------------------------------------------------------------
+
+    async def process(self, msg: Message) -> None:
+        """Claim, run and commit the step ``msg`` names (a stale message is dropped)."""
+        store = self.store
+        claim = await store.claim(msg, self.worker_id, self.lease)
+        if claim is None:
+            return
+        self._inflight[claim.token] = (time.monotonic(), claim)
+        try:
+            frames = claim.frames
+            top = frames[-1]
+            node: DFlow[Any] = top.chain.nodes[top.pos]
+            ctx = ContextStack(msg.trace_id, claim.data, seq=msg.seq, attempt=msg.attempt)
+            if claim.init_only:
+                await self._on_init(node, ctx, msg)
+                return
+            started = time.time()
+            t0 = time.perf_counter()
+            records: list[StepRecord]
+            try:
+                transition, status, out = await self._execute(node, ctx, claim, started)
+                records = [
+                    StepRecord(
+                        msg.key, msg.seq, status, msg.attempt, self.worker_id, started,
+                        time.perf_counter() - t0, claim.value if msg.kind == RUN else None, out, None,
+                        node._name,
+                    )
+                ]
+                changes = ctx._changes
+            except Exception as exc:
+                transition, records, changes = await self._failure(node, claim, exc, started, t0)
+            outgoing = await store.commit(claim, records, changes, transition)
+            if outgoing is None:
+                log.warning("dflow: lost the lease of step %s of run %s; its result was dropped", msg.key, msg.trace_id)
+                return
+            if outgoing:
+                await self.publish(outgoing)
+            if isinstance(transition, Wait) and transition.init_pending:
+                await self._on_init(node, ctx, msg)
+        finally:
+            del self._inflight[claim.token]
+
+    async def _execute(
+        self, node: DFlow[Any], ctx: ContextStack, claim: Claim, now: float
+    ) -> tuple[Transition, StepStatus, bytes | None]:
+        msg = claim.message
+        frames = claim.frames
+        kind = msg.kind
+        if kind == CONTINUE:
+            return _next(msg.trace_id, msg.seq, frames, claim.value), StepStatus.DONE, claim.value
+        if kind == FAIL:
+            _raise_recorded(decode(claim.value), f"on_init of from_call({node._value!r}) failed")
+        if kind == JOIN:
+            out = self._join(node, ctx, claim)
+            return _next(msg.trace_id, msg.seq, frames, out), StepStatus.DONE, out
+        nk = node._kind
+        if nk == Kind.MAP:
+            result = await self._call(node, node._fn, node._ctx_arg, ctx, decode(claim.value))
+            out = encode(result, f"the result of step {msg.key!r}")
+            return _next(msg.trace_id, msg.seq, frames, out), StepStatus.DONE, out
+        if nk == Kind.FLAT_MAP:
+            return self._flat_map(
+                await self._call(node, node._fn, node._ctx_arg, ctx, decode(claim.value)), claim
+            )
+        if nk == Kind.JUST:
+            out = encode(node._value, f"the value of just at {msg.key!r}")
+            return _next(msg.trace_id, msg.seq, frames, out), StepStatus.DONE, out
+        if nk == Kind.FROM_CALL:
+            return Wait(node._value, init_pending=node._fn is not None), StepStatus.WAITING, None
+        if nk == Kind.DELAY:
+            value, seconds = node._value
+            out = encode(value, f"the value of delay at {msg.key!r}")
+            wake = Message(msg.trace_id, msg.seq + 1, msg.key, 0, CONTINUE)
+            return Advance(frames, out, wake, at=now + seconds), StepStatus.SLEEPING, None
+        if nk in (Kind.ZIP, Kind.ANY):
+            return self._fork(node, ctx, claim), StepStatus.FORKED, None
+        raise AssertionError(f"unknown node kind {nk!r}")  # pragma: no cover
+
+    async def _call(self, node: DFlow[Any], fn: Any, ctx_arg: bool, ctx: ContextStack, value: Any) -> Any:
+        args = (ctx, value) if ctx_arg else (value,)
+        timeout = node._timeout
+        if timeout is None and not node._thread:
+            result = fn(*args)
+            if hasattr(result, "__await__"):
+                result = await result
+            return result
+        if node._thread or not _is_async(fn):
+            job = asyncio.get_running_loop().run_in_executor(None, functools.partial(fn, *args))
+        else:
+            job = fn(*args)
+        try:
+            result = await asyncio.wait_for(job, timeout)
+        except asyncio.TimeoutError:
+            raise StepTimeoutError(f"step {ctx_key(ctx, node)} ran longer than its timeout of {timeout}s") from None
+        if hasattr(result, "__await__"):
+            result = await asyncio.wait_for(result, timeout)
+        return result
+
+    def _flat_map(self, inner: Any, claim: Claim) -> tuple[Transition, StepStatus, bytes | None]:
+        msg = claim.message
+        chain = compile_flow(inner, f"the flow returned by flat_map step {msg.key!r}")
+        frames = claim.frames
+        top = frames[-1]
+        if top.pos + 1 < len(top.chain.nodes):  # come back here after the inner chain
+            base = (*frames[:-1], Frame(top.chain, top.pos + 1, top.suffix))
+            suffix = ">" + top.chain.keys[top.pos + 1] + top.suffix
+        else:  # tail call: the inner chain returns straight to our continuation
+            base = frames[:-1]
+            suffix = top.suffix
+        new = (*base, Frame(chain, 0, suffix))
+        head = chain.nodes[0]
+        if head._kind == Kind.JUST:  # a constant head needs no step of its own
+            out = encode(head._value, f"the value of just returned by flat_map step {msg.key!r}")
+            return _next(msg.trace_id, msg.seq, new, out), StepStatus.DONE, out
+        nxt = Message(msg.trace_id, msg.seq + 1, chain.keys[0] + suffix)
+        return Advance(new, NONE, nxt), StepStatus.DONE, None
+
+    def _fork(self, node: DFlow[Any], ctx: ContextStack, claim: Claim) -> Fork:
+        msg = claim.message
+        node_id = node._id
+        assert node_id is not None
+        rest = msg.key[len(node_id):]  # ">next>..." after this node
+        data = ctx._child_data()
+        children = []
+        for i, branch in enumerate(node._branches):
+            chain: Chain = compile_flow(branch)
+            trace_id = f"{msg.trace_id}.{msg.seq}-{i}"
+            suffix = f">{node_id}[{i}]{rest}"
+            children.append(
+                NewRun(
+                    trace_id=trace_id,
+                    frames=(Frame(chain, 0, suffix),),
+                    value=NONE,
+                    message=Message(trace_id, 0, chain.keys[0] + suffix),
+                    data=dict(data),
+                    parent=Parent(msg.trace_id, msg.seq + 1, i),
+                )
+            )
+        kind = "zip" if node._kind == Kind.ZIP else "any"
+        return Fork(kind, children, Message(msg.trace_id, msg.seq + 1, msg.key, 0, JOIN))
+
+    def _join(self, node: DFlow[Any], ctx: ContextStack, claim: Claim) -> bytes:
+        branches = claim.branches or []
+        n = len(node._branches)
+        if node._kind == Kind.ZIP:
+            failed = [b for b in branches if not b.ok]
+            if failed:
+                b = failed[0]
+                _raise_recorded(b.error or {}, f"zip branch {b.index} of {n} failed")
+            ordered = sorted(branches, key=lambda b: b.index)
+            for b in ordered:
+                ctx._changes.update(b.changes)
+            return _ARRAY_HEADER.pack_array_header(len(ordered)) + b"".join(b.value or NONE for b in ordered)
+        for b in branches:
+            if b.ok:
+                ctx._changes.update(b.changes)
+                return b.value or NONE
+        first = branches[0].error if branches else {}
+        _raise_recorded(first or {}, f"all {n} branches of any failed; the first")
+        raise AssertionError  # pragma: no cover
+
+    async def _on_init(self, node: DFlow[Any], ctx: ContextStack, msg: Message) -> None:
+        try:
+            result = node._fn(ctx)  # type: ignore[misc]
+            if hasattr(result, "__await__"):
+                await result
+        except Exception as exc:
+            log.info("dflow: on_init of step %s of run %s raised %r", msg.key, msg.trace_id, exc)
+            try:
+                await self.resume(msg.trace_id, node._value, encode(error_info(exc, msg.key)), failed=True)
+            except Exception as exc2:  # the call may have arrived already
+                log.info("dflow: could not deliver the on_init error of run %s: %s", msg.trace_id, exc2)
+        await self.store.init_done(msg.trace_id, msg.seq)
+
+    async def _failure(
+        self, node: DFlow[Any], claim: Claim, exc: Exception, started: float, t0: float
+    ) -> tuple[Transition, list[StepRecord], dict[str, bytes | None]]:
+        msg = claim.message
+        err = error_info(exc, msg.key)
+        policy = node._retry
+        rec = StepRecord(
+            msg.key, msg.seq, StepStatus.FAILED, msg.attempt, self.worker_id, started,
+            time.perf_counter() - t0, claim.value if msg.kind == RUN else None, None, err, node._name,
+        )
+        if policy is not None and msg.kind == RUN and policy.should_retry(exc, msg.attempt):
+            rec.status = StepStatus.RETRYING
+            again = Message(msg.trace_id, msg.seq, msg.key, msg.attempt + 1, RUN)
+            return Advance(claim.frames, claim.value, again, at=time.time() + policy.delay(msg.attempt)), [rec], {}
+        records = [rec]
+        frames = claim.frames
+        error: BaseException = exc
+        # Skip forward, across inner chains, to the nearest node with a handler.
+        level = len(frames) - 1
+        pos = frames[level].pos
+        while level >= 0:
+            frame = frames[level]
+            chain = frame.chain
+            while pos < len(chain.nodes):
+                handler_node = chain.nodes[pos]
+                if handler_node._on_error is not None:
+                    here = (*frames[:level], Frame(chain, pos, frame.suffix))
+                    ctx = ContextStack(msg.trace_id, claim.data, seq=msg.seq, attempt=msg.attempt)
+                    h0 = time.perf_counter()
+                    try:
+                        value = await self._call(
+                            handler_node, handler_node._on_error, handler_node._err_ctx_arg, ctx, error
+                        )
+                        out = encode(value, f"the on_error_return value of step {here[-1].key!r}")
+                    except Exception as exc2:
+                        error = exc2
+                        err = error_info(exc2, here[-1].key)
+                        records.append(
+                            StepRecord(here[-1].key, msg.seq, StepStatus.FAILED, msg.attempt, self.worker_id,
+                                       time.time(), time.perf_counter() - h0, None, None, err, handler_node._name)
+                        )
+                        pos += 1
+                        continue
+                    records.append(
+                        StepRecord(here[-1].key, msg.seq, StepStatus.RECOVERED, msg.attempt, self.worker_id,
+                                   time.time(), time.perf_counter() - h0, None, out, None, handler_node._name)
+                    )
+                    return _next(msg.trace_id, msg.seq, here, out), records, ctx._changes
+                pos += 1
+            level -= 1
+            if level >= 0:
+                pos = frames[level].pos
+        return Fail(err), records, {}
+
+
+def ctx_key(ctx: ContextStack, node: DFlow[Any]) -> str:
+    return f"{node._id!r} of run {ctx.trace_id!r}"
+
+
+@functools.lru_cache(maxsize=4096)
+def _is_async_cached(fn: Any) -> bool:
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
+
+
+def _is_async(fn: Any) -> bool:
+    try:
+        return _is_async_cached(fn)
+    except TypeError:  # unhashable callable
+        return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))

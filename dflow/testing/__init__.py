@@ -1,0 +1,7 @@
+"""Test support: the contract suites that every store and transport adapter must pass."""
+
+from __future__ import annotations
+
+from .conformance import StoreContract, TransportContract, contract_chain
+
+__all__ = ["StoreContract", "TransportContract", "contract_chain"]

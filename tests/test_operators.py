@@ -1,0 +1,430 @@
+"""Every operator, alone and combined, observed as run results in local mode."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+import dflow
+from dflow import (
+    ContextStack,
+    DFlow,
+    InitParam,
+    NotWaitingError,
+    RunFailedError,
+    RunStatus,
+    StepFailedError,
+    StepStatus,
+    StepTimeoutError,
+)
+
+pytestmark = pytest.mark.usefixtures("local")
+
+
+def run(builder: Any, param: Any = None, timeout: float = 10) -> Any:
+    return DFlow.direct_run(param, builder).result(timeout)
+
+
+def test_map_chain_with_sync_and_async_functions() -> None:
+    async def double(x: int) -> int:
+        await asyncio.sleep(0.001)
+        return x * 2
+
+    async def add_ctx(ctx: ContextStack, x: int) -> int:
+        return x + ctx.get("bonus", 0)
+
+    def remember(ctx: ContextStack, x: int) -> int:
+        ctx.put("bonus", 100)
+        return x
+
+    p = (
+        DFlow.from_call("start")
+        .map(lambda x: x + 1).id("inc")
+        .map(double).id("double")
+        .map(remember).id("remember")
+        .map(add_ctx).id("bonus")
+        .init("chain")
+    )
+    assert p.entries == ["start"]
+    assert p.call(4).result(5) == 110
+    assert p.entry("start").call(0).result(5) == 102
+
+
+def test_step_keys_are_the_ids_of_the_rest_of_the_path() -> None:
+    p = (
+        DFlow.from_call("go")
+        .map(lambda x: x).id("a")
+        .flat_map(lambda x: DFlow.just(x).map(lambda v: v).id("inner")).id("fm")
+        .map(lambda x: x).id("c")
+        .init("keys")
+    )
+    r = p.call(1)
+    r.result(5)
+    keys = [s.key for s in r.context().steps]
+    assert keys == ["go>a>fm>c", "a>fm>c", "fm>c", "inner>c", "c"]
+    # the same node in another run is the same step
+    r2 = p.call(2)
+    r2.result(5)
+    assert [s.key for s in r2.context().steps] == keys
+
+
+def test_nested_flat_maps() -> None:
+    def level3(x: int) -> DFlow[int]:
+        return DFlow.just(x).map(lambda v: v + 3).id("l3")
+
+    def level2(x: int) -> DFlow[int]:
+        return DFlow.just(x).map(lambda v: v * 2).id("l2").flat_map(level3).id("to3").map(lambda v: v - 1).id("after3")
+
+    def level1(x: int) -> DFlow[int]:
+        return DFlow.just(x).flat_map(level2).id("to2").map(lambda v: v * 10).id("after2")
+
+    # ((5*2)+3-1)*10 + 1
+    assert run(lambda x: DFlow.just(x).flat_map(level1).id("to1").map(lambda v: v + 1).id("end"), 5) == 121
+
+
+def test_zip_of_100_branches_in_order() -> None:
+    def build(n: int) -> DFlow[list[int]]:
+        return DFlow.zip([DFlow.just(i).map(lambda v: v * v).id("sq") for i in range(n)]).map(sum).id("sum")
+
+    assert run(build, 100) == sum(i * i for i in range(100))
+    out = run(lambda n: DFlow.zip([DFlow.just(i).map(lambda v: v + 1).id("inc") for i in range(n)]), 100)
+    assert out == list(range(1, 101))
+
+
+def test_zip_branches_get_a_copy_of_the_context_and_their_puts_merge_back() -> None:
+    def branch(i: int) -> DFlow[int]:
+        def work(ctx: ContextStack, v: int) -> int:
+            assert ctx.get("shared") == "parent"
+            ctx.put(f"b{i}", v)
+            return v
+
+        return DFlow.just(i).map(work).id("work")
+
+    def build(ctx: ContextStack, n: int) -> DFlow[Any]:
+        ctx.put("shared", "parent")
+        return DFlow.zip([branch(i) for i in range(n)]).map(lambda c, rs: (rs, c.get("b0"), c.get("b2"))).id("read")
+
+    assert run(build, 3) == [[0, 1, 2], 0, 2]
+
+
+def test_zip_fails_when_a_branch_fails_and_on_error_return_catches_it() -> None:
+    def boom(v: int) -> int:
+        raise ValueError(f"branch {v} broke")
+
+    def build(n: int) -> DFlow[Any]:
+        branches = [DFlow.just(i).map(boom if i == 1 else (lambda v: v)).id("work") for i in range(n)]
+        return DFlow.zip(branches)
+
+    with pytest.raises(RunFailedError) as info:
+        run(build, 3)
+    assert info.value.error["type"] == "ValueError"
+    assert "branch 1 broke" in info.value.error["message"]
+
+    caught = run(lambda n: build(n).on_error_return(lambda e: f"caught {type(e).__name__}: {e.error['message']}"), 3)
+    assert caught == "caught StepFailedError: branch 1 broke"
+
+
+def test_any_takes_the_first_success() -> None:
+    def build(_: Any) -> DFlow[Any]:
+        return DFlow.any(
+            DFlow.delay("slow", 0.5),
+            DFlow.delay("fast", 0.02),
+            DFlow.just(0).map(lambda v: 1 / v).id("fails"),
+        )
+
+    t0 = time.monotonic()
+    assert run(build) == "fast"
+    assert time.monotonic() - t0 < 0.45
+
+
+def test_any_fails_only_when_every_branch_fails() -> None:
+    def bad(v: int) -> int:
+        raise KeyError(v)
+
+    with pytest.raises(RunFailedError, match="KeyError"):
+        run(lambda _: DFlow.any([DFlow.just(i).map(bad).id("bad") for i in range(3)]))
+
+
+def test_from_call_suspends_until_called() -> None:
+    r = DFlow.direct_run(
+        InitParam("order-1", trace_id="approval-1"),
+        lambda order: DFlow.from_call("approve").map(lambda verdict: f"{order}: {verdict}").id("verdict"),
+    )
+    deadline = time.monotonic() + 5
+    while r.status() is not RunStatus.WAITING:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert r.info().waiting_for == "approve"
+    with pytest.raises(NotWaitingError, match="waits for call 'approve', not 'reject'"):
+        DFlow.call("reject", "no", "approval-1")
+    DFlow.call("approve", "yes", "approval-1")
+    assert r.result(5) == "order-1: yes"
+    with pytest.raises(NotWaitingError, match="has finished"):
+        DFlow.call("approve", "again", "approval-1")
+
+
+def test_from_call_on_init_runs_after_the_wait_is_registered() -> None:
+    seen: list[str] = []
+
+    def on_init(ctx: ContextStack) -> None:
+        # Answer at once, from inside on_init: the wait must already be registered.
+        seen.append(ctx.trace_id)
+        DFlow.call("job-done", {"rows": 3}, ctx.trace_id)
+
+    r = DFlow.direct_run(1, lambda _: DFlow.from_call("job-done", on_init=on_init).map(lambda p: p["rows"]).id("rows"))
+    assert r.result(5) == 3
+    assert seen == [r.trace_id]
+
+
+def test_from_call_on_init_failure_skips_to_on_error_return() -> None:
+    async def on_init(ctx: ContextStack) -> None:
+        raise ConnectionError("job service down")
+
+    r = DFlow.direct_run(
+        1,
+        lambda _: DFlow.from_call("never", on_init=on_init)
+        .map(lambda p: p).id("use")
+        .on_error_return(lambda e: f"fallback after {e.error['type']}"),
+    )
+    assert r.result(5) == "fallback after ConnectionError"
+
+
+def test_delay_resumes_after_its_time() -> None:
+    t0 = time.monotonic()
+    assert run(lambda x: DFlow.delay(x, 0.2).map(lambda v: v + 1).id("after"), 41) == 42
+    assert time.monotonic() - t0 >= 0.2
+
+
+def test_delays_hold_no_worker() -> None:
+    # 50 runs each sleeping 0.3 s finish together, far sooner than one after another.
+    t0 = time.monotonic()
+    runs = [DFlow.direct_run(i, lambda x: DFlow.delay(x, 0.3)) for i in range(50)]
+    assert dflow.gather(runs, timeout=10) == list(range(50))
+    assert time.monotonic() - t0 < 3
+
+
+def test_on_error_return_skips_forward_over_nodes() -> None:
+    calls: list[str] = []
+
+    def fail(v: int) -> int:
+        raise RuntimeError("bad input")
+
+    def never(v: int) -> int:
+        calls.append("never")
+        return v
+
+    r = DFlow.direct_run(
+        1,
+        lambda x: DFlow.just(x)
+        .map(fail).id("fail")
+        .map(never).id("skipped")
+        .map(never).id("recovers").on_error_return(lambda ctx, e: f"{type(e).__name__}: {e}")
+        .map(lambda s: s.upper()).id("after"),
+    )
+    assert r.result(5) == "RUNTIMEERROR: BAD INPUT"
+    assert calls == []
+    statuses = [(s.key, s.status) for s in r.context().steps][-3:]
+    assert statuses == [
+        ("fail>skipped>recovers>after", StepStatus.FAILED),
+        ("recovers>after", StepStatus.RECOVERED),
+        ("after", StepStatus.DONE),
+    ]
+
+
+def test_error_skips_out_of_an_inner_chain_to_the_outer_handler() -> None:
+    def inner(x: int) -> DFlow[int]:
+        return DFlow.just(x).map(lambda v: 1 // 0).id("div").map(lambda v: v).id("inner-next")
+
+    r = run(lambda x: DFlow.just(x).flat_map(inner).id("fm").map(lambda v: v).id("next").on_error_return(lambda e: -1), 3)
+    assert r == -1
+
+
+def test_run_without_handler_fails_with_the_error_recorded() -> None:
+    r = DFlow.direct_run(1, lambda x: DFlow.just(x).map(lambda v: {}["missing"]).id("lookup"))
+    with pytest.raises(RunFailedError) as info:
+        r.result(5)
+    assert info.value.error["type"] == "KeyError"
+    assert info.value.error["step"] == "lookup"
+    assert "Traceback" in info.value.error["traceback"]
+    assert r.status() is RunStatus.FAILED
+
+
+def test_retry_succeeds_on_the_third_attempt() -> None:
+    attempts: list[int] = []
+
+    def flaky(ctx: ContextStack, x: int) -> int:
+        attempts.append(ctx.attempt)
+        if len(attempts) < 3:
+            raise ConnectionError("try again")
+        return x * 2
+
+    r = DFlow.direct_run(21, lambda x: DFlow.just(x).map(flaky).id("flaky").retry(3, backoff=0.01))
+    assert r.result(5) == 42
+    assert attempts == [0, 1, 2]
+    steps = [s for s in r.context().steps if s.key == "flaky"]
+    assert [(s.status, s.attempt) for s in steps] == [
+        (StepStatus.RETRYING, 0),
+        (StepStatus.RETRYING, 1),
+        (StepStatus.DONE, 2),
+    ]
+
+
+def test_retry_gives_up_and_only_retries_listed_errors() -> None:
+    count = {"n": 0}
+
+    def always(x: int) -> int:
+        count["n"] += 1
+        raise ConnectionError("down")
+
+    with pytest.raises(RunFailedError, match="ConnectionError"):
+        run(lambda x: DFlow.just(x).map(always).id("always").retry(2, backoff=0.01), 1)
+    assert count["n"] == 2
+
+    count["n"] = 0
+
+    def wrong(x: int) -> int:
+        count["n"] += 1
+        raise ValueError("not retryable")
+
+    with pytest.raises(RunFailedError, match="ValueError"):
+        run(lambda x: DFlow.just(x).map(wrong).id("wrong").retry(5, backoff=0.01, on=ConnectionError), 1)
+    assert count["n"] == 1
+
+
+def test_retry_backoff_grows_exponentially() -> None:
+    times: list[float] = []
+
+    def flaky(x: int) -> int:
+        times.append(time.monotonic())
+        if len(times) < 3:
+            raise ConnectionError
+        return x
+
+    run(lambda x: DFlow.just(x).map(flaky).id("flaky").retry(3, backoff=0.1, jitter=False), 1)
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    assert gaps[0] >= 0.1 and gaps[1] >= 0.2
+
+
+def test_timeout_fires_for_async_and_sync_steps() -> None:
+    async def slow_async(x: int) -> int:
+        await asyncio.sleep(5)
+        return x
+
+    def slow_sync(x: int) -> int:
+        time.sleep(1)
+        return x
+
+    for fn in (slow_async, slow_sync):
+        t0 = time.monotonic()
+        with pytest.raises(RunFailedError) as info:
+            run(lambda x, fn=fn: DFlow.just(x).map(fn).id("slow").timeout(0.1), 1)
+        assert info.value.error["type"] == "dflow.errors.StepTimeoutError"
+        assert time.monotonic() - t0 < 0.9
+
+
+def test_timeout_then_retry_then_success() -> None:
+    count = {"n": 0}
+
+    async def sometimes_slow(x: int) -> int:
+        count["n"] += 1
+        if count["n"] == 1:
+            await asyncio.sleep(5)
+        return x
+
+    out = run(lambda x: DFlow.just(x).map(sometimes_slow).id("s").timeout(0.1).retry(2, backoff=0.01, on=StepTimeoutError), 7)
+    assert out == 7 and count["n"] == 2
+
+
+def test_in_thread_runs_off_the_event_loop() -> None:
+    loop_threads: list[str] = []
+
+    def where(x: int) -> str:
+        loop_threads.append(threading.current_thread().name)
+        return x
+
+    run(lambda x: DFlow.just(x).map(where).id("on-loop").map(where).id("off-loop").in_thread(), 1)
+    assert loop_threads[0] == "dflow-runtime"
+    assert loop_threads[1] != "dflow-runtime"
+
+
+class Order(BaseModel):
+    id: int
+    items: list[str]
+
+
+def test_pydantic_models_cross_steps() -> None:
+    def make(n: int) -> Order:
+        return Order(id=n, items=["a", "b"])
+
+    def check(o: Order) -> str:
+        assert isinstance(o, Order)
+        return f"{o.id}:{len(o.items)}"
+
+    assert run(lambda n: DFlow.just(n).map(make).id("make").map(check).id("check"), 9) == "9:2"
+
+
+def test_zip_inside_flat_map_inside_any() -> None:
+    def inner(x: int) -> DFlow[int]:
+        return DFlow.zip(DFlow.just(x).map(lambda v: v + 1).id("a"), DFlow.just(x).map(lambda v: v + 2).id("b")).map(sum).id("sum")
+
+    def build(x: int) -> DFlow[int]:
+        return DFlow.any(DFlow.just(x).flat_map(inner).id("fm"), DFlow.delay(-1, 1.0))
+
+    assert run(build, 10) == 23
+
+
+def test_pipeline_starting_with_just() -> None:
+    p = DFlow.just(3).map(lambda v: v * 3).id("triple").init("just-head")
+    assert p.entries == []
+    assert p.call().result(5) == 9
+
+
+def test_entry_only_pipeline_finishes_at_once() -> None:
+    p = DFlow.from_call("echo").init("echo")
+    assert p.call({"x": 1}).result(5) == {"x": 1}
+
+
+def test_direct_run_from_two_call_sites() -> None:
+    # The Java original failed here ("Id ... already used"); each direct_run is its own flow.
+    a = DFlow.direct_run(1, lambda x: DFlow.just(x).map(lambda v: v + 1).id("step"))
+    b = DFlow.direct_run(1, lambda x: DFlow.just(x).map(lambda v: v - 1).id("step"))
+    assert (a.result(5), b.result(5)) == (2, 0)
+
+
+def test_async_api_from_another_event_loop() -> None:
+    p = DFlow.from_call("go").map(lambda v: v * 2).id("double").init("async-api")
+
+    async def main() -> list[int]:
+        runs = [await p.acall(i) for i in range(20)]
+        return [await r.wait(5) for r in runs]
+
+    assert asyncio.run(main()) == [i * 2 for i in range(20)]
+
+
+def test_async_step_starts_and_awaits_another_run() -> None:
+    child = DFlow.from_call("child").map(lambda v: v + 1000).id("child-work").init("child")
+
+    async def spawn(x: int) -> int:
+        r = await child.acall(x)
+        return await r.wait(5)
+
+    assert run(lambda x: DFlow.just(x).map(spawn).id("spawn"), 1) == 1001
+
+
+def test_blocking_wait_inside_a_step_is_refused_with_advice() -> None:
+    other = DFlow.from_call("o").init("other")
+
+    def blocking(x: int) -> Any:
+        return other.call(x).result(1)
+
+    with pytest.raises(RunFailedError, match="use the async form"):
+        run(lambda x: DFlow.just(x).map(blocking).id("blocking"), 1)
+
+
+def test_step_failed_error_is_public() -> None:
+    assert issubclass(StepFailedError, dflow.DFlowError)
