@@ -20,6 +20,7 @@ from .policy import RetryPolicy
 
 if TYPE_CHECKING:
     from .client import Pipeline, Run
+    from .runtime import Runtime
 
 __all__ = ["DFlow", "InitParam"]
 
@@ -87,7 +88,7 @@ def _takes_ctx(fn: Callable[..., Any], what: str) -> bool:
 
 
 def _fn_name(fn: Any) -> str:
-    return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__qualname__
+    return getattr(fn, "__name__", None) or type(fn).__qualname__
 
 
 class DFlow(Generic[T]):
@@ -326,11 +327,14 @@ class DFlow(Generic[T]):
         await acall(call_type, payload, trace_id)
 
     @staticmethod
-    def global_init_for_test() -> None:
-        """Configure local mode: the runtime on an in-memory transport and store, in this process."""
+    def global_init_for_test(*, concurrency: int = 16, ttl: float = 3600.0) -> Runtime:
+        """Local mode: the runtime on an in-memory transport and store, in this process.
+
+        ``concurrency`` steps run at once; finished runs are kept ``ttl`` seconds.
+        """
         from .client import global_init_for_test
 
-        global_init_for_test()
+        return global_init_for_test(concurrency=concurrency, ttl=ttl)
 
     # -- introspection ---------------------------------------------------------------
 
