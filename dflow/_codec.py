@@ -8,6 +8,7 @@ on the way back, so the next step sees an instance of the same class.
 from __future__ import annotations
 
 import importlib
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,16 +55,26 @@ def _ext_hook(code: int, data: bytes) -> Any:
     return cls.model_validate(dumped)
 
 
-_packer_kwargs = {"default": _default, "use_bin_type": True, "datetime": True}
+_local = threading.local()
 
 
-def encode(value: Any, what: str = "value") -> bytes:
-    """Encode ``value``; raise ``SerializationError`` naming ``what`` when it can't be."""
+def _packer() -> msgpack.Packer:
+    packer = getattr(_local, "packer", None)
+    if packer is None:  # one per thread: a Packer keeps a buffer and is not thread-safe
+        packer = _local.packer = msgpack.Packer(default=_default, use_bin_type=True, datetime=True)
+    return packer
+
+
+def encode(value: Any, what: str = "value", key: str | None = None) -> bytes:
+    """Encode ``value``; raise ``SerializationError`` naming ``what`` (and the step
+    ``key``) when it can't be."""
     try:
-        return msgpack.packb(value, **_packer_kwargs)
+        return _packer().pack(value)
     except (TypeError, ValueError, OverflowError) as exc:
+        _packer().reset()
+        where = f"{what} {key!r}" if key is not None else what
         raise SerializationError(
-            f"{what} of type {type(value).__qualname__} cannot be serialised ({exc}). Use msgpack "
+            f"{where}: a value of type {type(value).__qualname__} cannot be serialised ({exc}). Use msgpack "
             "data (dict, list, str, bytes, int, float, bool, None, tz-aware datetime) or a "
             "pydantic model."
         ) from None
@@ -88,6 +99,13 @@ JOIN = 2  # the node's output comes from its zip/any branches
 FAIL = 3  # the stored value is an error the node raised elsewhere (an ``on_init``)
 
 
+def _plain_packer() -> msgpack.Packer:
+    packer = getattr(_local, "plain", None)
+    if packer is None:
+        packer = _local.plain = msgpack.Packer(use_bin_type=True)
+    return packer
+
+
 @dataclass(frozen=True, slots=True)
 class Message:
     """A step message: which run, which step, which attempt. Values stay in the store."""
@@ -99,7 +117,7 @@ class Message:
     kind: int = RUN
 
     def encode(self) -> bytes:
-        return msgpack.packb((self.trace_id, self.seq, self.key, self.attempt, self.kind))
+        return _plain_packer().pack((self.trace_id, self.seq, self.key, self.attempt, self.kind))
 
     @classmethod
     def decode(cls, data: bytes) -> Message:

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import IntEnum
+from types import FunctionType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from .errors import BuildError, DuplicateIdError, MissingIdError
@@ -49,19 +50,38 @@ class InitParam(Generic[T]):
     trace_id: str | None = None
 
 
-def _caller_site() -> str:
-    """'file.py:line' of the user code that called the operator."""
+def _caller_site() -> tuple[str, int]:
+    """(file, line) of the user code that called the operator; formatted only for errors."""
     frame = sys._getframe(2)
     here = __file__
     while frame is not None and frame.f_code.co_filename == here:
         frame = frame.f_back  # type: ignore[assignment]
     if frame is None:  # pragma: no cover
-        return "?"
-    return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
+        return ("?", 0)
+    return (frame.f_code.co_filename, frame.f_lineno)
+
+
+def _site_text(site: tuple[str, int]) -> str:
+    return f"{os.path.basename(site[0])}:{site[1]}"
+
+
+_ctx_arg_by_code: dict[Any, bool] = {}
 
 
 def _takes_ctx(fn: Callable[..., Any], what: str) -> bool:
     """True when ``fn`` is called as ``fn(ctx, value)``, False for ``fn(value)``."""
+    code = getattr(fn, "__code__", None)
+    if code is not None and type(fn) is FunctionType:  # same def statement, same answer
+        known = _ctx_arg_by_code.get(code)
+        if known is None:
+            known = _ctx_arg_by_code[code] = _inspect_ctx_arg(fn, what)
+            if len(_ctx_arg_by_code) > 100_000:
+                _ctx_arg_by_code.clear()
+        return known
+    return _inspect_ctx_arg(fn, what)
+
+
+def _inspect_ctx_arg(fn: Callable[..., Any], what: str) -> bool:
     if not callable(fn):
         raise BuildError(f"{what} needs a function, got {type(fn).__qualname__}")
     try:
@@ -98,24 +118,8 @@ class DFlow(Generic[T]):
     ``DFlow.any``, extend it with ``map`` and ``flat_map``, and name every step with ``id``.
     """
 
-    __slots__ = (
-        "_kind",
-        "_source",
-        "_fn",
-        "_ctx_arg",
-        "_value",
-        "_id",
-        "_name",
-        "_on_error",
-        "_err_ctx_arg",
-        "_retry",
-        "_timeout",
-        "_thread",
-        "_branches",
-        "_site",
-        "_compiled",
-    )
-
+    # Attributes live in the instance dict, written directly (bypassing the refusing
+    # __setattr__): building nodes is on the hot path of every flat_map step.
     _kind: Kind
     _source: DFlow[Any] | None
     _fn: Callable[..., Any] | None
@@ -129,7 +133,7 @@ class DFlow(Generic[T]):
     _timeout: float | None
     _thread: bool
     _branches: tuple[DFlow[Any], ...]
-    _site: str
+    _site: tuple[str, int]
     _compiled: Chain | None
 
     def __init__(self) -> None:  # pragma: no cover - use the constructors
@@ -148,34 +152,30 @@ class DFlow(Generic[T]):
         branches: tuple[DFlow[Any], ...] = (),
     ) -> DFlow[Any]:
         self = object.__new__(cls)
-        for slot, v in (
-            ("_kind", kind),
-            ("_source", source),
-            ("_fn", fn),
-            ("_ctx_arg", ctx_arg),
-            ("_value", value),
-            ("_id", id),
-            ("_name", None),
-            ("_on_error", None),
-            ("_err_ctx_arg", False),
-            ("_retry", None),
-            ("_timeout", None),
-            ("_thread", False),
-            ("_branches", branches),
-            ("_site", _caller_site()),
-            ("_compiled", None),
-        ):
-            object.__setattr__(self, slot, v)
+        d = self.__dict__
+        d.update(_DEFAULTS)
+        d["_kind"] = kind
+        d["_source"] = source
+        d["_fn"] = fn
+        d["_ctx_arg"] = ctx_arg
+        d["_value"] = value
+        d["_id"] = id
+        d["_branches"] = branches
+        d["_site"] = _caller_site()
         return self
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError("DFlow is immutable; operators return new flows")
 
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError("DFlow is immutable; operators return new flows")
+
     def _with(self, **changes: Any) -> DFlow[T]:
         new = object.__new__(type(self))
-        for slot in DFlow.__slots__:
-            object.__setattr__(new, slot, changes.get(slot, getattr(self, slot)))
-        object.__setattr__(new, "_compiled", None)
+        d = new.__dict__
+        d.update(self.__dict__)
+        d.update(changes)
+        d["_compiled"] = None
         return new
 
     # -- sources ---------------------------------------------------------------------
@@ -355,6 +355,17 @@ class DFlow(Generic[T]):
         return f"{label}.id({self._id!r})" if self._id else label
 
 
+_DEFAULTS: dict[str, Any] = {
+    "_name": None,
+    "_on_error": None,
+    "_err_ctx_arg": False,
+    "_retry": None,
+    "_timeout": None,
+    "_thread": False,
+    "_compiled": None,
+}
+
+
 def _branches_of(op: str, flows: tuple[Any, ...]) -> tuple[DFlow[Any], ...]:
     out: list[DFlow[Any]] = []
     for f in flows:
@@ -420,18 +431,19 @@ def compile_flow(flow: Any, what: str = "flow") -> Chain:
     nodes.reverse()
     ids = tuple(n._id for n in nodes)
     if None in ids:
-        missing = ", ".join(f"{n._describe()} at {n._site}" for n in nodes if n._id is None)
+        missing = ", ".join(f"{n._describe()} at {_site_text(n._site)}" for n in nodes if n._id is None)
         raise MissingIdError(
             f"every node that runs as a step needs an id; these have none: {missing}. "
             "Name each with .id('...') right after it."
         )
-    _check_unique(nodes, ())
+    if len(set(ids)) != len(ids):
+        _check_unique(nodes, ())
     chain = Chain(tuple(nodes), _suffix_keys(ids))  # type: ignore[arg-type]
     for i, n in enumerate(nodes):
         for branch in n._branches:
             _check_unique(_flatten(branch), nodes[i:])
             compile_flow(branch, f"branch of {n._describe()}")
-    object.__setattr__(flow, "_compiled", chain)
+    flow.__dict__["_compiled"] = chain
     return chain
 
 
@@ -452,8 +464,8 @@ def _check_unique(nodes: list[DFlow[Any]], after: Iterable[DFlow[Any]]) -> None:
         other = seen.get(n._id)
         if other is not None and other is not n:
             raise DuplicateIdError(
-                f"id {n._id!r} is used twice on one path: {other._describe()} at {other._site} and "
-                f"{n._describe()} at {n._site}. Step keys are built from ids, so ids on a path "
+                f"id {n._id!r} is used twice on one path: {other._describe()} at {_site_text(other._site)} "
+                f"and {n._describe()} at {_site_text(n._site)}. Step keys are built from ids, so ids on a path "
                 "must be unique."
             )
         seen[n._id] = n

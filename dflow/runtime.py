@@ -64,6 +64,7 @@ def _next(trace_id: str, seq: int, frames: tuple[Frame, ...], out: bytes) -> Tra
 
 
 _ARRAY_HEADER = msgpack.Packer()
+_MAP, _FLAT_MAP = int(Kind.MAP), int(Kind.FLAT_MAP)
 
 
 class Runtime:
@@ -272,22 +273,22 @@ class Runtime:
             out = self._join(node, ctx, claim)
             return _next(msg.trace_id, msg.seq, frames, out), StepStatus.DONE, out
         nk = node._kind
-        if nk == Kind.MAP:
+        if nk == _MAP:
             result = await self._call(node, node._fn, node._ctx_arg, ctx, decode(claim.value))
-            out = encode(result, f"the result of step {msg.key!r}")
+            out = encode(result, "the result of step", msg.key)
             return _next(msg.trace_id, msg.seq, frames, out), StepStatus.DONE, out
-        if nk == Kind.FLAT_MAP:
+        if nk == _FLAT_MAP:
             return self._flat_map(
                 await self._call(node, node._fn, node._ctx_arg, ctx, decode(claim.value)), claim
             )
         if nk == Kind.JUST:
-            out = encode(node._value, f"the value of just at {msg.key!r}")
+            out = encode(node._value, "the value of just at", msg.key)
             return _next(msg.trace_id, msg.seq, frames, out), StepStatus.DONE, out
         if nk == Kind.FROM_CALL:
             return Wait(node._value, init_pending=node._fn is not None), StepStatus.WAITING, None
         if nk == Kind.DELAY:
             value, seconds = node._value
-            out = encode(value, f"the value of delay at {msg.key!r}")
+            out = encode(value, "the value of delay at", msg.key)
             wake = Message(msg.trace_id, msg.seq + 1, msg.key, 0, CONTINUE)
             return Advance(frames, out, wake, at=now + seconds), StepStatus.SLEEPING, None
         if nk in (Kind.ZIP, Kind.ANY):
@@ -328,7 +329,7 @@ class Runtime:
         new = (*base, Frame(chain, 0, suffix))
         head = chain.nodes[0]
         if head._kind == Kind.JUST:  # a constant head needs no step of its own
-            out = encode(head._value, f"the value of just returned by flat_map step {msg.key!r}")
+            out = encode(head._value, "the value of just returned by flat_map step", msg.key)
             return _next(msg.trace_id, msg.seq, new, out), StepStatus.DONE, out
         nxt = Message(msg.trace_id, msg.seq + 1, chain.keys[0] + suffix)
         return Advance(new, NONE, nxt), StepStatus.DONE, None
@@ -423,7 +424,7 @@ class Runtime:
                         value = await self._call(
                             handler_node, handler_node._on_error, handler_node._err_ctx_arg, ctx, error
                         )
-                        out = encode(value, f"the on_error_return value of step {here[-1].key!r}")
+                        out = encode(value, "the on_error_return value of step", here[-1].key)
                     except Exception as exc2:
                         error = exc2
                         err = error_info(exc2, here[-1].key)
