@@ -6,7 +6,17 @@ with ``init()``, and run it in local mode (``DFlow.global_init_for_test()``) or 
 
 from __future__ import annotations
 
-from .client import Entry, Pipeline, Run, adirect_run, configure, current_runtime, gather, shutdown
+from .client import (
+    Entry,
+    Pipeline,
+    Run,
+    adirect_run,
+    configure,
+    current_runtime,
+    gather,
+    global_init_for_test,
+    shutdown,
+)
 from .context import ContextStack, RunInfo, RunStatus, StepRecord, StepStatus
 from .errors import (
     BuildError,
@@ -74,6 +84,7 @@ __all__ = [
     "configure",
     "current_runtime",
     "gather",
+    "global_init_for_test",
     "shutdown",
 ]
 

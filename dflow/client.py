@@ -227,6 +227,14 @@ class Run:
         """Running, waiting, done or failed."""
         return self.info().status
 
+    def tree(self) -> str:
+        """The run's step tree as text: status, timings, values and errors of each step,
+        with its zip/any branches nested."""
+        from ._tree import render
+
+        host = _current()
+        return host.run(render(host.runtime.store, self.trace_id))
+
     def context(self) -> ContextStack:
         """The run's context with its global data and its step records."""
         host = _current()

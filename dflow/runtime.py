@@ -292,7 +292,8 @@ class Runtime:
             wake = Message(msg.trace_id, msg.seq + 1, msg.key, 0, CONTINUE)
             return Advance(frames, out, wake, at=now + seconds), StepStatus.SLEEPING, None
         if nk in (Kind.ZIP, Kind.ANY):
-            return self._fork(node, ctx, claim), StepStatus.FORKED, None
+            fork = self._fork(node, ctx, claim)
+            return fork, StepStatus.FORKED, encode([c.trace_id for c in fork.children])
         raise AssertionError(f"unknown node kind {nk!r}")  # pragma: no cover
 
     async def _call(self, node: DFlow[Any], fn: Any, ctx_arg: bool, ctx: ContextStack, value: Any) -> Any:

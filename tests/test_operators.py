@@ -428,3 +428,24 @@ def test_blocking_wait_inside_a_step_is_refused_with_advice() -> None:
 
 def test_step_failed_error_is_public() -> None:
     assert issubclass(StepFailedError, dflow.DFlowError)
+
+
+def test_tree_shows_steps_branches_and_errors() -> None:
+    def bad(v: int) -> int:
+        raise ValueError("no good")
+
+    r = DFlow.direct_run(
+        2,
+        lambda x: DFlow.zip(DFlow.just(x).map(lambda v: v + 1).id("ok"), DFlow.just(x).map(bad).id("bad").on_error_return(lambda e: 0))
+        .id("fan")
+        .map(sum).id("total"),
+    )
+    assert r.result(5) == 3
+    tree = r.tree()
+    assert tree.splitlines()[0].startswith(f"run {r.trace_id}  done")
+    assert "fan                 forked" in tree and "2 branches" in tree
+    # entry is step 0, the builder step 1, the fork step 2: branches are <trace>.2-<i>
+    assert f"run {r.trace_id}.2-0  done" in tree and f"run {r.trace_id}.2-1  done" in tree
+    assert "ValueError: no good" in tree
+    assert "recovered" in tree
+    assert "[3, 0] → 3" in tree

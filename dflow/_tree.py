@@ -1,0 +1,67 @@
+"""A run's step tree as text: what ``Run.tree()`` and ``dflow inspect`` print."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._codec import decode
+from .context import StepRecord, StepStatus
+from .store import Store
+
+
+def _short(value: Any, width: int = 40) -> str:
+    text = value if isinstance(value, str) and width > 40 else repr(value)
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _value(raw: bytes | None) -> Any:
+    try:
+        return None if raw is None else decode(raw)
+    except Exception as exc:  # a model class missing here must not stop inspection
+        return f"<undecodable: {exc}>"
+
+
+def _line(rec: StepRecord) -> str:
+    node = rec.key.split(">", 1)[0]
+    parts = [f"{node:<18}", f"{rec.status.value:<9}"]
+    if rec.attempt:
+        parts.append(f"attempt {rec.attempt}")
+    if rec.status is not StepStatus.ENTRY:
+        parts.append(f"{rec.duration * 1000:7.2f} ms")
+    if rec.worker:
+        parts.append(f"@{rec.worker}")
+    if rec.error:
+        parts.append(f"{rec.error.get('type')}: {_short(str(rec.error.get('message')), 60)}")
+    elif rec.status is StepStatus.FORKED:
+        parts.append(f"{len(_value(rec.raw_output) or [])} branches")
+    elif rec.raw_output is not None:
+        inp = f"{_short(_value(rec.raw_input), 24)} → " if rec.raw_input is not None else "→ "
+        parts.append(inp + _short(_value(rec.raw_output)))
+    return "  ".join(parts)
+
+
+async def render(store: Store, trace_id: str, indent: str = "", depth: int = 0) -> str:
+    """The step tree of run ``trace_id`` and of its zip/any branch runs."""
+    info = await store.get_run(trace_id)
+    if info is None:
+        return f"{indent}run {trace_id}: not found (never started, or expired)"
+    head = f"{indent}run {trace_id}  {info.status.value}"
+    if info.waiting_for:
+        head += f" (waiting for {info.waiting_for!r})"
+    if info.status.finished:
+        head += f"  {(info.updated - info.created) * 1000:.1f} ms"
+        if info.error:
+            head += f"  {info.error.get('type')}: {_short(str(info.error.get('message')), 80)}"
+        else:
+            head += f"  → {_short(info.result, 60)}"
+    lines = [head]
+    steps = await store.get_steps(trace_id)
+    for i, rec in enumerate(steps):
+        last = i == len(steps) - 1
+        lines.append(f"{indent}{'└─' if last else '├─'} {_line(rec)}")
+        if rec.status is StepStatus.FORKED and depth < 8:
+            branches = _value(rec.raw_output) or []
+            pad = indent + ("   " if last else "│  ")
+            for child in branches:
+                lines.append(await render(store, child, pad, depth + 1))
+    return "\n".join(lines)
