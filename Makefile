@@ -1,0 +1,24 @@
+# Every target sets up what it needs: a virtualenv in .venv with the project installed.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+
+.PHONY: demo test bench clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $@
+
+demo: $(VENV)/.installed  ## run a flow in local mode and print its step tree
+	$(PY) examples/demo.py
+
+test: $(VENV)/.installed  ## run the whole test suite
+	$(PY) -m pytest
+
+bench: $(VENV)/.installed  ## run the benchmarks and keep their results in benchmarks/results/
+	$(PY) benchmarks/bench_local.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis
