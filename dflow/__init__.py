@@ -17,6 +17,7 @@ from .client import (
     global_init_for_test,
     shutdown,
 )
+from ._durable import shared
 from .context import ContextStack, RunInfo, RunStatus, StepRecord, StepStatus
 from .errors import (
     BuildError,
@@ -25,6 +26,7 @@ from .errors import (
     DuplicateIdError,
     MissingIdError,
     NotWaitingError,
+    PayloadRejectedError,
     RunError,
     RunExistsError,
     RunFailedError,
@@ -36,6 +38,8 @@ from .errors import (
     StoreError,
     TransportError,
     UnknownEntryError,
+    UnknownStepError,
+    ValueTooLargeError,
 )
 from .flow import DFlow, InitParam
 from .memory import MemoryBroker, MemoryStore, MemoryTransport
@@ -59,6 +63,7 @@ __all__ = [
     "MemoryTransport",
     "MissingIdError",
     "NotWaitingError",
+    "PayloadRejectedError",
     "Pipeline",
     "RetryPolicy",
     "Run",
@@ -80,11 +85,14 @@ __all__ = [
     "Transport",
     "TransportError",
     "UnknownEntryError",
+    "UnknownStepError",
+    "ValueTooLargeError",
     "adirect_run",
     "configure",
     "current_runtime",
     "gather",
     "global_init_for_test",
+    "shared",
     "shutdown",
 ]
 

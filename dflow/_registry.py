@@ -16,17 +16,43 @@ if TYPE_CHECKING:
 log = logging.getLogger("dflow")
 
 _pipelines: dict[str, Pipeline] = {}
+_by_ref: dict[str, Chain] = {}
+_ref_by_id: dict[int, str] = {}
 
 
 def register(pipeline: Pipeline) -> None:
-    """Record ``pipeline`` under its head key; a later pipeline with the same key wins."""
+    """Record ``pipeline`` under its head key, with references for its chain and for the
+    chains of its zip/any branches. A later pipeline with the same head key wins."""
     key = pipeline._chain.keys[0]
     if key in _pipelines and _pipelines[key] is not pipeline:
         log.debug("dflow: pipeline %r replaces an earlier one with head key %r", pipeline.name, key)
     _pipelines[key] = pipeline
+    _add("p:" + key, pipeline._chain)
 
 
-def chain_for(head_key: str) -> Chain | None:
-    """The chain of the pipeline registered under ``head_key``, if any."""
-    p = _pipelines.get(head_key)
-    return p._chain if p is not None else None
+def _add(ref: str, chain: Chain) -> None:
+    old = _by_ref.get(ref)
+    if old is not None:
+        _ref_by_id.pop(id(old), None)
+    _by_ref[ref] = chain
+    _ref_by_id[id(chain)] = ref
+    for pos, node in enumerate(chain.nodes):
+        for i, branch in enumerate(node._branches):
+            if branch._compiled is not None:
+                _add(f"{ref}/{pos}.{i}", branch._compiled)
+
+
+def ref_of(chain: Chain) -> str | None:
+    """The static reference of ``chain`` when it belongs to a registered pipeline."""
+    ref = _ref_by_id.get(id(chain))
+    return ref if ref is not None and _by_ref.get(ref) is chain else None
+
+
+def chain_by_ref(ref: str) -> Chain | None:
+    """The registered chain for a static reference, if this process has it."""
+    return _by_ref.get(ref)
+
+
+def pipeline_for(head_key: str) -> Pipeline | None:
+    """The pipeline registered under ``head_key``, if any."""
+    return _pipelines.get(head_key)

@@ -7,6 +7,9 @@
     │   ├── MissingIdError          a node that runs as a step has no id
     │   └── DuplicateIdError        two nodes of one flow share an id
     ├── SerializationError          a value cannot cross a step boundary
+    │   └── ValueTooLargeError      a value is over the configured size limit
+    ├── PayloadRejectedError        a stored flow fails its signature check (not executed)
+    ├── UnknownStepError            no pipeline in this worker has the step (parked, retried)
     ├── ConfigurationError          no runtime, a missing extra, a bad setting
     ├── UnknownEntryError           a pipeline has no entry of that name
     ├── RunError                    about one run (carries ``trace_id``)
@@ -36,6 +39,7 @@ __all__ = [
     "DuplicateIdError",
     "MissingIdError",
     "NotWaitingError",
+    "PayloadRejectedError",
     "RunError",
     "RunExistsError",
     "RunFailedError",
@@ -47,6 +51,8 @@ __all__ = [
     "StoreError",
     "TransportError",
     "UnknownEntryError",
+    "UnknownStepError",
+    "ValueTooLargeError",
 ]
 
 
@@ -71,6 +77,22 @@ class SerializationError(DFlowError, TypeError):
     """A value (a step result, a ``ctx.put`` value, a call payload) cannot be encoded
     or decoded. Values must be msgpack data (dict, list, str, bytes, int, float, bool,
     None) or pydantic models."""
+
+
+class ValueTooLargeError(SerializationError):
+    """A value is larger than the store accepts (``max_value_bytes``); the message gives
+    its size and the limit. Keep large data elsewhere and pass a reference."""
+
+
+class PayloadRejectedError(DFlowError):
+    """A stored flow (a chain built at run time) failed its signature or digest check, or
+    is missing. It is not executed; the run fails with this error."""
+
+
+class UnknownStepError(DFlowError):
+    """The worker has no pipeline with this step: it does not import the module that
+    builds it, or the flow's ids changed. The step is retried and, meanwhile, parked
+    (visible in ``dflow inspect``), never dropped."""
 
 
 class ConfigurationError(DFlowError):

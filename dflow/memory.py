@@ -77,6 +77,8 @@ class _Run:
     error: dict[str, Any] | None = None
     changed: set[str] | None = None
     join: _Join | None = None
+    parked: str | None = None
+    park_count: int = 0
 
     def info(self) -> RunInfo:
         waiting = self.waiting_for or ("join" if self.join is not None and not self.join.closed else None)
@@ -90,6 +92,7 @@ class _Run:
             raw_result=self.result,
             error=self.error,
             parent=self.parent.trace_id if self.parent else None,
+            extra={"parked": self.parked, "park_count": self.park_count} if self.parked else {},
         )
 
 
@@ -218,6 +221,7 @@ class MemoryStore(Store):
         now = time.time()
         lease = run.lease
         run.lease = None
+        run.parked = None
         self._leased.pop(run.trace_id, None)
         run.updated = now
         run.records.extend(records)
@@ -280,6 +284,18 @@ class MemoryStore(Store):
             if run is not None and run.lease is not None and run.lease.token == c.token:
                 run.lease.until = now + lease
                 run.lease.length = lease
+
+    async def park(self, claim: Claim, reason: str, *, base: float = 0.5, cap: float = 30.0) -> int:
+        run = self._runs.get(claim.message.trace_id)
+        if run is None or run.lease is None or run.lease.token != claim.token:
+            return 0
+        run.lease = None
+        self._leased.pop(run.trace_id, None)
+        run.parked = reason
+        run.park_count += 1
+        at = time.time() + min(cap, base * 2 ** (run.park_count - 1))
+        heapq.heappush(self._timers, (at, next(self._timer_seq), claim.message))
+        return run.park_count
 
     async def init_done(self, trace_id: str, seq: int) -> None:
         run = self._runs.get(trace_id)

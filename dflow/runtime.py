@@ -20,7 +20,13 @@ import msgpack
 
 from ._codec import CONTINUE, FAIL, JOIN, NONE, RUN, Message, decode, encode
 from .context import ContextStack, StepRecord, StepStatus
-from .errors import SerializationError, StepFailedError, StepTimeoutError
+from .errors import (
+    SerializationError,
+    StepFailedError,
+    StepTimeoutError,
+    UnknownStepError,
+    ValueTooLargeError,
+)
 from .flow import Chain, DFlow, Kind, compile_flow
 from .store import Advance, Claim, Fail, Finish, Fork, Frame, NewRun, Parent, Store, Transition, Wait
 from .transport import Delivery, Transport
@@ -84,6 +90,7 @@ class Runtime:
         concurrency: int = 64,
         lease: float = 60.0,
         poll_interval: float = 0.05,
+        max_value_bytes: int = 8 * 1024 * 1024,
     ) -> None:
         self.transport = transport
         self.store = store
@@ -91,6 +98,7 @@ class Runtime:
         self.concurrency = concurrency
         self.lease = lease
         self.poll_interval = poll_interval
+        self.max_value_bytes = max_value_bytes
         self._inflight: dict[str, tuple[float, Claim]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._consumers: list[asyncio.Task[None]] = []
@@ -140,10 +148,20 @@ class Runtime:
 
     async def start_run(self, run: NewRun) -> None:
         """Create a run and dispatch its first step."""
+        if len(run.value) > self.max_value_bytes:
+            raise ValueTooLargeError(
+                f"the parameter of run {run.trace_id!r} is {len(run.value)} bytes, over the limit of "
+                f"{self.max_value_bytes} bytes"
+            )
         await self.publish(await self.store.create_run(run))
 
     async def resume(self, trace_id: str, call_type: str, payload: bytes, *, failed: bool = False) -> None:
         """Deliver a call to a run waiting in ``from_call``."""
+        if len(payload) > self.max_value_bytes:
+            raise ValueTooLargeError(
+                f"the payload of call {call_type!r} to run {trace_id!r} is {len(payload)} bytes, over the "
+                f"limit of {self.max_value_bytes} bytes"
+            )
         await self.publish(await self.store.resume(trace_id, call_type, payload, failed=failed))
 
     # -- loops -----------------------------------------------------------------------
@@ -224,6 +242,9 @@ class Runtime:
         claim = await store.claim(msg, self.worker_id, self.lease)
         if claim is None:
             return
+        if claim.problem is not None:
+            await self._unloadable(claim, claim.problem)
+            return
         self._inflight[claim.token] = (time.monotonic(), claim)
         try:
             frames = claim.frames
@@ -238,6 +259,7 @@ class Runtime:
             records: list[StepRecord]
             try:
                 transition, status, out = await self._execute(node, ctx, claim, started)
+                self._check_sizes(out, ctx._changes, msg.key)
                 records = [
                     StepRecord(
                         msg.key, msg.seq, status, msg.attempt, self.worker_id, started,
@@ -258,6 +280,33 @@ class Runtime:
                 await self._on_init(node, ctx, msg)
         finally:
             del self._inflight[claim.token]
+
+    async def _unloadable(self, claim: Claim, problem: Exception) -> None:
+        msg = claim.message
+        if isinstance(problem, UnknownStepError):
+            count = await self.store.park(claim, str(problem))
+            log.warning("dflow: parked step %s of run %s (%d times): %s", msg.key, msg.trace_id, count, problem)
+            return
+        log.error("dflow: run %s fails: %s", msg.trace_id, problem)
+        err = error_info(problem, msg.key)
+        rec = StepRecord(msg.key, msg.seq, StepStatus.FAILED, msg.attempt, self.worker_id, time.time(), 0.0,
+                         None, None, err, None)
+        outgoing = await self.store.commit(claim, [rec], {}, Fail(err))
+        if outgoing:
+            await self.publish(outgoing)
+
+    def _check_sizes(self, out: bytes | None, changes: dict[str, bytes | None], key: str) -> None:
+        limit = self.max_value_bytes
+        if out is not None and len(out) > limit:
+            raise ValueTooLargeError(
+                f"the result of step {key!r} is {len(out)} bytes, over the limit of {limit} bytes; "
+                "keep large data elsewhere and pass a reference"
+            )
+        for k, v in changes.items():
+            if v is not None and len(v) > limit:
+                raise ValueTooLargeError(
+                    f"ctx.put({k!r}) in step {key!r} is {len(v)} bytes, over the limit of {limit} bytes"
+                )
 
     async def _execute(
         self, node: DFlow[Any], ctx: ContextStack, claim: Claim, now: float
@@ -319,6 +368,7 @@ class Runtime:
     def _flat_map(self, inner: Any, claim: Claim) -> tuple[Transition, StepStatus, bytes | None]:
         msg = claim.message
         chain = compile_flow(inner, f"the flow returned by flat_map step {msg.key!r}")
+        self.store.prepare_chain(chain)
         frames = claim.frames
         top = frames[-1]
         if top.pos + 1 < len(top.chain.nodes):  # come back here after the inner chain
@@ -344,6 +394,7 @@ class Runtime:
         children = []
         for i, branch in enumerate(node._branches):
             chain: Chain = compile_flow(branch)
+            self.store.prepare_chain(chain)
             trace_id = f"{msg.trace_id}.{msg.seq}-{i}"
             suffix = f">{node_id}[{i}]{rest}"
             children.append(

@@ -101,6 +101,7 @@ class Claim:
     data: Mapping[str, bytes]
     init_only: bool = False  #: the wait is registered; only ``on_init`` is left to run
     branches: list[BranchResult] | None = None  #: for JOIN messages, in arrival order
+    problem: Exception | None = None  #: the step's flow could not be loaded (unknown, rejected)
 
 
 @dataclass(slots=True)
@@ -174,6 +175,16 @@ class Store(ABC):
     @abstractmethod
     async def extend(self, claims: list[Claim], lease: float) -> None:
         """Extend the leases of steps still running."""
+
+    @abstractmethod
+    async def park(self, claim: Claim, reason: str, *, base: float = 0.5, cap: float = 30.0) -> int:
+        """Release ``claim`` without running it, record ``reason`` on the run (visible in
+        inspection), and deliver its message again after ``base * 2**(n-1)`` seconds (at most
+        ``cap``), n being how often it was parked, which is returned."""
+
+    def prepare_chain(self, chain: Chain) -> None:
+        """Make ``chain`` (built at run time) ready to be stored; raise ``BuildError`` when it
+        cannot be. A store that keeps objects in memory has nothing to do."""
 
     @abstractmethod
     async def init_done(self, trace_id: str, seq: int) -> None:

@@ -450,6 +450,8 @@ class TransportContract:
             assert [d.body for d in got] == [b"orphan"]
             # ``dead`` never acks and never closes: it crashed.
             assert await self._drain(alive, 1, timeout=10) == [b"orphan"]
+            await alive.close()
+            await dead.close()  # only now, to release its connection
 
         _run(body())
 

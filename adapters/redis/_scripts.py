@@ -1,0 +1,311 @@
+"""Lua scripts of the Redis store: each store operation is one atomic script.
+
+Keys, under a prefix P: ``P:r:<trace>`` run hash, ``P:d:<trace>`` data hash, ``P:s:<trace>``
+step records (list), ``P:c:<trace>`` keys a branch run changed (set), ``P:j:<trace>`` join
+state, ``P:js:<trace>`` branch results in arrival order, ``P:ja:<trace>`` arrived branch
+indexes; global sorted sets ``P:outbox`` (published, not yet claimed), ``P:timers``,
+``P:leases`` and ``P:runs``; ``P:b:<ref>`` signed flow blobs.
+Messages are msgpack arrays [trace, seq, key, attempt, kind]; scripts build them with cmsgpack.
+"""
+
+from __future__ import annotations
+
+# Shared helpers, prepended to the scripts that finish runs.
+_FINISH = r"""
+local function run_keys(P, t)
+  return {P..':r:'..t, P..':d:'..t, P..':s:'..t, P..':c:'..t, P..':j:'..t, P..':js:'..t, P..':ja:'..t}
+end
+
+local function emit(P, now, redispatch, msg, out)
+  redis.call('ZADD', P..':outbox', now + redispatch, msg)
+  out[#out + 1] = msg
+end
+
+local function arrive(P, t, rk, now, redispatch, out)
+  local link = redis.call('HMGET', rk, 'p_trace', 'p_seq', 'p_index', 'status', 'result', 'error')
+  if not link[1] then return end
+  local pt = link[1]
+  local prk = P..':r:'..pt
+  if redis.call('HGET', prk, 'seq') ~= link[2] then return end
+  local jk = P..':j:'..pt
+  local j = redis.call('HMGET', jk, 'kind', 'n', 'msg', 'closed')
+  if not j[1] or j[4] == '1' then return end
+  if redis.call('SADD', P..':ja:'..pt, link[3]) == 0 then return end
+  local ok = link[4] == 'done'
+  local changes = {}
+  local dk = P..':d:'..t
+  for _, k in ipairs(redis.call('SMEMBERS', P..':c:'..t)) do
+    changes[k] = redis.call('HGET', dk, k) or false
+  end
+  local slot = cmsgpack.pack({tonumber(link[3]), ok, link[5] or false, link[6] or false, changes})
+  redis.call('RPUSH', P..':js:'..pt, slot)
+  local arrived = redis.call('SCARD', P..':ja:'..pt)
+  local n = tonumber(j[2])
+  local complete
+  if j[1] == 'zip' then complete = (not ok) or arrived == n else complete = ok or arrived == n end
+  if complete then
+    redis.call('HSET', jk, 'closed', '1')
+    redis.call('HSET', prk, 'status', 'running', 'updated', tostring(now))
+    emit(P, now, redispatch, j[3], out)
+  end
+end
+
+local function finished(P, t, rk, now, redispatch, ttl, out)
+  redis.call('HDEL', rk, 'frames', 'value', 'lease_token', 'lease_until', 'lease_len', 'lease_msg', 'waiting',
+             'init_pending', 'parked')
+  redis.call('ZREM', P..':leases', t)
+  arrive(P, t, rk, now, redispatch, out)
+  for _, k in ipairs(run_keys(P, t)) do
+    if ttl > 0 then redis.call('PEXPIRE', k, ttl) else redis.call('DEL', k) end
+  end
+end
+"""
+
+CREATE = (
+    _FINISH
+    + r"""
+-- ARGV: P, trace, now, redispatch, ttl_ms, frames, value, msg, seq, key, result, parent_trace, parent_seq,
+--       parent_index, n_records, records..., n_data, (field, value)...
+local P, t = ARGV[1], ARGV[2]
+local rk = P..':r:'..t
+if redis.call('EXISTS', rk) == 1 then return false end
+local now, redispatch, ttl = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+redis.call('HSET', rk, 'frames', ARGV[6], 'value', ARGV[7], 'seq', ARGV[9], 'attempt', '0', 'key', ARGV[10],
+           'created', ARGV[3], 'updated', ARGV[3])
+if ARGV[12] ~= '' then
+  redis.call('HSET', rk, 'p_trace', ARGV[12], 'p_seq', ARGV[13], 'p_index', ARGV[14])
+end
+local i = 15
+local n = tonumber(ARGV[i]); i = i + 1
+if n > 0 then redis.call('RPUSH', P..':s:'..t, unpack(ARGV, i, i + n - 1)) end
+i = i + n
+n = tonumber(ARGV[i]); i = i + 1
+if n > 0 then redis.call('HSET', P..':d:'..t, unpack(ARGV, i, i + 2 * n - 1)) end
+redis.call('ZADD', P..':runs', now, t)
+local out = {}
+if ARGV[8] ~= '' then
+  redis.call('HSET', rk, 'status', 'running')
+  emit(P, now, redispatch, ARGV[8], out)
+else
+  redis.call('HSET', rk, 'status', 'done', 'result', ARGV[11])
+  finished(P, t, rk, now, redispatch, ttl, out)
+end
+return out
+"""
+)
+
+CLAIM = r"""
+-- ARGV: P, trace, msg, seq, attempt, key, kind, now, lease, token
+local P, t = ARGV[1], ARGV[2]
+local rk = P..':r:'..t
+local r = redis.call('HMGET', rk, 'status', 'seq', 'attempt', 'key', 'init_pending', 'lease_until', 'frames', 'value')
+if not r[1] then return false end
+if r[2] ~= ARGV[4] or r[3] ~= ARGV[5] or r[4] ~= ARGV[6] then return false end
+local init_only = 0
+if r[1] ~= 'running' then
+  if r[1] == 'waiting' and r[5] == '1' and ARGV[7] == '0' then init_only = 1 else return false end
+end
+local now = tonumber(ARGV[8])
+if init_only == 0 and r[6] and tonumber(r[6]) > now then return false end
+redis.call('ZREM', P..':outbox', ARGV[3])
+local until_ = now + tonumber(ARGV[9])
+redis.call('HSET', rk, 'lease_token', ARGV[10], 'lease_until', tostring(until_), 'lease_len', ARGV[9],
+           'lease_msg', ARGV[3])
+redis.call('ZADD', P..':leases', until_, t)
+local slots = false
+if ARGV[7] == '2' then slots = redis.call('LRANGE', P..':js:'..t, 0, -1) end
+return {r[7] or '', r[8] or '', init_only, redis.call('HGETALL', P..':d:'..t), slots}
+"""
+
+COMMIT = (
+    _FINISH
+    + r"""
+-- ARGV: P, trace, token, now, ttl_ms, redispatch, claim_kind, n_rec, rec..., n_set, (k, v)..., n_del, k...,
+--       transition, fields...
+local P, t = ARGV[1], ARGV[2]
+local rk = P..':r:'..t
+local lease = redis.call('HMGET', rk, 'lease_token', 'lease_len', 'lease_msg', 'p_trace')
+if lease[1] ~= ARGV[3] then return false end
+local now, ttl, redispatch = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local dk = P..':d:'..t
+local child = lease[4] ~= false
+local i = 8
+local n = tonumber(ARGV[i]); i = i + 1
+if n > 0 then redis.call('RPUSH', P..':s:'..t, unpack(ARGV, i, i + n - 1)) end
+i = i + n
+n = tonumber(ARGV[i]); i = i + 1
+if n > 0 then
+  redis.call('HSET', dk, unpack(ARGV, i, i + 2 * n - 1))
+  if child then
+    for j = 0, n - 1 do redis.call('SADD', P..':c:'..t, ARGV[i + 2 * j]) end
+  end
+end
+i = i + 2 * n
+n = tonumber(ARGV[i]); i = i + 1
+if n > 0 then
+  redis.call('HDEL', dk, unpack(ARGV, i, i + n - 1))
+  if child then redis.call('SADD', P..':c:'..t, unpack(ARGV, i, i + n - 1)) end
+end
+i = i + n
+redis.call('HDEL', rk, 'lease_token', 'lease_until', 'lease_len', 'lease_msg', 'parked')
+redis.call('ZREM', P..':leases', t)
+redis.call('HSET', rk, 'updated', ARGV[4])
+if ARGV[7] == '2' then redis.call('DEL', P..':j:'..t, P..':js:'..t, P..':ja:'..t) end
+local kind = ARGV[i]; i = i + 1
+local out = {}
+if kind == 'advance' then
+  -- frames, value, msg, seq, attempt, key, at
+  redis.call('HSET', rk, 'status', 'running', 'frames', ARGV[i], 'value', ARGV[i + 1], 'seq', ARGV[i + 3],
+             'attempt', ARGV[i + 4], 'key', ARGV[i + 5])
+  local at = tonumber(ARGV[i + 6])
+  if at > now then
+    redis.call('ZADD', P..':timers', at, ARGV[i + 2])
+  else
+    emit(P, now, redispatch, ARGV[i + 2], out)
+  end
+elseif kind == 'wait' then
+  -- call_type, init_pending
+  redis.call('HSET', rk, 'status', 'waiting', 'waiting', ARGV[i], 'init_pending', ARGV[i + 1])
+  if ARGV[i + 1] == '1' then
+    local until_ = now + tonumber(lease[2])
+    redis.call('HSET', rk, 'lease_token', ARGV[3], 'lease_until', tostring(until_), 'lease_len', lease[2],
+               'lease_msg', lease[3])
+    redis.call('ZADD', P..':leases', until_, t)
+  end
+elseif kind == 'fork' then
+  -- kind, join msg, join seq, join key, n, then per child: trace, frames, value, msg, key, index
+  local jk = P..':j:'..t
+  redis.call('DEL', jk, P..':js:'..t, P..':ja:'..t)
+  local nchild = tonumber(ARGV[i + 4])
+  redis.call('HSET', jk, 'kind', ARGV[i], 'n', ARGV[i + 4], 'msg', ARGV[i + 1], 'closed', '0')
+  redis.call('HSET', rk, 'status', 'waiting', 'seq', ARGV[i + 2], 'attempt', '0', 'key', ARGV[i + 3])
+  local data = redis.call('HGETALL', dk)
+  local jseq = ARGV[i + 2]
+  i = i + 5
+  for c = 1, nchild do
+    local ct = ARGV[i]
+    local crk = P..':r:'..ct
+    redis.call('DEL', unpack(run_keys(P, ct)))
+    redis.call('HSET', crk, 'status', 'running', 'frames', ARGV[i + 1], 'value', ARGV[i + 2], 'seq', '0',
+               'attempt', '0', 'key', ARGV[i + 4], 'created', ARGV[4], 'updated', ARGV[4], 'p_trace', t,
+               'p_seq', jseq, 'p_index', ARGV[i + 5])
+    if #data > 0 then redis.call('HSET', P..':d:'..ct, unpack(data)) end
+    redis.call('ZADD', P..':runs', now, ct)
+    emit(P, now, redispatch, ARGV[i + 3], out)
+    i = i + 6
+  end
+elseif kind == 'finish' then
+  redis.call('HSET', rk, 'status', 'done', 'result', ARGV[i])
+  finished(P, t, rk, now, redispatch, ttl, out)
+elseif kind == 'fail' then
+  redis.call('HSET', rk, 'status', 'failed', 'error', ARGV[i])
+  finished(P, t, rk, now, redispatch, ttl, out)
+else
+  return redis.error_reply('unknown transition ' .. kind)
+end
+return out
+"""
+)
+
+RESUME = r"""
+-- ARGV: P, trace, call_type, payload, failed, now, redispatch
+local P, t = ARGV[1], ARGV[2]
+local rk = P..':r:'..t
+local r = redis.call('HMGET', rk, 'status', 'waiting', 'seq', 'key')
+if not r[1] then return {'missing'} end
+if r[1] ~= 'waiting' or r[2] ~= ARGV[3] then
+  local joining = redis.call('HGET', P..':j:'..t, 'closed') == '0'
+  return {'not', r[1], r[2] or '', joining and '1' or '0'}
+end
+local seq = tonumber(r[3]) + 1
+local kind = 1
+if ARGV[5] == '1' then kind = 3 end
+local msg = cmsgpack.pack({t, seq, r[4], 0, kind})
+redis.call('HSET', rk, 'status', 'running', 'seq', tostring(seq), 'attempt', '0', 'value', ARGV[4],
+           'updated', ARGV[6])
+redis.call('HDEL', rk, 'waiting', 'init_pending', 'lease_token', 'lease_until', 'lease_len', 'lease_msg')
+redis.call('ZREM', P..':leases', t)
+redis.call('ZADD', P..':outbox', tonumber(ARGV[6]) + tonumber(ARGV[7]), msg)
+return {'ok', msg}
+"""
+
+INIT_DONE = r"""
+-- ARGV: P, trace, seq
+local rk = ARGV[1]..':r:'..ARGV[2]
+local r = redis.call('HMGET', rk, 'seq', 'init_pending')
+if r[1] == ARGV[3] and r[2] == '1' then
+  redis.call('HSET', rk, 'init_pending', '0')
+  redis.call('HDEL', rk, 'lease_token', 'lease_until', 'lease_len', 'lease_msg')
+  redis.call('ZREM', ARGV[1]..':leases', ARGV[2])
+end
+return 1
+"""
+
+EXTEND = r"""
+-- ARGV: P, now, lease, (trace, token)...
+local P, now, lease = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+for i = 4, #ARGV, 2 do
+  local rk = P..':r:'..ARGV[i]
+  if redis.call('HGET', rk, 'lease_token') == ARGV[i + 1] then
+    redis.call('HSET', rk, 'lease_until', tostring(now + lease), 'lease_len', ARGV[3])
+    redis.call('ZADD', P..':leases', now + lease, ARGV[i])
+  end
+end
+return 1
+"""
+
+PARK = r"""
+-- ARGV: P, trace, token, reason, now, msg, base, cap
+local P, t = ARGV[1], ARGV[2]
+local rk = P..':r:'..t
+if redis.call('HGET', rk, 'lease_token') ~= ARGV[3] then return false end
+redis.call('HDEL', rk, 'lease_token', 'lease_until', 'lease_len', 'lease_msg')
+redis.call('ZREM', P..':leases', t)
+redis.call('HSET', rk, 'parked', ARGV[4])
+local count = redis.call('HINCRBY', rk, 'park_count', 1)
+local delay = math.min(tonumber(ARGV[8]), tonumber(ARGV[7]) * 2 ^ (count - 1))
+redis.call('ZADD', P..':timers', tonumber(ARGV[5]) + delay, ARGV[6])
+return count
+"""
+
+DUE = r"""
+-- ARGV: P, now, limit, redispatch
+local P, now, limit, redispatch = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local out = {}
+for _, m in ipairs(redis.call('ZRANGEBYSCORE', P..':timers', '-inf', now, 'LIMIT', 0, limit)) do
+  redis.call('ZREM', P..':timers', m)
+  redis.call('ZADD', P..':outbox', now + redispatch, m)
+  out[#out + 1] = m
+end
+for _, m in ipairs(redis.call('ZRANGEBYSCORE', P..':outbox', '-inf', now, 'LIMIT', 0, limit)) do
+  local f = cmsgpack.unpack(m)
+  local r = redis.call('HMGET', P..':r:'..f[1], 'seq', 'attempt')
+  if (not r[1]) or tonumber(r[1]) ~= f[2] or tonumber(r[2]) ~= f[4] then
+    redis.call('ZREM', P..':outbox', m)
+  else
+    redis.call('ZADD', P..':outbox', now + redispatch, m)
+    out[#out + 1] = m
+  end
+end
+for _, t in ipairs(redis.call('ZRANGEBYSCORE', P..':leases', '-inf', now, 'LIMIT', 0, limit)) do
+  local rk = P..':r:'..t
+  local r = redis.call('HMGET', rk, 'lease_until', 'lease_msg', 'attempt')
+  redis.call('ZREM', P..':leases', t)
+  if r[1] and tonumber(r[1]) <= now then
+    local attempt = tonumber(r[3]) + 1
+    local f = cmsgpack.unpack(r[2])
+    f[4] = attempt
+    local m = cmsgpack.pack(f)
+    redis.call('HSET', rk, 'attempt', tostring(attempt))
+    redis.call('HDEL', rk, 'lease_token', 'lease_until', 'lease_len', 'lease_msg')
+    redis.call('ZADD', P..':outbox', now + redispatch, m)
+    out[#out + 1] = m
+  end
+end
+local nxt = false
+for _, z in ipairs({'timers', 'outbox', 'leases'}) do
+  local first = redis.call('ZRANGE', P..':'..z, 0, 0, 'WITHSCORES')
+  if first[2] and ((not nxt) or tonumber(first[2]) < nxt) then nxt = tonumber(first[2]) end
+end
+return {out, nxt and tostring(nxt) or false}
+"""

@@ -1,0 +1,354 @@
+"""``RedisStore``: runs, data, step records, timers, leases and joins in Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Any
+
+import msgpack
+import redis.asyncio as aioredis
+
+from dflow._codec import JOIN, Message
+from dflow._durable import ChainCodec
+from dflow.context import RunInfo, RunStatus, StepRecord, StepStatus
+from dflow.errors import (
+    DFlowError,
+    NotWaitingError,
+    RunExistsError,
+    RunNotFoundError,
+    RunTimeoutError,
+)
+from dflow.flow import Chain
+from dflow.store import Advance, BranchResult, Claim, Fail, Finish, Fork, Frame, NewRun, Store, Transition, Wait
+
+from . import _scripts
+from ._errors import connect, store_errors
+
+__all__ = ["RedisStore"]
+
+_pack = msgpack.Packer(use_bin_type=True).pack
+
+
+def _unpack(data: bytes) -> Any:
+    return msgpack.unpackb(data, raw=False, strict_map_key=False)
+
+
+def _record(r: StepRecord) -> bytes:
+    return _pack(
+        [r.key, r.seq, r.status.value, r.attempt, r.worker, r.started, r.duration, r.raw_input, r.raw_output,
+         r.error, r.name]
+    )
+
+
+def _unrecord(data: bytes) -> StepRecord:
+    key, seq, status, attempt, worker, started, duration, inp, out, error, name = _unpack(data)
+    return StepRecord(key, seq, StepStatus(status), attempt, worker, started, duration, inp, out, error, name)
+
+
+def _s(v: bytes | None) -> str | None:
+    return None if v is None else v.decode()
+
+
+class RedisStore(Store):
+    """``Store`` on Redis (redis-py's asyncio client).
+
+    ``url``: ``redis://[user:password@]host:port/db`` or ``rediss://`` for TLS; other
+    ``options`` go to ``redis.asyncio.Redis.from_url`` (``ssl_ca_certs``, ``ssl_certfile``,
+    ...). ``secret`` signs the flows built at run time (default: ``DFLOW_SECRET``).
+    ``ttl``: seconds a finished run is kept. ``prefix`` namespaces every key.
+    """
+
+    def __init__(
+        self,
+        url: str = "redis://127.0.0.1:6379/0",
+        *,
+        secret: str | bytes | None = None,
+        prefix: str = "dflow",
+        ttl: float = 7 * 86400,
+        redispatch_after: float = 30.0,
+        blob_ttl: float = 30 * 86400,
+        **options: Any,
+    ) -> None:
+        self.url = url
+        self.prefix = prefix
+        self.ttl = ttl
+        self.redispatch_after = redispatch_after
+        self.blob_ttl = blob_ttl
+        self.codec = ChainCodec(secret if secret is not None else os.environ.get("DFLOW_SECRET"))
+        self.redis = connect(url, **options)
+        self._scripts = {
+            name: self.redis.register_script(getattr(_scripts, name))
+            for name in ("CREATE", "CLAIM", "COMMIT", "RESUME", "INIT_DONE", "EXTEND", "PARK", "DUE")
+        }
+        self._written: OrderedDict[str, None] = OrderedDict()
+        self._tokens = 0
+        self._token_base = f"{os.getpid()}-{id(self):x}-"
+
+    # -- encoding --------------------------------------------------------------------
+
+    def prepare_chain(self, chain: Chain) -> None:
+        self.codec.ref(chain)
+
+    def _frames(self, frames: tuple[Frame, ...], blobs: dict[str, bytes]) -> bytes:
+        out = []
+        for f in frames:
+            ref, blob = self.codec.ref(f.chain)
+            if blob is not None and ref not in self._written:
+                blobs[ref] = blob
+            out.append((ref, f.pos, f.suffix))
+        return _pack(out)
+
+    async def _load_frames(self, raw: bytes) -> tuple[Frame, ...]:
+        frames = []
+        for ref, pos, suffix in _unpack(raw):
+            chain = self.codec.cached(ref)
+            if chain is None:
+                with store_errors():
+                    blob = await self.redis.get(f"{self.prefix}:b:{ref}")
+                chain = self.codec.load(ref, blob)
+            frames.append(Frame(chain, pos, suffix))
+        return tuple(frames)
+
+    def _blob_writes(self, pipe: Any, blobs: dict[str, bytes]) -> None:
+        for ref, blob in blobs.items():
+            pipe.set(f"{self.prefix}:b:{ref}", blob, ex=int(self.blob_ttl), nx=True)
+
+    def _wrote(self, blobs: dict[str, bytes]) -> None:
+        for ref in blobs:
+            self._written[ref] = None
+        while len(self._written) > 100_000:
+            self._written.popitem(last=False)
+
+    async def _run_script(self, name: str, args: list[Any], blobs: dict[str, bytes] | None = None) -> Any:
+        script = self._scripts[name]
+        with store_errors():
+            if blobs:
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    self._blob_writes(pipe, blobs)
+                    await script(args=args, client=pipe)
+                    result = (await pipe.execute())[-1]
+                self._wrote(blobs)
+                return result
+            return await script(args=args)
+
+    # -- Store -----------------------------------------------------------------------
+
+    async def create_run(self, run: NewRun) -> list[Message]:
+        blobs: dict[str, bytes] = {}
+        msg = run.message
+        parent = run.parent
+        args: list[Any] = [
+            self.prefix, run.trace_id, time.time(), self.redispatch_after, int(self.ttl * 1000),
+            self._frames(run.frames, blobs), run.value,
+            msg.encode() if msg is not None else b"",
+            msg.seq if msg is not None else 0,
+            msg.key if msg is not None else "",
+            run.result if run.result is not None else b"",
+            parent.trace_id if parent else "", parent.seq if parent else 0, parent.index if parent else 0,
+            len(run.records), *(_record(r) for r in run.records),
+            len(run.data), *(x for kv in run.data.items() for x in kv),
+        ]
+        out = await self._run_script("CREATE", args, blobs)
+        if out is None:
+            raise RunExistsError(f"a run with trace id {run.trace_id!r} already exists", trace_id=run.trace_id)
+        return [Message.decode(m) for m in out]
+
+    def _token(self) -> str:
+        self._tokens += 1
+        return self._token_base + str(self._tokens)
+
+    async def claim(self, message: Message, worker: str, lease: float) -> Claim | None:
+        token = self._token()
+        body = message.encode()
+        args = [self.prefix, message.trace_id, body, message.seq, message.attempt, message.key, message.kind,
+                time.time(), lease, token]
+        r = await self._run_script("CLAIM", args)
+        if r is None:
+            return None
+        raw_frames, value, init_only, data_flat, slots = r
+        data = {data_flat[i].decode(): data_flat[i + 1] for i in range(0, len(data_flat), 2)}
+        branches = None
+        if message.kind == JOIN and slots:
+            branches = [_branch(s) for s in slots]
+        claim = Claim(message, token, (), value, data, bool(init_only), branches)
+        try:
+            claim.frames = await self._load_frames(raw_frames) if raw_frames else ()
+        except DFlowError as exc:
+            claim.problem = exc
+        return claim
+
+    async def commit(
+        self,
+        claim: Claim,
+        records: list[StepRecord],
+        changes: Mapping[str, bytes | None],
+        transition: Transition,
+    ) -> list[Message] | None:
+        blobs: dict[str, bytes] = {}
+        sets = [(k, v) for k, v in changes.items() if v is not None]
+        dels = [k for k, v in changes.items() if v is None]
+        args: list[Any] = [
+            self.prefix, claim.message.trace_id, claim.token, time.time(), int(self.ttl * 1000), self.redispatch_after,
+            claim.message.kind,
+            len(records), *(_record(r) for r in records),
+            len(sets), *(x for kv in sets for x in kv),
+            len(dels), *dels,
+        ]
+        if isinstance(transition, Advance):
+            m = transition.message
+            args += ["advance", self._frames(transition.frames, blobs), transition.value, m.encode(), m.seq,
+                     m.attempt, m.key, transition.at or 0]
+        elif isinstance(transition, Wait):
+            args += ["wait", transition.call_type, "1" if transition.init_pending else "0"]
+        elif isinstance(transition, Fork):
+            j = transition.join
+            args += ["fork", transition.kind, j.encode(), j.seq, j.key, len(transition.children)]
+            for child in transition.children:
+                assert child.message is not None and child.parent is not None
+                args += [child.trace_id, self._frames(child.frames, blobs), child.value, child.message.encode(),
+                         child.message.key, child.parent.index]
+        elif isinstance(transition, Finish):
+            args += ["finish", transition.result]
+        elif isinstance(transition, Fail):
+            args += ["fail", _pack(transition.error)]
+        else:  # pragma: no cover
+            raise TypeError(f"unknown transition {transition!r}")
+        out = await self._run_script("COMMIT", args, blobs)
+        if out is None:
+            return None
+        return [Message.decode(m) for m in out]
+
+    async def extend(self, claims: list[Claim], lease: float) -> None:
+        args: list[Any] = [self.prefix, time.time(), lease]
+        for c in claims:
+            args += [c.message.trace_id, c.token]
+        await self._run_script("EXTEND", args)
+
+    async def init_done(self, trace_id: str, seq: int) -> None:
+        await self._run_script("INIT_DONE", [self.prefix, trace_id, seq])
+
+    async def park(self, claim: Claim, reason: str, *, base: float = 0.5, cap: float = 30.0) -> int:
+        msg = claim.message
+        args = [self.prefix, msg.trace_id, claim.token, reason, time.time(), msg.encode(), base, cap]
+        count = await self._run_script("PARK", args)
+        return int(count or 0)
+
+    async def resume(self, trace_id: str, call_type: str, payload: bytes, *, failed: bool = False) -> list[Message]:
+        r = await self._run_script(
+            "RESUME", [self.prefix, trace_id, call_type, payload, "1" if failed else "0", time.time(),
+                       self.redispatch_after]
+        )
+        if r[0] == b"missing":
+            raise RunNotFoundError(f"no run with trace id {trace_id!r} (never started, or expired)", trace_id=trace_id)
+        if r[0] == b"not":
+            from dflow.memory import _not_waiting
+
+            waiting = _s(r[2]) or ("join" if r[3] == b"1" else None)
+            info = RunInfo(trace_id, RunStatus(r[1].decode()), 0, 0.0, 0.0, waiting_for=waiting)
+            raise NotWaitingError(_not_waiting(info, call_type), trace_id=trace_id)
+        return [Message.decode(r[1])]
+
+    async def due(self, now: float, limit: int = 1000) -> tuple[list[Message], float | None]:
+        out, nxt = await self._run_script("DUE", [self.prefix, now, limit, self.redispatch_after])
+        return [Message.decode(m) for m in out], (float(nxt) if nxt else None)
+
+    async def get_run(self, trace_id: str) -> RunInfo | None:
+        with store_errors():
+            h = await self.redis.hgetall(f"{self.prefix}:r:{trace_id}")
+        if not h:
+            return None
+        return _info(trace_id, h)
+
+    async def get_data(self, trace_id: str) -> dict[str, bytes]:
+        with store_errors():
+            h = await self.redis.hgetall(f"{self.prefix}:d:{trace_id}")
+        return {k.decode(): v for k, v in h.items()}
+
+    async def get_steps(self, trace_id: str) -> list[StepRecord]:
+        with store_errors():
+            raw = await self.redis.lrange(f"{self.prefix}:s:{trace_id}", 0, -1)
+        return [_unrecord(r) for r in raw]
+
+    async def wait_finished(self, trace_id: str, timeout: float | None) -> RunInfo:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pause = 0.001
+        key = f"{self.prefix}:r:{trace_id}"
+        while True:
+            with store_errors():
+                status = await self.redis.hget(key, "status")
+            if status is None:
+                raise RunNotFoundError(f"no run with trace id {trace_id!r} (never started, or expired)", trace_id=trace_id)
+            if status in (b"done", b"failed"):
+                info = await self.get_run(trace_id)
+                if info is not None:
+                    return info
+            if deadline is not None and time.monotonic() >= deadline:
+                raise RunTimeoutError(
+                    f"run {trace_id!r} did not finish within {timeout}s (it is {status.decode()}); the run goes on",
+                    trace_id=trace_id,
+                )
+            await asyncio.sleep(pause if deadline is None else max(0.0, min(pause, deadline - time.monotonic())))
+            pause = min(pause * 2, 0.05)
+
+    async def list_runs(self, limit: int = 50) -> list[RunInfo]:
+        out: list[RunInfo] = []
+        start = 0
+        with store_errors():
+            while len(out) < limit:
+                ids = await self.redis.zrevrange(f"{self.prefix}:runs", start, start + limit - 1)
+                if not ids:
+                    break
+                start += len(ids)
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    for t in ids:
+                        pipe.hgetall(f"{self.prefix}:r:{t.decode()}")
+                    hashes = await pipe.execute()
+                gone = [t for t, h in zip(ids, hashes) if not h]
+                if gone:
+                    await self.redis.zrem(f"{self.prefix}:runs", *gone)
+                    start -= len(gone)
+                out += [_info(t.decode(), h) for t, h in zip(ids, hashes) if h]
+        return out[:limit]
+
+    async def close(self) -> None:
+        await self.redis.aclose()
+
+
+def _branch(slot: bytes) -> BranchResult:
+    index, ok, value, error, changes = msgpack.unpackb(slot, raw=True, strict_map_key=False)
+    decoded = {}
+    if isinstance(changes, dict):
+        decoded = {k.decode(): (v if v is not False else None) for k, v in changes.items()}
+    return BranchResult(
+        int(index), bool(ok), value if value is not False else None,
+        _unpack(error) if error not in (False, None) else None, decoded,
+    )
+
+
+def _info(trace_id: str, h: dict[bytes, bytes]) -> RunInfo:
+    status = RunStatus(h[b"status"].decode())
+    waiting = _s(h.get(b"waiting"))
+    if status is RunStatus.WAITING and waiting is None:
+        waiting = "join"
+    extra: dict[str, Any] = {}
+    if b"parked" in h:
+        extra["parked"] = h[b"parked"].decode()
+        extra["park_count"] = int(h.get(b"park_count", b"0"))
+    if b"lease_token" in h:
+        extra["leased_until"] = float(h[b"lease_until"])
+    return RunInfo(
+        trace_id=trace_id,
+        status=status,
+        seq=int(h.get(b"seq", b"0")),
+        created=float(h.get(b"created", b"0")),
+        updated=float(h.get(b"updated", b"0")),
+        waiting_for=waiting,
+        raw_result=h.get(b"result"),
+        error=_unpack(h[b"error"]) if b"error" in h else None,
+        parent=_s(h.get(b"p_trace")),
+        extra=extra,
+    )

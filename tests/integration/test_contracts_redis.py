@@ -1,0 +1,34 @@
+"""The Redis store and the Redis Streams transport pass the adapter contracts."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from adapters.redis import RedisStore, RedisStreamsTransport
+from dflow import Store, Transport
+from dflow.testing import StoreContract, TransportContract
+
+from .conftest import SECRET
+
+
+class TestRedisStore(StoreContract):
+    @pytest.fixture
+    def make_store(self, redis_url: str, prefix: str) -> Callable[..., Store]:
+        def make(**opts: Any) -> Store:
+            return RedisStore(redis_url, prefix=prefix, secret=SECRET, **opts)
+
+        return make
+
+
+class TestRedisStreamsTransport(TransportContract):
+    @pytest.fixture
+    def make_transports(self, redis_url: str, prefix: str) -> Callable[..., list[Transport]]:
+        def make(n: int, **opts: Any) -> list[Transport]:
+            return [
+                RedisStreamsTransport(redis_url, stream=f"{prefix}:steps", consumer=f"c{i}", **opts) for i in range(n)
+            ]
+
+        return make
