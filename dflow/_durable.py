@@ -105,7 +105,7 @@ def _diagnose(chain: Chain, exc: Exception) -> str:
                         "declare it with dflow.shared(...) or pass the data through ctx / the step's value"
                     )
             for var in fn.__code__.co_names:
-                if var in fn.__globals__ and fn.__module__ in ("__main__", None):
+                if var in fn.__globals__ and not isinstance(fn.__globals__[var], types.ModuleType):
                     try:
                         _dumps(fn.__globals__[var])
                     except Exception as err:

@@ -48,6 +48,8 @@ async def render(store: Store, trace_id: str, indent: str = "", depth: int = 0) 
     head = f"{indent}run {trace_id}  {info.status.value}"
     if info.waiting_for:
         head += f" (waiting for {info.waiting_for!r})"
+    if info.extra.get("parked"):
+        head += f"  PARKED x{info.extra.get('park_count')}: {info.extra['parked']}"
     if info.status.finished:
         head += f"  {(info.updated - info.created) * 1000:.1f} ms"
         if info.error:

@@ -41,12 +41,22 @@ T = TypeVar("T")
 
 
 class _LoopThread:
-    """An event loop running in a daemon thread."""
+    """An event loop running in a daemon thread (or, attached, the caller's own loop)."""
 
     def __init__(self, name: str) -> None:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self._main, name=name, daemon=True)
+        self.owned = True
         self.thread.start()
+
+    @classmethod
+    def attached(cls) -> _LoopThread:
+        """The running loop of the current thread (a worker process's main loop)."""
+        self = object.__new__(cls)
+        self.loop = asyncio.get_running_loop()
+        self.thread = threading.current_thread()
+        self.owned = False
+        return self
 
     def _main(self) -> None:
         asyncio.set_event_loop(self.loop)
@@ -59,6 +69,8 @@ class _LoopThread:
         return threading.current_thread() is self.thread
 
     def close(self) -> None:
+        if not self.owned:
+            return
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=5)
         if not self.thread.is_alive():
@@ -143,6 +155,21 @@ def configure(
         runtime = thread.submit(make()).result(10)
         _host = _Host(runtime, thread)
         return runtime
+
+
+def attach(runtime: Runtime) -> None:
+    """Make ``runtime``, running on the current thread's event loop, this process's runtime
+    (what ``dflow worker`` does, so that steps may start and resume runs)."""
+    global _host
+    with _host_lock:
+        _host = _Host(runtime, _LoopThread.attached())
+
+
+def detach() -> None:
+    """Forget the runtime set by ``attach`` (it is stopped by its owner)."""
+    global _host
+    with _host_lock:
+        _host = None
 
 
 def global_init_for_test(*, concurrency: int = 16, ttl: float = 3600.0) -> Runtime:

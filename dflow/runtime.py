@@ -99,6 +99,7 @@ class Runtime:
         self.lease = lease
         self.poll_interval = poll_interval
         self.max_value_bytes = max_value_bytes
+        self._debug = log.isEnabledFor(logging.DEBUG)
         self._inflight: dict[str, tuple[float, Claim]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._consumers: list[asyncio.Task[None]] = []
@@ -182,7 +183,11 @@ class Runtime:
                 self._busy.add(me)
                 try:
                     for d in deliveries:
-                        await self._handle(d)
+                        try:
+                            await self._handle(d)
+                        except Exception:  # the store or transport is down: the message stays pending
+                            log.exception("dflow: handling a message failed; it will be delivered again")
+                            await asyncio.sleep(0.2)
                 finally:
                     self._busy.discard(me)
             handled += 1
@@ -206,6 +211,8 @@ class Runtime:
             await self.transport.nack(d)
             return
         await self.transport.ack(d)
+        if self._debug:
+            log.debug("dflow: %s step %s of run %s", self.worker_id, msg.key, msg.trace_id)
 
     async def _timers(self) -> None:
         store = self.store

@@ -222,5 +222,8 @@ class Store(ABC):
     async def list_runs(self, limit: int = 50) -> list[RunInfo]:
         """Recent runs, newest first."""
 
+    async def ping(self) -> None:
+        """Raise ``StoreError`` when the store cannot be reached."""
+
     async def close(self) -> None:
         """Release connections."""

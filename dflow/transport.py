@@ -51,5 +51,8 @@ class Transport(ABC):
     async def dead_letter(self, delivery: Delivery, reason: str) -> None:
         """Set an undecodable message aside with ``reason``, and acknowledge it."""
 
+    async def ping(self) -> None:
+        """Raise ``TransportError`` when the transport cannot be reached."""
+
     async def close(self) -> None:
         """Leave the group; unacknowledged messages go back to the others."""

@@ -19,7 +19,11 @@ def connect(url: str, **options: Any) -> aioredis.Redis:
         raise ConfigurationError(f"not a Redis URL: {url!r}; use redis://host:port/db or rediss:// for TLS")
     options.setdefault("health_check_interval", 30)
     options.setdefault("socket_keepalive", True)
-    return aioredis.Redis.from_url(url, **options)
+    size = options.pop("max_connections", 64)
+    wait = options.pop("pool_timeout", 30)
+    # A blocking pool: under load, callers wait for a connection instead of failing.
+    pool = aioredis.BlockingConnectionPool.from_url(url, max_connections=size, timeout=wait, **options)
+    return aioredis.Redis(connection_pool=pool)
 
 
 def _mapped(exc: Exception, kind: type[DFlowError], what: str) -> DFlowError:

@@ -314,8 +314,12 @@ class RedisStore(Store):
                 out += [_info(t.decode(), h) for t, h in zip(ids, hashes) if h]
         return out[:limit]
 
+    async def ping(self) -> None:
+        with store_errors():
+            await self.redis.ping()
+
     async def close(self) -> None:
-        await self.redis.aclose()
+        await self.redis.aclose(close_connection_pool=True)
 
 
 def _branch(slot: bytes) -> BranchResult:

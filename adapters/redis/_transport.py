@@ -147,6 +147,10 @@ class RedisStreamsTransport(Transport):
             entries = await self.redis.xrevrange(self.dead_stream, count=count)
         return [(f.get(b"m", b""), f.get(b"reason", b"").decode()) for _, f in entries]
 
+    async def ping(self) -> None:
+        with transport_errors():
+            await self.redis.ping()
+
     async def close(self) -> None:
         """Hand back buffered, unprocessed messages, then disconnect."""
         pending, self._buffer = list(self._buffer), deque()
@@ -154,4 +158,4 @@ class RedisStreamsTransport(Transport):
             for d in pending:
                 await self.nack(d)
         finally:
-            await self.redis.aclose()
+            await self.redis.aclose(close_connection_pool=True)

@@ -1,0 +1,72 @@
+"""Transports and stores from URLs: ``redis://``, ``rediss://``, ``kafka://``.
+
+dflow's own settings ride in the query string and are taken out before the rest goes to
+the client library: ``redis://h:6379/0?stream=dflow:steps&group=workers`` for the Redis
+Streams transport, ``?prefix=dflow`` for the Redis store, ``kafka://h1:9092,h2:9092?
+topic=dflow-steps&group=workers&security_protocol=SASL_SSL&sasl_mechanism=PLAIN&
+sasl_plain_username=..&sasl_plain_password=..`` for Kafka.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from .errors import ConfigurationError
+from .store import Store
+from .transport import Transport
+
+_TRANSPORT_KEYS = {"stream", "group", "consumer", "dead_letters", "redeliver_after", "prefetch"}
+_STORE_KEYS = {"prefix", "ttl", "redispatch_after", "blob_ttl"}
+_FLOATS = {"redeliver_after", "ttl", "redispatch_after", "blob_ttl"}
+_INTS = {"prefetch", "partitions"}
+
+
+def _split(url: str, ours: set[str]) -> tuple[str, dict[str, Any]]:
+    parts = urlsplit(url)
+    mine: dict[str, Any] = {}
+    rest = []
+    for k, v in parse_qsl(parts.query, keep_blank_values=True):
+        if k in ours:
+            mine[k] = float(v) if k in _FLOATS else int(v) if k in _INTS else v
+        else:
+            rest.append((k, v))
+    return urlunsplit(parts._replace(query=urlencode(rest))), mine
+
+
+def _need(extra: str, exc: ImportError) -> ConfigurationError:
+    return ConfigurationError(f"this URL needs the {extra!r} extra: pip install 'dflow[{extra}]' ({exc})")
+
+
+def transport_from_url(url: str, **options: Any) -> Transport:
+    """A transport for ``url``; ``options`` override the URL's settings."""
+    scheme = urlsplit(url).scheme
+    if scheme in ("redis", "rediss", "unix"):
+        try:
+            from adapters.redis import RedisStreamsTransport
+        except ImportError as exc:
+            raise _need("redis", exc) from exc
+        base, mine = _split(url, _TRANSPORT_KEYS)
+        return RedisStreamsTransport(base, **{**mine, **options})
+    if scheme == "kafka":
+        try:
+            from adapters.kafka import KafkaTransport
+        except ImportError as exc:
+            raise _need("kafka", exc) from exc
+        return KafkaTransport.from_url(url, **options)
+    raise ConfigurationError(
+        f"unknown transport URL {url!r}: use redis://, rediss:// or kafka:// (local mode needs no URL)"
+    )
+
+
+def store_from_url(url: str, **options: Any) -> Store:
+    """A store for ``url``; ``options`` override the URL's settings."""
+    scheme = urlsplit(url).scheme
+    if scheme in ("redis", "rediss", "unix"):
+        try:
+            from adapters.redis import RedisStore
+        except ImportError as exc:
+            raise _need("redis", exc) from exc
+        base, mine = _split(url, _STORE_KEYS)
+        return RedisStore(base, **{**mine, **options})
+    raise ConfigurationError(f"unknown store URL {url!r}: use redis:// or rediss://")

@@ -1,0 +1,139 @@
+"""The ``dflow`` command: run workers, inspect runs.
+
+    dflow worker MODULE [MODULE ...] --transport URL --store URL [--concurrency N]
+    dflow inspect TRACE_ID --store URL
+    dflow ls --store URL [--limit N]
+
+URLs default to the environment: ``DFLOW_TRANSPORT``, ``DFLOW_STORE``; the shared secret
+that signs flows is ``DFLOW_SECRET``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Sequence
+
+from .errors import ConfigurationError, DFlowError
+
+log = logging.getLogger("dflow.worker")
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="dflow", description="Run dflow workers and inspect runs.")
+    sub = ap.add_subparsers(dest="command", required=True)
+    w = sub.add_parser("worker", help="run steps: import MODULEs (which build the flows) and consume")
+    w.add_argument("modules", nargs="+", metavar="MODULE", help="module(s) that build the flows (import paths)")
+    w.add_argument("--transport", default=os.environ.get("DFLOW_TRANSPORT"), help="redis://... or kafka://...")
+    w.add_argument("--store", default=os.environ.get("DFLOW_STORE"), help="redis://...")
+    w.add_argument("--concurrency", type=int, default=64, help="steps run at once (default 64)")
+    w.add_argument("--lease", type=float, default=60.0, help="seconds before a silent step is taken over")
+    w.add_argument("--grace", type=float, default=30.0, help="seconds to finish running steps on SIGTERM")
+    w.add_argument("--log-level", default=os.environ.get("DFLOW_LOG_LEVEL", "INFO"))
+    i = sub.add_parser("inspect", help="print a run's step tree")
+    i.add_argument("trace_id")
+    i.add_argument("--store", default=os.environ.get("DFLOW_STORE"))
+    ls = sub.add_parser("ls", help="list recent runs")
+    ls.add_argument("--store", default=os.environ.get("DFLOW_STORE"))
+    ls.add_argument("--limit", type=int, default=20)
+    return ap
+
+
+def _need(value: str | None, flag: str, env: str) -> str:
+    if not value:
+        raise ConfigurationError(f"{flag} is required (or set {env})")
+    return value
+
+
+async def _worker(args: argparse.Namespace) -> int:
+    from . import client
+    from ._urls import store_from_url, transport_from_url
+    from .runtime import Runtime
+
+    sys.path.insert(0, os.getcwd())
+    for module in args.modules:
+        importlib.import_module(module)
+    store = store_from_url(_need(args.store, "--store", "DFLOW_STORE"))
+    transport = transport_from_url(_need(args.transport, "--transport", "DFLOW_TRANSPORT"))
+    try:
+        await store.ping()
+    except DFlowError as exc:
+        print(f"dflow worker: cannot reach the store {args.store}: {exc}", file=sys.stderr)
+        return 2
+    try:
+        await transport.ping()
+    except DFlowError as exc:
+        print(f"dflow worker: cannot reach the transport {args.transport}: {exc}", file=sys.stderr)
+        return 2
+    runtime = Runtime(transport, store, concurrency=args.concurrency, lease=args.lease)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    client.attach(runtime)
+    await runtime.start()
+    log.info("dflow worker %s: serving %s (concurrency %d)", runtime.worker_id, ", ".join(args.modules),
+             args.concurrency)
+    await stop.wait()
+    log.info("dflow worker %s: stopping; running steps get %.0fs", runtime.worker_id, args.grace)
+    await runtime.stop(args.grace)
+    client.detach()
+    return 0
+
+
+async def _inspect(args: argparse.Namespace) -> int:
+    from ._tree import render
+    from ._urls import store_from_url
+
+    store = store_from_url(_need(args.store, "--store", "DFLOW_STORE"), secret=os.environ.get("DFLOW_SECRET", "-"))
+    try:
+        print(await render(store, args.trace_id))
+        return 0 if await store.get_run(args.trace_id) is not None else 1
+    finally:
+        await store.close()
+
+
+async def _ls(args: argparse.Namespace) -> int:
+    from ._urls import store_from_url
+
+    store = store_from_url(_need(args.store, "--store", "DFLOW_STORE"), secret=os.environ.get("DFLOW_SECRET", "-"))
+    try:
+        runs = await store.list_runs(args.limit)
+    finally:
+        await store.close()
+    print(f"{'TRACE ID':<40} {'STATUS':<8} {'STEP':>5} {'STARTED':<19} {'AGE':>8}  NOTE")
+    now = time.time()
+    for r in runs:
+        note = r.waiting_for and f"waiting for {r.waiting_for}" or ""
+        if r.extra.get("parked"):
+            note = f"parked x{r.extra.get('park_count')}: {r.extra['parked']}"
+        elif r.error:
+            note = f"{r.error.get('type')}: {r.error.get('message')}"
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.created))
+        print(f"{r.trace_id:<40} {r.status.value:<8} {r.seq:>5} {started:<19} {now - r.created:>7.0f}s  {note[:80]}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``dflow`` console script."""
+    args = _parser().parse_args(argv)
+    level = getattr(args, "log_level", "WARNING")
+    logging.basicConfig(level=str(level).upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    command = {"worker": _worker, "inspect": _inspect, "ls": _ls}[args.command]
+    try:
+        return asyncio.run(command(args))
+    except (ConfigurationError, ImportError) as exc:
+        print(f"dflow {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:  # pragma: no cover
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

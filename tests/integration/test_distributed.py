@@ -1,0 +1,231 @@
+"""Worker processes on real infrastructure: load, crashes, redeploys, bad input.
+
+Each test starts ``dflow worker`` processes (the console entry point, as users run it),
+drives runs from this process as a client, answers ``from_call`` waits from outside, and
+checks results, and executions against commits.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+import dflow
+from dflow import DFlow, RunStatus, StepStatus
+from dflow._urls import store_from_url, transport_from_url
+
+from . import flows
+from .conftest import SECRET
+from .workers import Workers
+
+COUNTED = {"inc", "square", "sum", "finish", "c0"}
+
+
+class Cluster:
+    """URLs, worker processes and a client for one test."""
+
+    def __init__(self, redis_url: str, prefix: str, transport_url: str) -> None:
+        self.redis_url = redis_url
+        self.prefix = prefix
+        self.transport_url = transport_url
+        self.store_url = f"{redis_url}?prefix={prefix}&redispatch_after=2"
+        self.env = {"DFLOW_SECRET": SECRET, "DFLOW_TEST_REDIS": redis_url, "DFLOW_TEST_PREFIX": prefix}
+        self.workers = Workers("tests.integration.flows", transport_url, self.store_url, self.env)
+        self.r = redis.Redis.from_url(redis_url)
+        self.runtime = dflow.configure(
+            transport_from_url(transport_url), store_from_url(self.store_url, secret=SECRET), consume=False
+        )
+        self._stop = threading.Event()
+        self._approver: threading.Thread | None = None
+        self.approved: list[str] = []
+
+    def approve_forever(self, verdict: Any = "ok") -> None:
+        """Answer every announced approval from a thread, as an outside system would."""
+
+        def loop() -> None:
+            while not self._stop.is_set():
+                item = self.r.blpop([f"{self.prefix}:to-approve"], timeout=0.2)
+                if item is None:
+                    continue
+                trace = item[1].decode()
+                for _ in range(100):
+                    try:
+                        DFlow.call("approve", verdict, trace)
+                        self.approved.append(trace)
+                        break
+                    except dflow.StoreError:
+                        time.sleep(0.2)  # the store is restarting
+                    except dflow.TransportError:
+                        time.sleep(0.2)
+
+        self._approver = threading.Thread(target=loop, daemon=True)
+        self._approver.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._approver is not None:
+            self._approver.join(5)
+        self.workers.stop()
+        dflow.shutdown()
+        self.r.close()
+
+    def commits(self, trace: str) -> Counter[str]:
+        """Committed executions of counted steps, by idempotency key, in a run and its branches."""
+        out: Counter[str] = Counter()
+        run = dflow.Run(trace)
+        for s in run.context().steps:
+            if s.status is StepStatus.DONE and s.key.split(">")[0] in COUNTED:
+                out[f"{trace}:{s.seq}"] += 1
+            if s.status is StepStatus.FORKED:
+                for child in s.output:
+                    out += self.commits(child)
+        return out
+
+    def executions(self) -> Counter[str]:
+        return Counter({k.decode(): int(v) for k, v in self.r.hgetall(f"{self.prefix}:execs").items()})
+
+
+@pytest.fixture
+def redis_cluster(redis_url: str, prefix: str) -> Iterator[Cluster]:
+    c = Cluster(redis_url, prefix, f"{redis_url}?stream={prefix}:steps&redeliver_after=2")
+    yield c
+    c.close()
+
+
+def start_orders(n: int) -> list[dflow.Run]:
+    entry = flows.orders.entry("order")
+    return [entry.call(i) for i in range(n)]
+
+
+def check_all(c: Cluster, runs: list[dflow.Run], timeout: float) -> None:
+    results = dflow.gather(runs, timeout=timeout)
+    assert results == [flows.expected(i, "ok") for i in range(len(runs))]
+
+
+def test_three_workers_300_runs(redis_cluster: Cluster) -> None:
+    c = redis_cluster
+    c.workers.start(3)
+    c.approve_forever()
+    runs = start_orders(300)
+    check_all(c, runs, timeout=120)
+    commits = Counter[str]()
+    for r in runs:
+        commits += c.commits(r.trace_id)
+    assert set(commits.values()) == {1}, "every step committed exactly once"
+    assert len(commits) == 300 * 8, "inc, 5 squares, sum and finish per run"
+    assert c.executions() == commits, "without crashes, every step ran exactly once"
+    assert sorted(c.approved) == sorted(r.trace_id for r in runs)
+
+
+def test_kill_workers_during_load(redis_cluster: Cluster) -> None:
+    c = redis_cluster
+    c.workers.env["DFLOW_TEST_STEP_SLEEP"] = "0.01"  # keep steps in flight when the kills land
+    c.workers.start(3)
+    c.approve_forever()
+    runs = start_orders(300)
+    deadline = time.monotonic() + 30
+    kills = 0
+    while kills < 5 and time.monotonic() < deadline:
+        time.sleep(1.5)
+        c.workers.kill_one()
+        c.workers.start(1)
+        kills += 1
+    check_all(c, runs, timeout=180)
+    commits = Counter[str]()
+    for r in runs:
+        commits += c.commits(r.trace_id)
+    execs = c.executions()
+    assert set(commits.values()) == {1}, "every step committed exactly once, crashes or not"
+    assert set(execs) == set(commits), "every executed step was committed, every committed step executed"
+    extra = sum(execs.values()) - sum(commits.values())
+    assert 0 <= extra <= kills * c.workers.concurrency, (extra, kills)
+
+
+def test_redeploy_while_runs_wait_inside_flat_map(redis_cluster: Cluster) -> None:
+    c = redis_cluster
+    c.workers.start(2)
+    runs = start_orders(50)
+    deadline = time.monotonic() + 60
+    while c.r.llen(f"{c.prefix}:to-approve") < 50:
+        assert time.monotonic() < deadline, "runs did not reach their from_call"
+        time.sleep(0.1)
+    assert all(r.info().waiting_for == "approve" for r in runs)
+    assert c.workers.stop() == [0, 0], "workers exit cleanly on SIGTERM"
+    # New processes: none has ever built the chains these runs wait inside.
+    c.workers.start(2)
+    c.approve_forever()
+    check_all(c, runs, timeout=60)
+
+
+def test_bad_input_keeps_workers_serving(redis_cluster: Cluster) -> None:
+    c = redis_cluster
+    c.workers.start(1)
+    c.approve_forever()
+    transport = transport_from_url(c.transport_url)
+
+    async def inject() -> None:
+        await transport.publish(b"\xc1 garbage", "x")
+        await transport.publish(b"\x93\x01\x02\x03", "x")
+        await transport.close()
+
+    import asyncio
+
+    asyncio.run(inject())
+    # Tampered flow blob: chains built at run time are stored signed. Flip a byte of each,
+    # then restart the worker so that the new one must load them from the store.
+    waiting = DFlow.direct_run(5, lambda x: DFlow.delay(x, 2.0).map(lambda v: v * 2).id("double"))
+    deadline = time.monotonic() + 10
+    while waiting.info().seq < 2:  # inside the delay, built by the worker
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    blobs = list(c.r.scan_iter(f"{c.prefix}:b:*"))
+    assert len(blobs) == 2, "the direct_run chain and the chain it built"
+    for b in blobs:
+        data = bytearray(c.r.get(b))
+        data[-5] ^= 0xFF
+        c.r.set(b, bytes(data))
+    c.workers.stop()
+    c.workers.start(1)
+    with pytest.raises(dflow.RunFailedError, match="PayloadRejectedError.*signature"):
+        waiting.result(30)
+    # Oversized value.
+    big = DFlow.direct_run(1, lambda x: DFlow.just(x).map(lambda v: "x" * (9 * 1024 * 1024)).id("big"))
+    with pytest.raises(dflow.RunFailedError, match="ValueTooLargeError.*bytes, over the limit"):
+        big.result(30)
+    # The worker still serves.
+    runs = start_orders(5)
+    check_all(c, runs, timeout=60)
+    dead = c.r.xrange(f"{c.prefix}:steps:dead")
+    assert len(dead) == 2 and all(b"not a dflow step message" in f[b"reason"] for _, f in dead)
+
+
+unknown_to_workers = DFlow.from_call("secret-entry").map(lambda x: x + 1).id("known-here-only").init("client-only")
+
+
+def test_unknown_step_is_parked_then_served_by_a_worker_that_knows_it(redis_cluster: Cluster, tmp_path: Any) -> None:
+    c = redis_cluster
+    c.workers.start(1)
+    run = unknown_to_workers.call(41)
+    deadline = time.monotonic() + 20
+    while not run.info().extra.get("parked"):
+        assert time.monotonic() < deadline, "the unknown step was not parked"
+        time.sleep(0.1)
+    info = run.info()
+    assert info.status is RunStatus.RUNNING and "does not import the module" in info.extra["parked"]
+    from dflow._tree import render
+    from dflow.client import _current
+
+    assert "PARKED" in _current().run(render(_current().runtime.store, run.trace_id))
+    # A worker that imports the module appears: the run completes.
+    knows = Workers("tests.integration.test_distributed", c.transport_url, c.store_url, c.env)
+    knows.start(1)
+    try:
+        assert run.result(60) == 42
+    finally:
+        knows.stop()
