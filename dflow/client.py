@@ -12,13 +12,21 @@ import asyncio
 import atexit
 import concurrent.futures
 import threading
+import time
 import uuid
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from ._codec import Message, encode
 from .context import ContextStack, RunInfo, RunStatus, StepRecord, StepStatus
-from .errors import ConfigurationError, DFlowError, RunFailedError, RunNotFoundError, UnknownEntryError
+from .errors import (
+    BuildError,
+    ConfigurationError,
+    DFlowError,
+    RunFailedError,
+    RunNotFoundError,
+    UnknownEntryError,
+)
 from .flow import DFlow, InitParam, Kind, compile_flow
 from .memory import MemoryStore, MemoryTransport
 from .runtime import Runtime
@@ -92,7 +100,21 @@ class _Host:
                 "a blocking dflow call was made on the runtime's own event loop (inside a step); "
                 "use the async form (await run.wait(), await entry.acall(...), await DFlow.acall(...))"
             )
-        return self.thread.submit(coro).result(timeout)
+        future = self.thread.submit(coro)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            wait = 0.5 if deadline is None else min(0.5, max(0.0, deadline - time.monotonic()))
+            try:
+                return future.result(wait)
+            except concurrent.futures.TimeoutError:
+                if future.done():  # the call itself raised a TimeoutError (RunTimeoutError)
+                    raise
+                if not self.thread.loop.is_running():
+                    future.cancel()
+                    raise DFlowError("the dflow runtime has stopped; configure it again") from None
+                if deadline is not None and time.monotonic() >= deadline:
+                    future.cancel()
+                    raise
 
     async def arun(self, coro: Coroutine[Any, Any, T]) -> T:
         """Await ``coro`` on the runtime's loop, from any loop."""
@@ -305,9 +327,11 @@ def _entry_run(trace_id: str, chain_frames: tuple[Frame, ...], value: bytes, key
 def _start(run: NewRun) -> Run:
     host = _current()
     if host.thread.on_loop():
-        host.spawn(host.runtime.start_run(run))
-    else:
-        host.run(host.runtime.start_run(run))
+        raise DFlowError(
+            "starting a run with the sync call() inside a step would block the runtime's loop; make "
+            "the step async def and use await pipeline.acall(...) / await dflow.adirect_run(...)"
+        )
+    host.run(host.runtime.start_run(run))
     return Run(run.trace_id)
 
 
@@ -358,6 +382,11 @@ class Pipeline:
         self._chain = chain
         self.name = name or chain.keys[0]
         head = chain.nodes[0]
+        if head._kind == Kind.FROM_CALL and head._fn is not None:
+            raise BuildError(
+                f"the entry from_call({head._value!r}) of a pipeline has an on_init, which would never run: "
+                "a run starts when its entry is called. Start the outside job before calling the entry."
+            )
         self._entries = {head._value: Entry(self, head._value)} if head._kind == Kind.FROM_CALL else {}
         from ._registry import register
 

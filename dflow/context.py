@@ -95,7 +95,7 @@ class ContextStack:
     it fails). ``idempotency_key`` is stable across re-executions of the same step.
     """
 
-    __slots__ = ("trace_id", "seq", "attempt", "_data", "_changes", "_steps")
+    __slots__ = ("trace_id", "seq", "attempt", "_data", "_changes", "_steps", "_readonly")
 
     def __init__(
         self,
@@ -112,6 +112,7 @@ class ContextStack:
         self._data: Mapping[str, bytes] = data if data is not None else {}
         self._changes: dict[str, bytes | None] = {}
         self._steps = steps
+        self._readonly: str | None = None
 
     @property
     def idempotency_key(self) -> str:
@@ -128,10 +129,14 @@ class ContextStack:
         that could not be committed."""
         if not isinstance(key, str):
             raise TypeError(f"context keys are strings, got {type(key).__qualname__}")
+        if self._readonly:
+            raise DFlowError(f"ctx.put({key!r}) is refused here: {self._readonly}")
         self._changes[key] = encode(value, f"ctx.put({key!r}) value")
 
     def delete(self, key: str) -> None:
         """Remove ``key`` from the run's data."""
+        if self._readonly:
+            raise DFlowError(f"ctx.delete({key!r}) is refused here: {self._readonly}")
         self._changes[key] = _DELETED
 
     def __contains__(self, key: object) -> bool:

@@ -71,7 +71,12 @@ _ctx_arg_by_code: dict[Any, bool] = {}
 def _takes_ctx(fn: Callable[..., Any], what: str) -> bool:
     """True when ``fn`` is called as ``fn(ctx, value)``, False for ``fn(value)``."""
     code = getattr(fn, "__code__", None)
-    if code is not None and type(fn) is FunctionType:  # same def statement, same answer
+    if (
+        code is not None
+        and type(fn) is FunctionType
+        and not hasattr(fn, "__wrapped__")  # functools.wraps: the signature is the wrapped one's
+        and not hasattr(fn, "__signature__")
+    ):  # same def statement, same answer
         known = _ctx_arg_by_code.get(code)
         if known is None:
             known = _ctx_arg_by_code[code] = _inspect_ctx_arg(fn, what)
@@ -283,6 +288,11 @@ class DFlow(Generic[T]):
         """
         if not isinstance(seconds, (int, float)) or seconds <= 0:
             raise BuildError(f"timeout needs a number of seconds > 0, got {seconds!r}")
+        if self._kind not in (Kind.MAP, Kind.FLAT_MAP):
+            raise BuildError(
+                f"timeout applies to map and flat_map steps, not to {self._describe()}: put it on the "
+                "step that does the work"
+            )
         return self._with(_timeout=float(seconds))
 
     def in_thread(self) -> DFlow[T]:
@@ -290,6 +300,8 @@ class DFlow(Generic[T]):
 
         Use it for blocking I/O in plain ``def`` functions; ``async def`` functions never need it.
         """
+        if self._kind not in (Kind.MAP, Kind.FLAT_MAP):
+            raise BuildError(f"in_thread applies to map and flat_map steps, not to {self._describe()}")
         return self._with(_thread=True)
 
     # -- running ---------------------------------------------------------------------

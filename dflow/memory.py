@@ -199,7 +199,7 @@ class MemoryStore(Store):
             init_only = True
         now = time.time()
         held = run.lease
-        if held is not None and held.until > now and not init_only:
+        if held is not None and held.until > now:
             return None
         self._outbox.pop(message.ident, None)
         token = str(next(self._tokens))
@@ -304,11 +304,13 @@ class MemoryStore(Store):
             run.lease = None
             self._leased.pop(trace_id, None)
 
-    async def resume(self, trace_id: str, call_type: str, payload: bytes, *, failed: bool = False) -> list[Message]:
+    async def resume(
+        self, trace_id: str, call_type: str, payload: bytes, *, failed: bool = False, seq: int | None = None
+    ) -> list[Message]:
         run = self._runs.get(trace_id)
         if run is None:
             raise RunNotFoundError(f"no run with trace id {trace_id!r} (never started, or expired)", trace_id=trace_id)
-        if run.status is not RunStatus.WAITING or run.waiting_for != call_type:
+        if run.status is not RunStatus.WAITING or run.waiting_for != call_type or (seq is not None and seq != run.seq):
             raise NotWaitingError(_not_waiting(run.info(), call_type), trace_id=trace_id)
         now = time.time()
         run.seq += 1
@@ -398,6 +400,16 @@ class MemoryStore(Store):
                 if not waiters:
                     del self._waiters[trace_id]
 
+    async def close(self) -> None:
+        """Wake every waiter: the store is going away."""
+        from .errors import StoreError
+
+        waiters, self._waiters = self._waiters, {}
+        for futs in waiters.values():
+            for fut in futs:
+                if not fut.done():
+                    fut.set_exception(StoreError("the in-memory store was closed (the runtime stopped)"))
+
     async def list_runs(self, limit: int = 50) -> list[RunInfo]:
         out = []
         for run in reversed(self._runs.values()):
@@ -482,6 +494,10 @@ class MemoryTransport(Transport):
                     handle.cancel()
                     if not fut.done():
                         fut.cancel()
+                    try:
+                        b.waiters.remove(fut)
+                    except ValueError:
+                        pass
         out = []
         deadline = time.monotonic() + b.redeliver_after
         q = b.queue

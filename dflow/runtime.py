@@ -6,6 +6,7 @@ Local mode and workers run this same code; only the ``Transport`` and ``Store`` 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import inspect
 import itertools
@@ -56,17 +57,17 @@ def _next(trace_id: str, seq: int, frames: tuple[Frame, ...], out: bytes) -> Tra
     """The transition after the top frame's node produced ``out``."""
     top = frames[-1]
     pos = top.pos + 1
-    chain = top.chain
-    if pos < len(chain.nodes):
-        return Advance(
-            (*frames[:-1], Frame(chain, pos, top.suffix)),
-            out,
-            Message(trace_id, seq + 1, chain.keys[pos] + top.suffix),
-        )
-    if len(frames) == 1:
-        return Finish(out)
-    rest = frames[:-1]
-    return Advance(rest, out, Message(trace_id, seq + 1, rest[-1].key))
+    while pos >= len(top.chain.nodes):  # this chain is done: return to the frame below
+        frames = frames[:-1]
+        if not frames:
+            return Finish(out)
+        top = frames[-1]
+        pos = top.pos + 1 if top.returning else top.pos
+    return Advance(
+        (*frames[:-1], Frame(top.chain, pos, top.suffix)),
+        out,
+        Message(trace_id, seq + 1, top.chain.keys[pos] + top.suffix),
+    )
 
 
 _ARRAY_HEADER = msgpack.Packer()
@@ -100,6 +101,7 @@ class Runtime:
         self.poll_interval = poll_interval
         self.max_value_bytes = max_value_bytes
         self._debug = log.isEnabledFor(logging.DEBUG)
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._inflight: dict[str, tuple[float, Claim]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._consumers: list[asyncio.Task[None]] = []
@@ -136,6 +138,9 @@ class Runtime:
         await asyncio.gather(*tasks, return_exceptions=True)
         await self.transport.close()
         await self.store.close()
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None
 
     # -- client operations (run on this runtime's loop) ------------------------------
 
@@ -156,14 +161,16 @@ class Runtime:
             )
         await self.publish(await self.store.create_run(run))
 
-    async def resume(self, trace_id: str, call_type: str, payload: bytes, *, failed: bool = False) -> None:
-        """Deliver a call to a run waiting in ``from_call``."""
+    async def resume(
+        self, trace_id: str, call_type: str, payload: bytes, *, failed: bool = False, seq: int | None = None
+    ) -> None:
+        """Deliver a call to a run waiting in ``from_call`` (at step ``seq``, when given)."""
         if len(payload) > self.max_value_bytes:
             raise ValueTooLargeError(
                 f"the payload of call {call_type!r} to run {trace_id!r} is {len(payload)} bytes, over the "
                 f"limit of {self.max_value_bytes} bytes"
             )
-        await self.publish(await self.store.resume(trace_id, call_type, payload, failed=failed))
+        await self.publish(await self.store.resume(trace_id, call_type, payload, failed=failed, seq=seq))
 
     # -- loops -----------------------------------------------------------------------
 
@@ -275,7 +282,9 @@ class Runtime:
                     )
                 ]
                 changes = ctx._changes
-            except Exception as exc:
+            except BaseException as exc:
+                if not self._step_error(exc):
+                    raise
                 transition, records, changes = await self._failure(node, claim, exc, started, t0)
             outgoing = await store.commit(claim, records, changes, transition)
             if outgoing is None:
@@ -287,6 +296,15 @@ class Runtime:
                 await self._on_init(node, ctx, msg)
         finally:
             del self._inflight[claim.token]
+
+    def _step_error(self, exc: BaseException) -> bool:
+        """Whether ``exc``, raised by user code, fails the step (rather than the worker).
+
+        A ``CancelledError`` fails the step unless the runtime itself is stopping; a
+        ``SystemExit`` from a step does not stop the worker."""
+        if isinstance(exc, asyncio.CancelledError):
+            return not self._stopping
+        return isinstance(exc, (Exception, SystemExit))
 
     async def _unloadable(self, claim: Claim, problem: Exception) -> None:
         msg = claim.message
@@ -360,17 +378,45 @@ class Runtime:
             if hasattr(result, "__await__"):
                 result = await result
             return result
+        loop = asyncio.get_running_loop()
         if node._thread or not _is_async(fn):
-            job = asyncio.get_running_loop().run_in_executor(None, functools.partial(fn, *args))
+            started: asyncio.Future[None] = loop.create_future()
+
+            def in_thread() -> Any:
+                loop.call_soon_threadsafe(_set_done, started)
+                return fn(*args)
+
+            job: asyncio.Future[Any] = loop.run_in_executor(self._pool(), in_thread)
+            if timeout is not None:  # the time limit counts from when the function starts
+                await asyncio.wait([started, job], return_when=asyncio.FIRST_COMPLETED)
         else:
-            job = fn(*args)
-        try:
-            result = await asyncio.wait_for(job, timeout)
-        except asyncio.TimeoutError:
-            raise StepTimeoutError(f"step {ctx_key(ctx, node)} ran longer than its timeout of {timeout}s") from None
-        if hasattr(result, "__await__"):
-            result = await asyncio.wait_for(result, timeout)
+            job = asyncio.ensure_future(fn(*args))
+        deadline = None if timeout is None else loop.time() + timeout
+        result = await self._bounded(job, deadline, ctx, node)
+        if hasattr(result, "__await__"):  # a plain function that returned an awaitable
+            result = await self._bounded(asyncio.ensure_future(result), deadline, ctx, node)
         return result
+
+    async def _bounded(
+        self, job: asyncio.Future[Any], deadline: float | None, ctx: ContextStack, node: DFlow[Any]
+    ) -> Any:
+        if deadline is None:
+            return await job
+        try:
+            return await asyncio.wait_for(job, max(0.0, deadline - asyncio.get_running_loop().time()))
+        except asyncio.TimeoutError:
+            if not job.cancelled():  # the function itself raised TimeoutError
+                raise
+            raise StepTimeoutError(
+                f"step {ctx_key(ctx, node)} ran longer than its timeout of {node._timeout}s"
+            ) from None
+
+    def _pool(self) -> concurrent.futures.ThreadPoolExecutor:
+        if self._executor is None:
+            self._executor = concurrent.futures.ThreadPoolExecutor(
+                max_workers=max(32, self.concurrency), thread_name_prefix="dflow-step"
+            )
+        return self._executor
 
     def _flat_map(self, inner: Any, claim: Claim) -> tuple[Transition, StepStatus, bytes | None]:
         msg = claim.message
@@ -378,12 +424,14 @@ class Runtime:
         self.store.prepare_chain(chain)
         frames = claim.frames
         top = frames[-1]
-        if top.pos + 1 < len(top.chain.nodes):  # come back here after the inner chain
-            base = (*frames[:-1], Frame(top.chain, top.pos + 1, top.suffix))
-            suffix = ">" + top.chain.keys[top.pos + 1] + top.suffix
+        after = top.pos + 1
+        suffix = (">" + top.chain.keys[after] if after < len(top.chain.nodes) else "") + top.suffix
+        if top.chain.nodes[top.pos]._on_error is not None:  # our handler must see the inner errors
+            base = (*frames[:-1], Frame(top.chain, top.pos, top.suffix, returning=True))
+        elif after < len(top.chain.nodes):  # come back here after the inner chain
+            base = (*frames[:-1], Frame(top.chain, after, top.suffix))
         else:  # tail call: the inner chain returns straight to our continuation
             base = frames[:-1]
-            suffix = top.suffix
         new = (*base, Frame(chain, 0, suffix))
         head = chain.nodes[0]
         if head._kind == Kind.JUST:  # a constant head needs no step of its own
@@ -438,20 +486,25 @@ class Runtime:
         raise AssertionError  # pragma: no cover
 
     async def _on_init(self, node: DFlow[Any], ctx: ContextStack, msg: Message) -> None:
+        ctx._readonly = "on_init runs after the wait is committed; what it puts would be lost"
         try:
             result = node._fn(ctx)  # type: ignore[misc]
             if hasattr(result, "__await__"):
                 await result
-        except Exception as exc:
+        except BaseException as exc:
+            if not self._step_error(exc):
+                raise
             log.info("dflow: on_init of step %s of run %s raised %r", msg.key, msg.trace_id, exc)
             try:
-                await self.resume(msg.trace_id, node._value, encode(error_info(exc, msg.key)), failed=True)
+                await self.resume(
+                    msg.trace_id, node._value, encode(error_info(exc, msg.key)), failed=True, seq=msg.seq
+                )
             except Exception as exc2:  # the call may have arrived already
                 log.info("dflow: could not deliver the on_init error of run %s: %s", msg.trace_id, exc2)
         await self.store.init_done(msg.trace_id, msg.seq)
 
     async def _failure(
-        self, node: DFlow[Any], claim: Claim, exc: Exception, started: float, t0: float
+        self, node: DFlow[Any], claim: Claim, exc: BaseException, started: float, t0: float
     ) -> tuple[Transition, list[StepRecord], dict[str, bytes | None]]:
         msg = claim.message
         err = error_info(exc, msg.key)
@@ -484,7 +537,9 @@ class Runtime:
                             handler_node, handler_node._on_error, handler_node._err_ctx_arg, ctx, error
                         )
                         out = encode(value, "the on_error_return value of step", here[-1].key)
-                    except Exception as exc2:
+                    except BaseException as exc2:
+                        if not self._step_error(exc2):
+                            raise
                         error = exc2
                         err = error_info(exc2, here[-1].key)
                         records.append(
@@ -509,13 +564,10 @@ def ctx_key(ctx: ContextStack, node: DFlow[Any]) -> str:
     return f"{node._id!r} of run {ctx.trace_id!r}"
 
 
-@functools.lru_cache(maxsize=4096)
-def _is_async_cached(fn: Any) -> bool:
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
+def _set_done(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
 
 
 def _is_async(fn: Any) -> bool:
-    try:
-        return _is_async_cached(fn)
-    except TypeError:  # unhashable callable
-        return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))

@@ -45,6 +45,9 @@ class Frame:
     chain: Chain
     pos: int
     suffix: str = ""
+    #: a ``flat_map`` with an ``on_error_return`` at ``pos`` waits here for its inner flow:
+    #: the inner flow's output becomes its output, and its errors reach its handler.
+    returning: bool = False
 
     @property
     def key(self) -> str:
@@ -191,10 +194,12 @@ class Store(ABC):
         """Record that the ``on_init`` of the wait at ``seq`` has run."""
 
     @abstractmethod
-    async def resume(self, trace_id: str, call_type: str, payload: bytes, *, failed: bool = False) -> list[Message]:
-        """Deliver a call to a run waiting in ``from_call(call_type)``; return the messages
-        to publish. ``failed`` delivers an encoded error instead of a value.
-        ``RunNotFoundError`` / ``NotWaitingError`` when the run is not waiting for it."""
+    async def resume(
+        self, trace_id: str, call_type: str, payload: bytes, *, failed: bool = False, seq: int | None = None
+    ) -> list[Message]:
+        """Deliver a call to a run waiting in ``from_call(call_type)`` (in step ``seq``, when
+        given); return the messages to publish. ``failed`` delivers an encoded error instead
+        of a value. ``RunNotFoundError`` / ``NotWaitingError`` when the run is not waiting for it."""
 
     @abstractmethod
     async def due(self, now: float, limit: int = 1000) -> tuple[list[Message], float | None]:

@@ -182,3 +182,15 @@ class TestRunTimeErrors:
 def test_result_of_unknown_run(local: Any) -> None:
     with pytest.raises(RunNotFoundError):
         dflow.Run("nope").result(1)
+
+
+def test_timeout_and_in_thread_only_on_steps_that_run_functions() -> None:
+    with pytest.raises(BuildError, match="timeout applies to map and flat_map"):
+        DFlow.from_call("approve").timeout(5)
+    with pytest.raises(BuildError, match="in_thread applies"):
+        DFlow.delay(1, 1).in_thread()
+
+
+def test_entry_with_on_init_is_refused() -> None:
+    with pytest.raises(BuildError, match="on_init, which would never run"):
+        DFlow.from_call("start", on_init=lambda ctx: None).init()

@@ -422,7 +422,7 @@ def test_blocking_wait_inside_a_step_is_refused_with_advice() -> None:
     def blocking(x: int) -> Any:
         return other.call(x).result(1)
 
-    with pytest.raises(RunFailedError, match="use the async form"):
+    with pytest.raises(RunFailedError, match="would block the runtime.s loop.*await pipeline.acall"):
         run(lambda x: DFlow.just(x).map(blocking).id("blocking"), 1)
 
 
@@ -449,3 +449,48 @@ def test_tree_shows_steps_branches_and_errors() -> None:
     assert "ValueError: no good" in tree
     assert "recovered" in tree
     assert "[3, 0] → 3" in tree
+
+
+@pytest.mark.parametrize("tail", [True, False])
+def test_flat_map_handler_catches_errors_of_the_flow_it_returned(tail: bool) -> None:
+    def inner(x: int) -> DFlow[int]:
+        return DFlow.just(x).map(lambda v: v // 0).id("div")
+
+    def build(x: int) -> DFlow[int]:
+        flow = DFlow.just(x).flat_map(inner).id("fm").on_error_return(lambda e: -1)
+        return flow if tail else flow.map(lambda v: v * 10).id("after")
+
+    assert run(build, 3) == (-1 if tail else -10)
+    # and without an error, the inner flow's value passes through the handler's node
+    ok = run(lambda x: DFlow.just(x).flat_map(lambda v: DFlow.just(v + 1)).id("fm").on_error_return(lambda e: -1), 1)
+    assert ok == 2
+
+
+def test_cancelled_error_in_a_step_fails_the_step_not_the_runtime() -> None:
+    async def cancelled(x: int) -> int:
+        task = asyncio.ensure_future(asyncio.sleep(10))
+        task.cancel()
+        return await task
+
+    with pytest.raises(RunFailedError, match="CancelledError"):
+        run(lambda x: DFlow.just(x).map(cancelled).id("c"), 1)
+    assert run(lambda x: DFlow.just(x).map(lambda v: v + 1).id("after"), 1) == 2
+
+
+def test_timeout_error_raised_by_the_function_is_not_reported_as_a_step_timeout() -> None:
+    def connect(x: int) -> int:
+        raise TimeoutError("db timed out")
+
+    with pytest.raises(RunFailedError) as info:
+        run(lambda x: DFlow.just(x).map(connect).id("db").timeout(5), 1)
+    assert info.value.error["type"] == "TimeoutError"
+
+
+def test_on_init_cannot_put_into_the_context() -> None:
+    def on_init(ctx: ContextStack) -> None:
+        ctx.put("job", 1)
+
+    r = DFlow.direct_run(
+        1, lambda _: DFlow.from_call("job", on_init=on_init).on_error_return(lambda e: str(e))
+    )
+    assert "ctx.put('job') is refused here: on_init runs after the wait is committed" in r.result(5)

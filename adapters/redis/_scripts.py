@@ -106,7 +106,7 @@ if r[1] ~= 'running' then
   if r[1] == 'waiting' and r[5] == '1' and ARGV[7] == '0' then init_only = 1 else return false end
 end
 local now = tonumber(ARGV[8])
-if init_only == 0 and r[6] and tonumber(r[6]) > now then return false end
+if r[6] and tonumber(r[6]) > now then return false end
 redis.call('ZREM', P..':outbox', ARGV[3])
 local until_ = now + tonumber(ARGV[9])
 redis.call('HSET', rk, 'lease_token', ARGV[10], 'lease_until', tostring(until_), 'lease_len', ARGV[9],
@@ -208,12 +208,12 @@ return out
 )
 
 RESUME = r"""
--- ARGV: P, trace, call_type, payload, failed, now, redispatch
+-- ARGV: P, trace, call_type, payload, failed, now, redispatch, seq ('' for any)
 local P, t = ARGV[1], ARGV[2]
 local rk = P..':r:'..t
 local r = redis.call('HMGET', rk, 'status', 'waiting', 'seq', 'key')
 if not r[1] then return {'missing'} end
-if r[1] ~= 'waiting' or r[2] ~= ARGV[3] then
+if r[1] ~= 'waiting' or r[2] ~= ARGV[3] or (ARGV[8] ~= '' and ARGV[8] ~= r[3]) then
   local joining = redis.call('HGET', P..':j:'..t, 'closed') == '0'
   return {'not', r[1], r[2] or '', joining and '1' or '0'}
 end

@@ -99,18 +99,18 @@ class RedisStore(Store):
             ref, blob = self.codec.ref(f.chain)
             if blob is not None and ref not in self._written:
                 blobs[ref] = blob
-            out.append((ref, f.pos, f.suffix))
+            out.append((ref, f.pos, f.suffix, f.returning))
         return _pack(out)
 
     async def _load_frames(self, raw: bytes) -> tuple[Frame, ...]:
         frames = []
-        for ref, pos, suffix in _unpack(raw):
+        for ref, pos, suffix, returning in _unpack(raw):
             chain = self.codec.cached(ref)
             if chain is None:
                 with store_errors():
                     blob = await self.redis.get(f"{self.prefix}:b:{ref}")
                 chain = self.codec.load(ref, blob)
-            frames.append(Frame(chain, pos, suffix))
+            frames.append(Frame(chain, pos, suffix, returning))
         return tuple(frames)
 
     def _blob_writes(self, pipe: Any, blobs: dict[str, bytes]) -> None:
@@ -237,10 +237,12 @@ class RedisStore(Store):
         count = await self._run_script("PARK", args)
         return int(count or 0)
 
-    async def resume(self, trace_id: str, call_type: str, payload: bytes, *, failed: bool = False) -> list[Message]:
+    async def resume(
+        self, trace_id: str, call_type: str, payload: bytes, *, failed: bool = False, seq: int | None = None
+    ) -> list[Message]:
         r = await self._run_script(
             "RESUME", [self.prefix, trace_id, call_type, payload, "1" if failed else "0", time.time(),
-                       self.redispatch_after]
+                       self.redispatch_after, "" if seq is None else seq]
         )
         if r[0] == b"missing":
             raise RunNotFoundError(f"no run with trace id {trace_id!r} (never started, or expired)", trace_id=trace_id)

