@@ -9,9 +9,10 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["RedisStore", "RedisStreamsTransport"]
+__all__ = ["KafkaTransport", "RedisStore", "RedisStreamsTransport"]
 
 _WHERE = {
+    "KafkaTransport": ("adapters.kafka", "kafka"),
     "RedisStore": ("adapters.redis", "redis"),
     "RedisStreamsTransport": ("adapters.redis", "redis"),
 }

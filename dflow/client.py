@@ -149,8 +149,8 @@ _host_lock = threading.Lock()
 
 
 def configure(
-    transport: Transport,
-    store: Store,
+    transport: Transport | str,
+    store: Store | str,
     *,
     consume: bool = True,
     concurrency: int = 64,
@@ -159,10 +159,17 @@ def configure(
 ) -> Runtime:
     """Make ``transport`` and ``store`` this process's runtime, on a background loop.
 
-    With ``consume=False`` the process only starts and resumes runs (a web app, say) and
-    leaves the steps to workers. Replaces (and stops) any runtime configured before.
+    ``transport`` and ``store`` are objects or URLs (``redis://``, ``rediss://``,
+    ``kafka://``; see ``dflow worker --help``). With ``consume=False`` the process only
+    starts and resumes runs (a web app, say) and leaves the steps to workers. Replaces
+    (and stops) any runtime configured before.
     """
     global _host
+    if isinstance(transport, str) or isinstance(store, str):
+        from ._urls import store_from_url, transport_from_url
+
+        transport = transport_from_url(transport) if isinstance(transport, str) else transport
+        store = store_from_url(store) if isinstance(store, str) else store
     with _host_lock:
         old, _host = _host, None
         if old is not None:

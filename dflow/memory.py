@@ -293,8 +293,9 @@ class MemoryStore(Store):
         self._leased.pop(run.trace_id, None)
         run.parked = reason
         run.park_count += 1
+        run.attempt += 1  # a new delivery attempt, which a keyed transport may route elsewhere
         at = time.time() + min(cap, base * 2 ** (run.park_count - 1))
-        heapq.heappush(self._timers, (at, next(self._timer_seq), claim.message))
+        heapq.heappush(self._timers, (at, next(self._timer_seq), replace(claim.message, attempt=run.attempt)))
         return run.park_count
 
     async def init_done(self, trace_id: str, seq: int) -> None:

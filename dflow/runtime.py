@@ -145,12 +145,14 @@ class Runtime:
     # -- client operations (run on this runtime's loop) ------------------------------
 
     async def publish(self, messages: list[Message]) -> None:
-        """Publish step messages."""
+        """Publish step messages, keyed by trace id. A repeated attempt (a retry, a takeover,
+        a parked step) gets another key, so that a keyed transport may route it to another
+        consumer: the run waits on this step alone, so its order no longer matters."""
         if len(messages) == 1:
             m = messages[0]
-            await self.transport.publish(m.encode(), m.trace_id)
+            await self.transport.publish(m.encode(), _route(m))
         elif messages:
-            await self.transport.publish_many([(m.encode(), m.trace_id) for m in messages])
+            await self.transport.publish_many([(m.encode(), _route(m)) for m in messages])
 
     async def start_run(self, run: NewRun) -> None:
         """Create a run and dispatch its first step."""
@@ -562,6 +564,10 @@ class Runtime:
 
 def ctx_key(ctx: ContextStack, node: DFlow[Any]) -> str:
     return f"{node._id!r} of run {ctx.trace_id!r}"
+
+
+def _route(m: Message) -> str:
+    return m.trace_id if m.attempt == 0 else f"{m.trace_id}/{m.attempt}"
 
 
 def _set_done(fut: asyncio.Future[None]) -> None:

@@ -263,8 +263,11 @@ redis.call('HDEL', rk, 'lease_token', 'lease_until', 'lease_len', 'lease_msg')
 redis.call('ZREM', P..':leases', t)
 redis.call('HSET', rk, 'parked', ARGV[4])
 local count = redis.call('HINCRBY', rk, 'park_count', 1)
+local attempt = redis.call('HINCRBY', rk, 'attempt', 1)
+local f = cmsgpack.unpack(ARGV[6])
+f[4] = attempt
 local delay = math.min(tonumber(ARGV[8]), tonumber(ARGV[7]) * 2 ^ (count - 1))
-redis.call('ZADD', P..':timers', tonumber(ARGV[5]) + delay, ARGV[6])
+redis.call('ZADD', P..':timers', tonumber(ARGV[5]) + delay, cmsgpack.pack(f))
 return count
 """
 

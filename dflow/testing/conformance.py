@@ -395,9 +395,24 @@ class TransportContract:
     """What a ``Transport`` must do. Needs the fixture
     ``make_transports(n, redeliver_after=...) -> list[Transport]`` (consumers of one queue)."""
 
+    #: False for transports that may deliver a message twice around a consumer-group
+    #: rebalance (Kafka); the store's claim makes such a duplicate harmless.
+    exactly_once_delivery = True
+
     @pytest.fixture
     def make_transports(self) -> Callable[..., list[Transport]]:  # pragma: no cover
         raise NotImplementedError
+
+    @pytest.fixture
+    def crash(self) -> Callable[[Transport], Coroutine[Any, Any, None]]:
+        """Make a consumer stop as a killed process would. By default it simply goes
+        silent; a transport whose consumers keep a session alive in the background
+        overrides this to drop the session without handing anything back."""
+
+        async def silent(t: Transport) -> None:
+            return None
+
+        return silent
 
     @staticmethod
     async def _drain(
@@ -416,7 +431,7 @@ class TransportContract:
         async def body() -> None:
             (t,) = make_transports(1)
             await t.publish(b"hello", "k")
-            (d,) = await t.receive(1, timeout=5)
+            (d,) = await t.receive(1, timeout=15)
             assert d.body == b"hello"
             await t.ack(d)
             assert await t.receive(1, timeout=0.3) == [], "an acked message is not delivered again"
@@ -446,15 +461,15 @@ class TransportContract:
         _run(body())
 
     def test_unacked_message_of_a_gone_consumer_is_redelivered(
-        self, make_transports: Callable[..., list[Transport]]
+        self, make_transports: Callable[..., list[Transport]], crash: Callable[[Transport], Any]
     ) -> None:
         async def body() -> None:
             dead, alive = make_transports(2, redeliver_after=0.3)
             await dead.publish(b"orphan", "k")
-            got = await dead.receive(1, timeout=5)
+            got = await dead.receive(1, timeout=15)
             assert [d.body for d in got] == [b"orphan"]
-            # ``dead`` never acks and never closes: it crashed.
-            assert await self._drain(alive, 1, timeout=10) == [b"orphan"]
+            await crash(dead)  # it never acks and never closes
+            assert await self._drain(alive, 1, timeout=20) == [b"orphan"]
             await alive.close()
             await dead.close()  # only now, to release its connection
 
@@ -477,10 +492,12 @@ class TransportContract:
             bodies = {f"m{i}".encode() for i in range(200)}
             await a.publish_many([(x, x.decode()) for x in bodies])
             got: list[bytes] = []
-            await asyncio.gather(self._drain(a, 200, 5, got), self._drain(b, 200, 5, got))
+            await asyncio.gather(self._drain(a, 200, 15, got), self._drain(b, 200, 15, got))
             await asyncio.sleep(0.3)
             got += [d.body for t in (a, b) for d in await t.receive(16, timeout=0.1)]
-            assert sorted(got) == sorted(bodies), "every message delivered exactly once"
+            assert set(got) == bodies, "every message delivered"
+            if self.exactly_once_delivery:
+                assert len(got) == len(bodies), "and delivered once"
             await a.close()
             await b.close()
 

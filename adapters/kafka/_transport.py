@@ -1,0 +1,345 @@
+"""``KafkaTransport``: step messages on a Kafka topic, consumed by a consumer group.
+
+kafka-python's consumer is not thread-safe, so one thread owns it: it polls, hands records
+to the event loop, and commits. An offset is committed only once every message before it
+on its partition was acknowledged, i.e. after the step it carried was committed in the
+store. Messages are keyed by trace id, so the steps of one run keep their order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import queue
+import socket
+import threading
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit
+
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
+from kafka.admin import NewTopic
+from kafka.consumer.subscription_state import ConsumerRebalanceListener
+from kafka.errors import KafkaError, TopicAlreadyExistsError
+from kafka.structs import OffsetAndMetadata, TopicPartition
+
+from dflow.errors import ConfigurationError, TransportError
+from dflow.transport import Delivery, Transport
+
+__all__ = ["KafkaTransport"]
+
+log = logging.getLogger("dflow.kafka")
+
+# Settings for fast group joins and failover; callers may override any of them.
+_CONSUMER_DEFAULTS: dict[str, Any] = {
+    "session_timeout_ms": 6000,
+    "heartbeat_interval_ms": 500,
+    "max_poll_interval_ms": 300_000,
+    "fetch_max_wait_ms": 100,
+    "metadata_max_age_ms": 5000,
+    "retry_backoff_ms": 50,
+    "reconnect_backoff_ms": 50,
+    "auto_offset_reset": "earliest",
+}
+_PRODUCER_DEFAULTS: dict[str, Any] = {"acks": "all", "linger_ms": 0, "retries": 5}
+# Client settings that apply to producer, consumer and admin alike (security, timeouts).
+_COMMON = {
+    "security_protocol", "ssl_cafile", "ssl_certfile", "ssl_keyfile", "ssl_password", "ssl_check_hostname",
+    "sasl_mechanism", "sasl_plain_username", "sasl_plain_password", "sasl_kerberos_service_name",
+    "sasl_oauth_token_provider", "client_id", "request_timeout_ms", "api_version", "connections_max_idle_ms",
+}
+
+
+class _Partition:
+    """Offsets of one partition: received and not yet acknowledged, and the commit point."""
+
+    __slots__ = ("outstanding", "high", "committed")
+
+    def __init__(self) -> None:
+        self.outstanding: set[int] = set()
+        self.high = -1
+        self.committed = -1
+
+    def point(self) -> int:
+        return min(self.outstanding) if self.outstanding else self.high + 1
+
+
+class KafkaTransport(Transport):
+    """Consumer of group ``group`` on ``topic`` at ``bootstrap_servers``.
+
+    ``options`` go to kafka-python (``security_protocol``, ``sasl_*``, ``ssl_*``, and any
+    consumer or producer setting). At most ``prefetch`` messages are held unacknowledged
+    at once. Undecodable messages go to ``<topic>.dead`` with the reason in a header.
+    """
+
+    def __init__(
+        self,
+        bootstrap_servers: str | list[str] = "127.0.0.1:9092",
+        *,
+        topic: str = "dflow-steps",
+        group: str = "dflow-workers",
+        partitions: int = 8,
+        prefetch: int = 64,
+        **options: Any,
+    ) -> None:
+        self.bootstrap = bootstrap_servers
+        self.topic = topic
+        self.group = group
+        self.partitions = partitions
+        self.prefetch = prefetch
+        self.common = {k: v for k, v in options.items() if k in _COMMON}
+        self.consumer_options = {**_CONSUMER_DEFAULTS, **options}
+        self.producer_options = {**_PRODUCER_DEFAULTS, **self.common}
+        for k, v in options.items():
+            if k in KafkaProducer.DEFAULT_CONFIG and k not in KafkaConsumer.DEFAULT_CONFIG:
+                self.producer_options[k] = v
+                self.consumer_options.pop(k, None)
+        self._producer: KafkaProducer | None = None
+        self._reader: _Reader | None = None
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_url(cls, url: str, **overrides: Any) -> KafkaTransport:
+        """``kafka://host:9092[,host2:9092]?topic=..&group=..&security_protocol=SASL_SSL&...``"""
+        parts = urlsplit(url)
+        if parts.scheme != "kafka" or not parts.netloc:
+            raise ConfigurationError(f"not a Kafka URL: {url!r}; use kafka://host:port[,host:port]?topic=...")
+        hosts = parts.netloc.split("@")[-1]
+        opts: dict[str, Any] = {}
+        for k, v in parse_qsl(parts.query):
+            opts[k] = int(v) if v.isdigit() else {"true": True, "false": False}.get(v.lower(), v)
+        if "@" in parts.netloc and parts.username:
+            opts.setdefault("sasl_plain_username", parts.username)
+            opts.setdefault("sasl_plain_password", parts.password or "")
+        return cls(hosts.split(","), **{**opts, **overrides})
+
+    # -- producing ---------------------------------------------------------------------
+
+    def _get_producer(self) -> KafkaProducer:
+        with self._lock:
+            if self._producer is None:
+                try:
+                    self._producer = KafkaProducer(bootstrap_servers=self.bootstrap, **self.producer_options)
+                except KafkaError as exc:
+                    raise TransportError(f"cannot reach Kafka at {self.bootstrap}: {exc}") from exc
+            return self._producer
+
+    async def publish(self, body: bytes, key: str) -> None:
+        await self.publish_many([(body, key)])
+
+    async def publish_many(self, items: list[tuple[bytes, str]]) -> None:
+        producer = self._get_producer()
+        loop = asyncio.get_running_loop()
+        waits = []
+        for body, key in items:
+            done: asyncio.Future[None] = loop.create_future()
+            try:
+                f = producer.send(self.topic, key=key.encode(), value=body)
+            except KafkaError as exc:
+                raise TransportError(f"Kafka refused a message: {exc}") from exc
+            f.add_callback(lambda _md, d=done: loop.call_soon_threadsafe(_settle, d, None))
+            f.add_errback(lambda exc, d=done: loop.call_soon_threadsafe(_settle, d, exc))
+            waits.append(done)
+        try:
+            await asyncio.gather(*waits)
+        except KafkaError as exc:
+            raise TransportError(f"publishing to Kafka failed: {exc}") from exc
+
+    # -- consuming ---------------------------------------------------------------------
+
+    def _start_reader(self) -> _Reader:
+        if self._reader is None:
+            self._reader = _Reader(self, asyncio.get_running_loop())
+            self._reader.start()
+        return self._reader
+
+    async def receive(self, max_messages: int = 1, timeout: float = 1.0) -> list[Delivery]:
+        reader = self._start_reader()
+        if reader.error is not None:
+            raise TransportError(f"the Kafka consumer failed: {reader.error}")
+        q = reader.deliveries
+        if q.empty():
+            try:
+                first = await asyncio.wait_for(q.get(), timeout)
+            except asyncio.TimeoutError:
+                return []
+            out = [first]
+        else:
+            out = []
+        while len(out) < max_messages and not q.empty():
+            out.append(q.get_nowait())
+        return out
+
+    async def ack(self, delivery: Delivery) -> None:
+        if self._reader is not None:
+            self._reader.acks.put(delivery.tag)
+
+    async def nack(self, delivery: Delivery) -> None:
+        _, _, key = delivery.tag
+        await self.publish(delivery.body, key)
+        await self.ack(delivery)
+
+    async def dead_letter(self, delivery: Delivery, reason: str) -> None:
+        producer = self._get_producer()
+        fut = producer.send(f"{self.topic}.dead", value=delivery.body, headers=[("reason", reason.encode())])
+        await asyncio.get_running_loop().run_in_executor(None, fut.get, 10)
+        await self.ack(delivery)
+
+    async def ping(self) -> None:
+        def check() -> None:
+            try:
+                admin = KafkaAdminClient(bootstrap_servers=self.bootstrap, request_timeout_ms=5000, **self.common)
+            except KafkaError as exc:
+                raise TransportError(f"cannot reach Kafka at {self.bootstrap}: {exc}") from exc
+            try:
+                admin.create_topics([NewTopic(self.topic, self.partitions, 1)])
+            except TopicAlreadyExistsError:
+                pass
+            except KafkaError as exc:
+                log.info("dflow: could not create topic %s (%s); assuming it exists", self.topic, exc)
+            finally:
+                admin.close()
+
+        await asyncio.get_running_loop().run_in_executor(None, check)
+
+    async def crash(self) -> None:
+        """Stop consuming without committing or handing anything back, as a killed process
+        would (for tests): the group gives this consumer's partitions to the others."""
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            await asyncio.get_running_loop().run_in_executor(None, reader.stop, False)
+
+    async def close(self) -> None:
+        """Commit what was acknowledged, leave the group, flush the producer."""
+        reader, self._reader = self._reader, None
+        loop = asyncio.get_running_loop()
+        if reader is not None:
+            await loop.run_in_executor(None, reader.stop, True)
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            await loop.run_in_executor(None, producer.close, 5)
+
+
+def _settle(fut: asyncio.Future[None], exc: BaseException | None) -> None:
+    if fut.done():
+        return
+    if exc is None:
+        fut.set_result(None)
+    else:
+        fut.set_exception(exc)
+
+
+class _Reader(threading.Thread, ConsumerRebalanceListener):
+    """The thread that owns the KafkaConsumer."""
+
+    def __init__(self, transport: KafkaTransport, loop: asyncio.AbstractEventLoop) -> None:
+        threading.Thread.__init__(self, name=f"dflow-kafka-{transport.topic}", daemon=True)
+        self.t = transport
+        self.loop = loop
+        self.deliveries: asyncio.Queue[Delivery] = asyncio.Queue()
+        self.acks: queue.SimpleQueue[tuple[TopicPartition, int, str]] = queue.SimpleQueue()
+        self.parts: dict[TopicPartition, _Partition] = {}
+        self.inflight = 0
+        self.error: Exception | None = None
+        self._halt = threading.Event()
+        self._commit_on_stop = True
+        self.consumer: KafkaConsumer | None = None
+
+    def stop(self, commit: bool) -> None:
+        self._commit_on_stop = commit
+        self._halt.set()
+        self.join(15)
+
+    # ConsumerRebalanceListener
+    def on_partitions_revoked(self, revoked: Any) -> None:
+        self._apply_acks()
+        self._commit(list(revoked))
+        for tp in revoked:
+            state = self.parts.pop(tp, None)
+            if state is not None:
+                self.inflight -= len(state.outstanding)
+
+    def on_partitions_assigned(self, assigned: Any) -> None:
+        pass
+
+    def _apply_acks(self) -> None:
+        while True:
+            try:
+                tp, offset, _ = self.acks.get_nowait()
+            except queue.Empty:
+                return
+            state = self.parts.get(tp)
+            if state is not None and offset in state.outstanding:
+                state.outstanding.discard(offset)
+                self.inflight -= 1
+
+    def _commit(self, tps: list[TopicPartition] | None = None) -> None:
+        assert self.consumer is not None
+        offsets = {}
+        for tp in tps if tps is not None else list(self.parts):
+            state = self.parts.get(tp)
+            if state is None:
+                continue
+            point = state.point()
+            if point > state.committed:
+                offsets[tp] = OffsetAndMetadata(point, "", -1)
+        if offsets:
+            try:
+                self.consumer.commit(offsets)
+            except KafkaError as exc:
+                log.warning("dflow: committing Kafka offsets failed (%s); they will be redelivered", exc)
+                return
+            for tp, om in offsets.items():
+                if tp in self.parts:
+                    self.parts[tp].committed = om.offset
+
+    def run(self) -> None:
+        t = self.t
+        try:
+            self.consumer = KafkaConsumer(
+                bootstrap_servers=t.bootstrap, group_id=t.group, enable_auto_commit=False,
+                client_id=f"dflow-{socket.gethostname()}-{os.getpid()}", max_poll_records=t.prefetch,
+                **t.consumer_options,
+            )
+            self.consumer.subscribe([t.topic], listener=self)
+        except Exception as exc:  # noqa: BLE001 - reported to receive()
+            self.error = exc
+            return
+        consumer = self.consumer
+        paused = False
+        try:
+            while not self._halt.is_set():
+                self._apply_acks()
+                self._commit()
+                full = self.inflight >= t.prefetch
+                if full and not paused:
+                    consumer.pause(*consumer.assignment())
+                    paused = True
+                elif paused and not full:
+                    consumer.resume(*consumer.paused())
+                    paused = False
+                batches = consumer.poll(timeout_ms=50)
+                out = []
+                for tp, records in batches.items():
+                    state = self.parts.setdefault(tp, _Partition())
+                    for rec in records:
+                        state.outstanding.add(rec.offset)
+                        state.high = max(state.high, rec.offset)
+                        self.inflight += 1
+                        key = rec.key.decode() if rec.key else ""
+                        out.append(Delivery(rec.value, (tp, rec.offset, key)))
+                if out:
+                    self.loop.call_soon_threadsafe(_put_all, self.deliveries, out)
+            if self._commit_on_stop:
+                self._apply_acks()
+                self._commit()
+        except Exception as exc:  # noqa: BLE001 - reported to receive()
+            log.exception("dflow: the Kafka consumer thread failed")
+            self.error = exc
+        finally:
+            consumer.close(autocommit=False)
+
+
+def _put_all(q: asyncio.Queue[Delivery], items: list[Delivery]) -> None:
+    for item in items:
+        q.put_nowait(item)
