@@ -187,6 +187,18 @@ class KafkaTransport(Transport):
 
     async def ping(self) -> None:
         def check() -> None:
+            servers = [self.bootstrap] if isinstance(self.bootstrap, str) else list(self.bootstrap)
+            reachable = False
+            for server in servers:
+                host, _, port = server.rpartition(":")
+                try:
+                    socket.create_connection((host or server, int(port or 9092)), timeout=3).close()
+                    reachable = True
+                    break
+                except OSError:
+                    continue
+            if not reachable:
+                raise TransportError(f"cannot reach Kafka at {', '.join(servers)}: connection refused or timed out")
             try:
                 admin = KafkaAdminClient(bootstrap_servers=self.bootstrap, request_timeout_ms=5000, **self.common)
             except KafkaError as exc:

@@ -1,0 +1,60 @@
+"""The dflow command: clear failures, inspect and ls."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import dflow
+from dflow import DFlow
+from dflow._urls import store_from_url, transport_from_url
+
+from .conftest import SECRET
+
+
+def dflow_cmd(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    import os
+
+    return subprocess.run([sys.executable, "-m", "dflow.cli", *args], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "DFLOW_SECRET": SECRET, **(env or {})})
+
+
+def test_worker_exits_non_zero_when_redis_is_unreachable() -> None:
+    out = dflow_cmd("worker", "tests.integration.flows", "--transport", "redis://127.0.0.1:1/0",
+                    "--store", "redis://127.0.0.1:1/0")
+    assert out.returncode == 2
+    assert "cannot reach the store redis://127.0.0.1:1/0" in out.stderr
+
+
+def test_worker_exits_non_zero_when_the_broker_is_unreachable(redis_url: str, prefix: str) -> None:
+    out = dflow_cmd("worker", "tests.integration.flows", "--transport", "kafka://127.0.0.1:1?topic=x",
+                    "--store", f"{redis_url}?prefix={prefix}")
+    assert out.returncode == 2
+    assert "cannot reach the transport kafka://127.0.0.1:1" in out.stderr
+
+
+def test_worker_needs_urls_and_a_secret() -> None:
+    out = dflow_cmd("worker", "tests.integration.flows", "--store", "redis://127.0.0.1:6379/0")
+    assert out.returncode == 2 and "--transport is required" in out.stderr
+    out = dflow_cmd("worker", "tests.integration.flows", "--store", "redis://127.0.0.1:6379/0",
+                    "--transport", "redis://127.0.0.1:6379/0", env={"DFLOW_SECRET": ""})
+    assert out.returncode == 2 and "DFLOW_SECRET" in out.stderr
+
+
+def test_inspect_and_ls(redis_url: str, prefix: str) -> None:
+    store_url = f"{redis_url}?prefix={prefix}"
+    transport_url = f"{redis_url}?stream={prefix}:steps"
+    runtime = dflow.configure(transport_from_url(transport_url), store_from_url(store_url, secret=SECRET))
+    try:
+        run = DFlow.direct_run(3, lambda x: DFlow.just(x).map(lambda v: v * 7).id("times-seven"))
+        assert run.result(10) == 21
+    finally:
+        dflow.shutdown()
+    out = dflow_cmd("inspect", run.trace_id, "--store", store_url)
+    assert out.returncode == 0, out.stderr
+    assert f"run {run.trace_id}  done" in out.stdout and "times-seven" in out.stdout and "3 → 21" in out.stdout
+    missing = dflow_cmd("inspect", "no-such-run", "--store", store_url)
+    assert missing.returncode == 1 and "not found" in missing.stdout
+    listing = dflow_cmd("ls", "--store", store_url)
+    assert listing.returncode == 0 and run.trace_id in listing.stdout and "done" in listing.stdout

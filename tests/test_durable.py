@@ -1,0 +1,72 @@
+"""Flows that travel between workers: signed blobs, static references, shared objects."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+import dflow
+from dflow import BuildError, DFlow, PayloadRejectedError, UnknownStepError
+from dflow._durable import ChainCodec
+from dflow.flow import compile_flow
+
+static = DFlow.from_call("durable-entry").map(lambda x: x).id("a").init("durable-static")
+
+
+class Client:
+    """Stands for an HTTP client: holds a lock, so it cannot be pickled."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+
+    def get(self, x: int) -> int:
+        return x + 1
+
+
+def test_static_chains_travel_by_reference() -> None:
+    codec = ChainCodec("s")
+    ref, blob = codec.ref(static._chain)
+    assert ref == "p:durable-entry>a" and blob is None
+    assert ChainCodec("s").cached(ref) is static._chain
+    with pytest.raises(UnknownStepError, match="does not import the module"):
+        ChainCodec("s").cached("p:nobody>has>this")
+
+
+def test_chains_built_at_run_time_travel_signed() -> None:
+    offset = 5
+    chain = compile_flow(DFlow.just(1).map(lambda v: v + offset).id("add"))
+    ref, blob = ChainCodec("secret").ref(chain)
+    assert ref.startswith("h:") and blob is not None
+    loaded = ChainCodec("secret").load(ref, blob)
+    assert loaded.keys == chain.keys
+    assert loaded.nodes[1]._fn(1) == 6, "the captured value travelled with the chain"
+    tampered = blob[:-3] + bytes([blob[-3] ^ 1]) + blob[-2:]
+    with pytest.raises(PayloadRejectedError, match="signature"):
+        ChainCodec("secret").load(ref, tampered)
+    with pytest.raises(PayloadRejectedError, match="another DFLOW_SECRET"):
+        ChainCodec("other-secret").load(ref, blob)
+    with pytest.raises(PayloadRejectedError, match="missing"):
+        ChainCodec("secret").load(ref, None)
+
+
+def test_unpicklable_capture_is_named_at_build_time() -> None:
+    client = Client()
+    chain = compile_flow(DFlow.just(1).map(lambda v: client.get(v)).id("fetch"))
+    with pytest.raises(BuildError, match="variable 'client' captured by the function of map.*dflow.shared"):
+        ChainCodec("s").ref(chain)
+
+
+def test_shared_objects_travel_by_name() -> None:
+    client = dflow.shared(Client(), "test-http-client")
+    chain = compile_flow(DFlow.just(1).map(lambda v: client.get(v)).id("fetch"))
+    ref, blob = ChainCodec("s").ref(chain)
+    assert blob is not None and len(blob) < 4000
+    loaded = ChainCodec("s").load(ref, blob)
+    captured = loaded.nodes[1]._fn.__closure__[0].cell_contents
+    assert captured is client, "resolves to this process's own instance"
+
+
+def test_a_secret_is_required() -> None:
+    with pytest.raises(dflow.ConfigurationError, match="DFLOW_SECRET"):
+        ChainCodec(None)
