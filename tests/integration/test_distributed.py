@@ -142,6 +142,7 @@ def check_all(c: Cluster, runs: list[dflow.Run], timeout: float) -> None:
     assert results == [flows.expected(i, "ok") for i in range(len(runs))]
 
 
+@pytest.mark.timeout(300)
 def test_three_workers_300_runs(cluster: Cluster) -> None:
     c = cluster
     c.workers.start(3)
@@ -157,6 +158,7 @@ def test_three_workers_300_runs(cluster: Cluster) -> None:
     assert sorted(c.approved) == sorted(r.trace_id for r in runs)
 
 
+@pytest.mark.timeout(300)
 def test_kill_workers_during_load(cluster: Cluster) -> None:
     c = cluster
     c.workers.env["DFLOW_TEST_STEP_SLEEP"] = "0.01"  # keep steps in flight when the kills land

@@ -17,7 +17,7 @@ class Workers:
     """``dflow worker`` processes serving ``module`` on ``transport``/``store``."""
 
     def __init__(self, module: str, transport: str, store: str, env: dict[str, str], *, concurrency: int = 16,
-                 lease: float = 3.0) -> None:
+                 lease: float = 5.0) -> None:
         self.module = module
         self.transport = transport
         self.store = store
