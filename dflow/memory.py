@@ -429,8 +429,9 @@ def _not_waiting(info: RunInfo, call_type: str) -> str:
     if info.waiting_for:
         return f"run {t!r} waits for call {info.waiting_for!r}, not {call_type!r}"
     return (
-        f"run {t!r} is running, not waiting for call {call_type!r}; it may not have reached "
-        f"from_call({call_type!r}) yet (start the outside job from on_init to avoid this race)"
+        f"run {t!r} is running, not waiting for call {call_type!r}: the call was already answered, or "
+        f"the run has not reached from_call({call_type!r}) yet (start the outside job from on_init "
+        "to avoid that race)"
     )
 
 

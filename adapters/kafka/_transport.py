@@ -36,7 +36,7 @@ _CONSUMER_DEFAULTS: dict[str, Any] = {
     "heartbeat_interval_ms": 500,
     "max_poll_interval_ms": 300_000,
     "fetch_max_wait_ms": 100,
-    "metadata_max_age_ms": 5000,
+    "metadata_max_age_ms": 30000,
     "retry_backoff_ms": 50,
     "reconnect_backoff_ms": 50,
     "auto_offset_reset": "earliest",
@@ -155,8 +155,10 @@ class KafkaTransport(Transport):
 
     async def receive(self, max_messages: int = 1, timeout: float = 1.0) -> list[Delivery]:
         reader = self._start_reader()
-        if reader.error is not None:
-            raise TransportError(f"the Kafka consumer failed: {reader.error}")
+        if reader.error is not None:  # start a fresh consumer next time; unacked messages come back
+            self._reader = None
+            reader.stop(False)
+            raise TransportError(f"the Kafka consumer failed, restarting it: {reader.error}")
         q = reader.deliveries
         if q.empty():
             try:
@@ -262,10 +264,10 @@ class _Reader(threading.Thread, ConsumerRebalanceListener):
         self._halt.set()
         self.join(15)
 
-    # ConsumerRebalanceListener
+    # ConsumerRebalanceListener. kafka-python calls it on its IO thread, where blocking
+    # consumer calls (commit) are refused: forget the partitions; what was acknowledged and
+    # not yet committed is delivered again to their next owner, and the store drops it there.
     def on_partitions_revoked(self, revoked: Any) -> None:
-        self._apply_acks()
-        self._commit(list(revoked))
         for tp in revoked:
             state = self.parts.pop(tp, None)
             if state is not None:

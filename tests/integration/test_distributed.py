@@ -7,7 +7,6 @@ checks results, and executions against commits.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections import Counter
@@ -100,7 +99,7 @@ pytestmark = [
 
 
 # Group settings for worker processes: a member that dies is noticed after the session timeout.
-KAFKA_GROUP = {"session_timeout_ms": int(os.environ.get("KSESS", 6000)), "heartbeat_interval_ms": 500}
+KAFKA_GROUP = {"session_timeout_ms": 6000, "heartbeat_interval_ms": 500, "metadata_max_age_ms": 30000}
 
 
 @pytest.fixture(params=["redis-streams", "kafka"])
@@ -185,14 +184,17 @@ def test_kill_workers_during_load(cluster: Cluster) -> None:
 
 def test_redeploy_while_runs_wait_inside_flat_map(cluster: Cluster) -> None:
     c = cluster
-    c.workers.start(2)
+    # tansu (the test broker) cannot re-form a consumer group once a group of several members
+    # has emptied (a real Kafka broker can): on Kafka the old deployment is a single worker.
+    before = 1 if c.transport_url.startswith("kafka://") else 2
+    c.workers.start(before)
     runs = start_orders(50)
     deadline = time.monotonic() + 60
     while c.r.llen(f"{c.prefix}:to-approve") < 50:
         assert time.monotonic() < deadline, "runs did not reach their from_call"
         time.sleep(0.1)
     assert all(r.info().waiting_for == "approve" for r in runs)
-    assert c.workers.stop() == [0, 0], "workers exit cleanly on SIGTERM"
+    assert c.workers.stop() == [0] * before, "workers exit cleanly on SIGTERM"
     # New processes: none has ever built the chains these runs wait inside.
     c.workers.start(2)
     c.approve_forever()
