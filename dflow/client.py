@@ -483,8 +483,6 @@ def gather(runs: list[Run], timeout: float | None = None) -> list[Any]:
     host = _current()
     store = host.runtime.store
 
-    async def wait_all() -> list[RunInfo]:
-        return list(await asyncio.gather(*(store.wait_finished(r.trace_id, timeout) for r in runs)))
-
-    return [_outcome(i) for i in host.run(wait_all())]
+    infos = host.run(store.wait_many([r.trace_id for r in runs], timeout))
+    return [_outcome(i) for i in infos]
 

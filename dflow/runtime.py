@@ -454,12 +454,15 @@ class Runtime:
             self.store.prepare_chain(chain)
             trace_id = f"{msg.trace_id}.{msg.seq}-{i}"
             suffix = f">{node_id}[{i}]{rest}"
+            head, value = 0, NONE
+            if chain.nodes[0]._kind == Kind.JUST and len(chain.nodes) > 1:  # a constant head needs no step
+                head, value = 1, encode(chain.nodes[0]._value, "the value of just in branch", chain.keys[0])
             children.append(
                 NewRun(
                     trace_id=trace_id,
-                    frames=(Frame(chain, 0, suffix),),
-                    value=NONE,
-                    message=Message(trace_id, 0, chain.keys[0] + suffix),
+                    frames=(Frame(chain, head, suffix),),
+                    value=value,
+                    message=Message(trace_id, 0, chain.keys[head] + suffix),
                     data=dict(data),
                     parent=Parent(msg.trace_id, msg.seq + 1, i),
                 )

@@ -11,6 +11,7 @@ result is committed exactly once.
 
 from __future__ import annotations
 
+import asyncio
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -222,6 +223,10 @@ class Store(ABC):
     @abstractmethod
     async def wait_finished(self, trace_id: str, timeout: float | None) -> RunInfo:
         """Wait until the run is done or failed. ``RunNotFoundError``, ``RunTimeoutError``."""
+
+    async def wait_many(self, trace_ids: list[str], timeout: float | None) -> list[RunInfo]:
+        """``wait_finished`` for several runs, in order; stores may batch their polling."""
+        return list(await asyncio.gather(*(self.wait_finished(t, timeout) for t in trace_ids)))
 
     @abstractmethod
     async def list_runs(self, limit: int = 50) -> list[RunInfo]:

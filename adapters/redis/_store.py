@@ -294,7 +294,40 @@ class RedisStore(Store):
                     trace_id=trace_id,
                 )
             await asyncio.sleep(pause if deadline is None else max(0.0, min(pause, deadline - time.monotonic())))
-            pause = min(pause * 2, 0.05)
+            pause = min(pause * 1.5, 0.02)
+
+    async def wait_many(self, trace_ids: list[str], timeout: float | None) -> list[RunInfo]:
+        """Poll the status of every unfinished run in one pipeline per round."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        done: dict[str, RunInfo] = {}
+        pending = list(dict.fromkeys(trace_ids))
+        pause = 0.001
+        while pending:
+            with store_errors():
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    for t in pending:
+                        pipe.hget(f"{self.prefix}:r:{t}", "status")
+                    statuses = await pipe.execute()
+            for t, status in zip(pending, statuses):
+                if status is None:
+                    raise RunNotFoundError(f"no run with trace id {t!r} (never started, or expired)", trace_id=t)
+            finished = [t for t, st in zip(pending, statuses) if st in (b"done", b"failed")]
+            for t in finished:
+                info = await self.get_run(t)
+                if info is not None:
+                    done[t] = info
+            pending = [t for t in pending if t not in done]
+            if not pending:
+                break
+            if deadline is not None and time.monotonic() >= deadline:
+                raise RunTimeoutError(
+                    f"{len(pending)} of {len(trace_ids)} runs did not finish within {timeout}s, e.g. "
+                    f"{pending[0]!r}; the runs go on",
+                    trace_id=pending[0],
+                )
+            await asyncio.sleep(pause)
+            pause = min(pause * 1.5, 0.02)
+        return [done[t] for t in trace_ids]
 
     async def list_runs(self, limit: int = 50) -> list[RunInfo]:
         out: list[RunInfo] = []
