@@ -19,6 +19,8 @@ test: $(VENV)/.installed  ## run the whole test suite
 
 bench: $(VENV)/.installed  ## run the benchmarks and keep their results in benchmarks/results/
 	$(PY) benchmarks/bench_local.py
+	$(PY) -m pip install --quiet 'celery[redis]' 'dramatiq[redis]'
+	$(PY) benchmarks/bench_distributed.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

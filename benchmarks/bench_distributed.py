@@ -469,8 +469,26 @@ def _info_delta(before: Any, after: Any) -> dict[str, Any]:
     }
 
 
+def _drive(c: DflowCluster, flows: Any, poller: redis.Redis, mode: str, runs: int) -> tuple[int, int]:
+    """Run ``runs`` 10-step chains one at a time or all at once; returns this script's polls and their bytes."""
+    entry = flows.chain10.entry("start")
+    polls = poll_bytes = 0
+    if mode == "sequential":
+        for _ in range(runs):
+            h = entry.call(0)
+            _, n, b = wait_keys(poller, [c.run_key(h.trace_id)], _dflow_done, "status", 60, pause=0.0005)
+            polls += n
+            poll_bytes += b
+    else:
+        handles = start_many(entry, [0] * runs)
+        _, polls, poll_bytes = wait_keys(poller, [c.run_key(h.trace_id) for h in handles], _dflow_done,
+                                         "status", 120)
+    return polls, poll_bytes
+
+
 def redis_per_step(c: DflowCluster, flows: Any, mode: str, runs: int) -> dict[str, Any]:
-    """Commands and bytes per step of 10-step chains, run one at a time or all at once."""
+    """Commands and bytes per step of 10-step chains, run one at a time or all at once: once
+    without MONITOR for the INFO deltas and Redis' CPU time, once under MONITOR for exact counts."""
     SCRATCH.mkdir(parents=True, exist_ok=True)
     pool = redis.BlockingConnectionPool.from_url(rurl(DFLOW_DB), max_connections=1)
     poller = redis.Redis(connection_pool=pool)  # one connection, pipelines included: its port marks it
@@ -478,6 +496,13 @@ def redis_per_step(c: DflowCluster, flows: Any, mode: str, runs: int) -> dict[st
     conn.connect()
     my_port = conn._sock.getsockname()[1]  # type: ignore[union-attr]
     pool.release(conn)
+    before = _info(poller)
+    cpu0 = redis_cpu()
+    t0 = time.monotonic()
+    polls, poll_bytes = _drive(c, flows, poller, mode, runs)
+    window = time.monotonic() - t0
+    cpu1 = redis_cpu()
+    after = _info(poller)
     mon_path = SCRATCH / f"monitor-{mode}.txt"
     with open(mon_path, "wb") as out:
         mon = subprocess.Popen(["redis-cli", "-h", HOST, "-p", str(PORT), "monitor"], stdout=out,
@@ -489,39 +514,23 @@ def redis_per_step(c: DflowCluster, flows: Any, mode: str, runs: int) -> dict[st
             if time.monotonic() > deadline or mon.poll() is not None:
                 raise RuntimeError("redis-cli monitor did not start")
             time.sleep(0.02)
-        before = _info(poller)
-        cpu0 = redis_cpu()
-        t0 = time.monotonic()
-        entry = flows.chain10.entry("start")
-        polls = poll_bytes = 0
-        if mode == "sequential":
-            for _ in range(runs):
-                h = entry.call(0)
-                _, n, b = wait_keys(poller, [c.run_key(h.trace_id)], _dflow_done, "status", 60, pause=0.0005)
-                polls += n
-                poll_bytes += b
-        else:
-            handles = start_many(entry, [0] * runs)
-            _, polls, poll_bytes = wait_keys(poller, [c.run_key(h.trace_id) for h in handles], _dflow_done,
-                                             "status", 120)
-        window = time.monotonic() - t0
-        cpu1 = redis_cpu()
-        after = _info(poller)
+        _drive(c, flows, poller, mode, runs)
         time.sleep(0.3)
     finally:
         PROCS.stop(mon)
+    poller.close()
+    pool.disconnect()
     steps = runs * 10
     top: Counter[str] = Counter()
     lua: Counter[str] = Counter()
     top_bytes = 0
     write_bytes = 0
     other_db = 0
-    first_ts = last_ts = None
     for line in mon_path.read_text(errors="replace").splitlines():
         m = _MON.match(line)
         if not m:
             continue
-        ts, db, client, rest = float(m.group(1)), int(m.group(2)), m.group(3), m.group(4)
+        db, client, rest = int(m.group(2)), m.group(3), m.group(4)
         if client.endswith(f":{my_port}"):
             continue
         if db != DFLOW_DB:
@@ -531,8 +540,6 @@ def redis_per_step(c: DflowCluster, flows: Any, mode: str, runs: int) -> dict[st
         if not args:
             continue
         name = args[0].decode(errors="replace").lower()
-        first_ts = first_ts or ts
-        last_ts = ts
         if client == "lua":
             lua[name] += 1
         else:
@@ -940,7 +947,7 @@ def tables(res: dict[str, Any]) -> str:
     fd = res.get("fanout.dflow_redis")
     rows3 = [("fanout.dflow_redis", "dflow `zip` of 100 + `map(count)`, Redis Streams",
               "" if _err(fd) else f"until the final commit {ms(fd['until_commit_median_s'], 1)}; fork step "
-              f"{ms(fd['fork_step_duration_s'], 1)}; {fd['steps_per_branch']} steps per branch (`just` + `map`)"),
+              f"{ms(fd['fork_step_duration_s'], 1)}; {fd['steps_per_branch']} step(s) per branch (a constant head runs no step)"),
              ("fanout.celery", "Celery `chord(group of 100, count)`", "callback gets the 100 results"),
              ("fanout.dramatiq", "Dramatiq `group` of 100 + completion callback (8 threads)",
               "callback gets no results (barrier only)")]
@@ -988,8 +995,8 @@ def tables(res: dict[str, Any]) -> str:
                    + ", ".join(f"{k} {v:.0f}/s" for k, v in idle["by_name_per_s"].items()) + ")")
     out += ["- Counts from MONITOR, db 12 only, without this script's polling; per step includes each run's "
             "creation (/10) and any background polling in the window. INFO columns and Redis CPU (`INFO cpu`) "
-            "are server-wide deltas less this script's polls: they include other clients' traffic, if any, "
-            "and MONITOR's own cost.", ""]
+            "are server-wide deltas less this script's polls, from a second pass without MONITOR: they "
+            "include other clients' traffic, if any.", ""]
     failed = [f"{k}: {v['error']}" for k, v in res.items() if k.startswith("phase.") and isinstance(v, dict)
               and "error" in v]
     if failed:
