@@ -614,15 +614,8 @@ def add_celery_worker(procs: list[subprocess.Popen[bytes]]) -> None:
     procs.append(PROCS.start(f"celery{i}", cmd, {}, " ready."))
 
 
-def celery_latency(flows: Any, n: int, cap: float) -> dict[str, Any]:
-    from celery import chain
-
-    def one() -> float:
-        p0 = time.perf_counter()
-        sig = chain(flows.c_inc.s(0), *(flows.c_inc.s() for _ in range(9)))
-        assert sig.apply_async().get(timeout=60) == 10
-        return (time.perf_counter() - p0) / 10
-
+def _timed(one: Any, n: int, cap: float) -> dict[str, Any]:
+    """Warm up, then call ``one`` up to ``n`` times within ``cap`` seconds; median and p95."""
     for _ in range(10):
         one()
     walls = []
@@ -632,6 +625,18 @@ def celery_latency(flows: Any, n: int, cap: float) -> dict[str, Any]:
             break
         walls.append(one())
     return {"runs": len(walls), "per_step_e2e_median_s": med(walls), "per_step_e2e_p95_s": percentile(walls, 0.95)}
+
+
+def celery_latency(flows: Any, n: int, cap: float) -> dict[str, Any]:
+    from celery import chain
+
+    def one() -> float:
+        p0 = time.perf_counter()
+        sig = chain(flows.c_inc.s(0), *(flows.c_inc.s() for _ in range(9)))
+        assert sig.apply_async().get(timeout=60) == 10
+        return (time.perf_counter() - p0) / 10
+
+    return _timed(one, n, cap)
 
 
 def celery_fanout(flows: Any, reps: int, width: int = 100) -> dict[str, Any]:
@@ -687,15 +692,7 @@ def dramatiq_latency(flows: Any, n: int, cap: float) -> dict[str, Any]:
         assert pipe.get_result(block=True, timeout=60_000) == 10
         return (time.perf_counter() - p0) / 10
 
-    for _ in range(10):
-        one()
-    walls = []
-    t_end = time.monotonic() + cap
-    for _ in range(n):
-        if time.monotonic() > t_end:
-            break
-        walls.append(one())
-    return {"runs": len(walls), "per_step_e2e_median_s": med(walls), "per_step_e2e_p95_s": percentile(walls, 0.95)}
+    return _timed(one, n, cap)
 
 
 def dramatiq_fanout(flows: Any, reps: int, width: int = 100) -> dict[str, Any]:

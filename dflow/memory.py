@@ -37,12 +37,20 @@ from .transport import Delivery, Transport
 
 __all__ = ["MemoryBroker", "MemoryStore", "MemoryTransport"]
 
+#: The error recorded on a branch run that its join no longer needs.
+CANCELLED = {
+    "type": "dflow.Cancelled",
+    "message": "cancelled: its zip/any join closed without it (a winner was found, or a branch failed)",
+    "step": "",
+}
+
 
 @dataclass(slots=True)
 class _Join:
     kind: str
     n: int
     message: Message
+    children: list[str] = field(default_factory=list)
     closed: bool = False
     slots: list[BranchResult] = field(default_factory=list)
     arrived: set[int] = field(default_factory=set)
@@ -167,6 +175,15 @@ class MemoryStore(Store):
             parent.status = RunStatus.RUNNING
             parent.updated = now
             out.append(self._emit(j.message, now))
+            for i, trace_id in enumerate(j.children):  # the others are no longer wanted
+                other = self._runs.get(trace_id)
+                if i not in j.arrived and other is not None and not other.status.finished:
+                    other.status = RunStatus.FAILED
+                    other.error = dict(CANCELLED)
+                    other.waiting_for = None
+                    other.init_pending = False
+                    self._leased.pop(trace_id, None)
+                    self._finished(other, now, out)
 
     # -- Store -----------------------------------------------------------------------
 
@@ -258,7 +275,7 @@ class MemoryStore(Store):
             msg = transition.join
             run.status = RunStatus.WAITING
             run.seq, run.attempt, run.key = msg.seq, msg.attempt, msg.key
-            run.join = _Join(transition.kind, len(transition.children), msg)
+            run.join = _Join(transition.kind, len(transition.children), msg, [c.trace_id for c in transition.children])
             for child in transition.children:
                 if child.trace_id in self._runs:  # a branch from an earlier, uncommitted fork
                     del self._runs[child.trace_id]

@@ -494,3 +494,12 @@ def test_on_init_cannot_put_into_the_context() -> None:
         1, lambda _: DFlow.from_call("job", on_init=on_init).on_error_return(lambda e: str(e))
     )
     assert "ctx.put('job') is refused here: on_init runs after the wait is committed" in r.result(5)
+
+
+def test_any_cancels_the_losing_branches() -> None:
+    r = DFlow.direct_run(1, lambda x: DFlow.any(DFlow.from_call("never"), DFlow.delay("fast", 0.01)).id("race"))
+    assert r.result(5) == "fast"
+    fork = next(s for s in r.context().steps if s.status is StepStatus.FORKED)
+    loser = dflow.Run(fork.output[0])
+    assert loser.status() is RunStatus.FAILED
+    assert loser.info().error["type"] == "dflow.Cancelled"

@@ -13,15 +13,20 @@ from __future__ import annotations
 # Shared helpers, prepended to the scripts that finish runs.
 _FINISH = r"""
 local function run_keys(P, t)
-  return {P..':r:'..t, P..':d:'..t, P..':s:'..t, P..':c:'..t, P..':j:'..t, P..':js:'..t, P..':ja:'..t}
+  return {P..':r:'..t, P..':d:'..t, P..':s:'..t, P..':c:'..t, P..':j:'..t, P..':js:'..t, P..':ja:'..t,
+          P..':jc:'..t}
 end
+
+local CANCELLED = cmsgpack.pack({type = 'dflow.Cancelled', step = '',
+  message = 'cancelled: its zip/any join closed without it (a winner was found, or a branch failed)'})
+local finished
 
 local function emit(P, now, redispatch, msg, out)
   redis.call('ZADD', P..':outbox', now + redispatch, msg)
   out[#out + 1] = msg
 end
 
-local function arrive(P, t, rk, now, redispatch, out)
+local function arrive(P, t, rk, now, redispatch, ttl, out)
   local link = redis.call('HMGET', rk, 'p_trace', 'p_seq', 'p_index', 'status', 'result', 'error')
   if not link[1] then return end
   local pt = link[1]
@@ -47,14 +52,25 @@ local function arrive(P, t, rk, now, redispatch, out)
     redis.call('HSET', jk, 'closed', '1')
     redis.call('HSET', prk, 'status', 'running', 'updated', tostring(now))
     emit(P, now, redispatch, j[3], out)
+    -- the other branches are no longer wanted
+    for i, ct in ipairs(redis.call('LRANGE', P..':jc:'..pt, 0, -1)) do
+      if redis.call('SISMEMBER', P..':ja:'..pt, tostring(i - 1)) == 0 then
+        local crk = P..':r:'..ct
+        local st = redis.call('HGET', crk, 'status')
+        if st == 'running' or st == 'waiting' then
+          redis.call('HSET', crk, 'status', 'failed', 'error', CANCELLED, 'updated', tostring(now))
+          finished(P, ct, crk, now, redispatch, ttl, out)
+        end
+      end
+    end
   end
 end
 
-local function finished(P, t, rk, now, redispatch, ttl, out)
+finished = function(P, t, rk, now, redispatch, ttl, out)
   redis.call('HDEL', rk, 'frames', 'value', 'lease_token', 'lease_until', 'lease_len', 'lease_msg', 'waiting',
              'init_pending', 'parked')
   redis.call('ZREM', P..':leases', t)
-  arrive(P, t, rk, now, redispatch, out)
+  arrive(P, t, rk, now, redispatch, ttl, out)
   for _, k in ipairs(run_keys(P, t)) do
     if ttl > 0 then redis.call('PEXPIRE', k, ttl) else redis.call('DEL', k) end
   end
@@ -150,7 +166,7 @@ i = i + n
 redis.call('HDEL', rk, 'lease_token', 'lease_until', 'lease_len', 'lease_msg', 'parked')
 redis.call('ZREM', P..':leases', t)
 redis.call('HSET', rk, 'updated', ARGV[4])
-if ARGV[7] == '2' then redis.call('DEL', P..':j:'..t, P..':js:'..t, P..':ja:'..t) end
+if ARGV[7] == '2' then redis.call('DEL', P..':j:'..t, P..':js:'..t, P..':ja:'..t, P..':jc:'..t) end
 local kind = ARGV[i]; i = i + 1
 local out = {}
 if kind == 'advance' then
@@ -175,7 +191,7 @@ elseif kind == 'wait' then
 elseif kind == 'fork' then
   -- kind, join msg, join seq, join key, n, then per child: trace, frames, value, msg, key, index
   local jk = P..':j:'..t
-  redis.call('DEL', jk, P..':js:'..t, P..':ja:'..t)
+  redis.call('DEL', jk, P..':js:'..t, P..':ja:'..t, P..':jc:'..t)
   local nchild = tonumber(ARGV[i + 4])
   redis.call('HSET', jk, 'kind', ARGV[i], 'n', ARGV[i + 4], 'msg', ARGV[i + 1], 'closed', '0')
   redis.call('HSET', rk, 'status', 'waiting', 'seq', ARGV[i + 2], 'attempt', '0', 'key', ARGV[i + 3])
@@ -191,6 +207,7 @@ elseif kind == 'fork' then
                'p_seq', jseq, 'p_index', ARGV[i + 5])
     if #data > 0 then redis.call('HSET', P..':d:'..ct, unpack(data)) end
     redis.call('ZADD', P..':runs', now, ct)
+    redis.call('RPUSH', P..':jc:'..t, ct)
     emit(P, now, redispatch, ARGV[i + 3], out)
     i = i + 6
   end

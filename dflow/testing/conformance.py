@@ -321,7 +321,7 @@ class StoreContract:
             join, children = await self._fork(store, "zip", 3)
             children.sort(key=lambda m: m.trace_id)
             assert await self._finish_child(store, children[1], "bad", ok=False) == [join]
-            assert await self._finish_child(store, children[0], 1) == [], "a closed join ignores arrivals"
+            assert await store.claim(children[0], "w", 30) is None, "the other branches are cancelled"
             claim = await store.claim(join, "w", 30)
             assert claim is not None and claim.branches is not None
             assert [(b.index, b.ok) for b in claim.branches] == [(1, False)]
@@ -337,10 +337,28 @@ class StoreContract:
             children.sort(key=lambda m: m.trace_id)
             assert await self._finish_child(store, children[0], "x", ok=False) == []
             assert await self._finish_child(store, children[2], 7) == [join]
-            assert await self._finish_child(store, children[1], 8) == []
+            assert await store.claim(children[1], "w", 30) is None, "the losers are cancelled"
             claim = await store.claim(join, "w", 30)
             assert claim is not None and claim.branches is not None
             assert [(b.index, b.ok) for b in claim.branches] == [(0, False), (2, True)]
+            await store.close()
+
+        _run(body())
+
+    def test_closing_a_join_cancels_the_other_branches(self, make_store: Callable[..., Store]) -> None:
+        async def body() -> None:
+            store = make_store()
+            join, children = await self._fork(store, "any", 3)
+            children.sort(key=lambda m: m.trace_id)
+            running = await store.claim(children[1], "w", 30)  # a branch in the middle of a step
+            assert running is not None
+            assert await self._finish_child(store, children[0], 1) == [join]
+            for loser in children[1:]:
+                info = await store.get_run(loser.trace_id)
+                assert info is not None and info.status is RunStatus.FAILED
+                assert info.error is not None and info.error["type"] == "dflow.Cancelled"
+            assert await store.claim(children[2], "w", 30) is None, "a cancelled branch takes no step"
+            assert await store.commit(running, [], {}, Finish(encode(2))) is None, "nor commits one"
             await store.close()
 
         _run(body())
