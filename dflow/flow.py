@@ -216,7 +216,8 @@ class DFlow(Generic[T]):
         """Run the flows concurrently as child runs; output the list of their results.
 
         Each branch gets a copy of the context; what branches ``put`` is merged back, in
-        branch order. The first failing branch fails the zip. Id defaults to ``"zip"``.
+        branch order. The first failing branch fails the zip and cancels the others. Id
+        defaults to ``"zip"``.
         """
         return DFlow._node(Kind.ZIP, branches=_branches_of("zip", flows), id="zip")
 
@@ -224,8 +225,8 @@ class DFlow(Generic[T]):
     def any(*flows: DFlow[Any] | Iterable[DFlow[Any]]) -> DFlow[Any]:
         """Run the flows concurrently as child runs; output the first successful result.
 
-        Fails only when every branch fails. What the winner ``put`` is merged back.
-        Id defaults to ``"any"``.
+        Fails only when every branch fails. The other branches are cancelled; what the
+        winner ``put`` is merged back. Id defaults to ``"any"``.
         """
         return DFlow._node(Kind.ANY, branches=_branches_of("any", flows), id="any")
 

@@ -503,3 +503,29 @@ def test_any_cancels_the_losing_branches() -> None:
     loser = dflow.Run(fork.output[0])
     assert loser.status() is RunStatus.FAILED
     assert loser.info().error["type"] == "dflow.Cancelled"
+
+
+def test_decorated_functions_keep_their_own_signature() -> None:
+    import functools
+
+    def logged(fn: Any) -> Any:
+        @functools.wraps(fn)
+        def wrapper(*args: Any) -> Any:
+            return fn(*args)
+
+        return wrapper
+
+    @logged
+    def plain(v: int) -> int:
+        return v + 1
+
+    @logged
+    def with_ctx(ctx: ContextStack, v: int) -> int:
+        return v + ctx.seq * 0 + 10
+
+    assert run(lambda x: DFlow.just(x).map(with_ctx).id("a").map(plain).id("b"), 1) == 12
+
+
+def test_idle_consumers_do_not_pile_up_waiters(local: Any) -> None:
+    time.sleep(1.0)  # 16 idle consumers, each waking every 0.25 s
+    assert len(local.transport.broker.waiters) <= local.concurrency
