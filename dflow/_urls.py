@@ -34,26 +34,24 @@ def _split(url: str, ours: set[str]) -> tuple[str, dict[str, Any]]:
     return urlunsplit(parts._replace(query=urlencode(rest))), mine
 
 
-def _need(extra: str, exc: ImportError) -> ConfigurationError:
-    return ConfigurationError(f"this URL needs the {extra!r} extra: pip install 'dflow[{extra}]' ({exc})")
+def _adapter(name: str) -> Any:
+    """An adapter class, through ``adapters``' lazy import (which names the missing extra)."""
+    import adapters
+
+    try:
+        return getattr(adapters, name)
+    except ImportError as exc:
+        raise ConfigurationError(str(exc)) from exc
 
 
 def transport_from_url(url: str, **options: Any) -> Transport:
     """A transport for ``url``; ``options`` override the URL's settings."""
     scheme = urlsplit(url).scheme
     if scheme in ("redis", "rediss", "unix"):
-        try:
-            from adapters.redis import RedisStreamsTransport
-        except ImportError as exc:
-            raise _need("redis", exc) from exc
         base, mine = _split(url, _TRANSPORT_KEYS)
-        return RedisStreamsTransport(base, **{**mine, **options})
+        return _adapter("RedisStreamsTransport")(base, **{**mine, **options})  # type: ignore[no-any-return]
     if scheme == "kafka":
-        try:
-            from adapters.kafka import KafkaTransport
-        except ImportError as exc:
-            raise _need("kafka", exc) from exc
-        return KafkaTransport.from_url(url, **options)
+        return _adapter("KafkaTransport").from_url(url, **options)  # type: ignore[no-any-return]
     raise ConfigurationError(
         f"unknown transport URL {url!r}: use redis://, rediss:// or kafka:// (local mode needs no URL)"
     )
@@ -63,10 +61,6 @@ def store_from_url(url: str, **options: Any) -> Store:
     """A store for ``url``; ``options`` override the URL's settings."""
     scheme = urlsplit(url).scheme
     if scheme in ("redis", "rediss", "unix"):
-        try:
-            from adapters.redis import RedisStore
-        except ImportError as exc:
-            raise _need("redis", exc) from exc
         base, mine = _split(url, _STORE_KEYS)
-        return RedisStore(base, **{**mine, **options})
+        return _adapter("RedisStore")(base, **{**mine, **options})  # type: ignore[no-any-return]
     raise ConfigurationError(f"unknown store URL {url!r}: use redis:// or rediss://")

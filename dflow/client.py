@@ -296,11 +296,16 @@ class Run:
         host = _current()
         store = host.runtime.store
 
-        async def read() -> tuple[dict[str, bytes], list[StepRecord]]:
-            return await store.get_data(self.trace_id), await store.get_steps(self.trace_id)
+        async def read() -> tuple[RunInfo | None, dict[str, bytes], list[StepRecord]]:
+            return (
+                await store.get_run(self.trace_id),
+                await store.get_data(self.trace_id),
+                await store.get_steps(self.trace_id),
+            )
 
-        data, steps = host.run(read())
-        info = self.info()
+        info, data, steps = host.run(read())
+        if info is None:
+            raise RunNotFoundError(f"no run with trace id {self.trace_id!r}", trace_id=self.trace_id)
         return ContextStack(self.trace_id, data, seq=info.seq, steps=tuple(steps))
 
 

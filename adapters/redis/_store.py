@@ -276,25 +276,7 @@ class RedisStore(Store):
         return [_unrecord(r) for r in raw]
 
     async def wait_finished(self, trace_id: str, timeout: float | None) -> RunInfo:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        pause = 0.001
-        key = f"{self.prefix}:r:{trace_id}"
-        while True:
-            with store_errors():
-                status = await self.redis.hget(key, "status")
-            if status is None:
-                raise RunNotFoundError(f"no run with trace id {trace_id!r} (never started, or expired)", trace_id=trace_id)
-            if status in (b"done", b"failed"):
-                info = await self.get_run(trace_id)
-                if info is not None:
-                    return info
-            if deadline is not None and time.monotonic() >= deadline:
-                raise RunTimeoutError(
-                    f"run {trace_id!r} did not finish within {timeout}s (it is {status.decode()}); the run goes on",
-                    trace_id=trace_id,
-                )
-            await asyncio.sleep(pause if deadline is None else max(0.0, min(pause, deadline - time.monotonic())))
-            pause = min(pause * 1.5, 0.02)
+        return (await self.wait_many([trace_id], timeout))[0]
 
     async def wait_many(self, trace_ids: list[str], timeout: float | None) -> list[RunInfo]:
         """Poll the status of every unfinished run in one pipeline per round."""
@@ -320,12 +302,14 @@ class RedisStore(Store):
             if not pending:
                 break
             if deadline is not None and time.monotonic() >= deadline:
-                raise RunTimeoutError(
-                    f"{len(pending)} of {len(trace_ids)} runs did not finish within {timeout}s, e.g. "
-                    f"{pending[0]!r}; the runs go on",
-                    trace_id=pending[0],
+                what = (
+                    f"run {pending[0]!r} did not finish"
+                    if len(trace_ids) == 1
+                    else f"{len(pending)} of {len(trace_ids)} runs did not finish, e.g. {pending[0]!r},"
                 )
-            await asyncio.sleep(pause)
+                raise RunTimeoutError(f"{what} within {timeout}s; the run goes on", trace_id=pending[0])
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            await asyncio.sleep(pause if left is None else min(pause, left))
             pause = min(pause * 1.5, 0.02)
         return [done[t] for t in trace_ids]
 
