@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 import cloudpickle
 
 from .errors import BuildError, ConfigurationError, PayloadRejectedError, UnknownStepError
-from .flow import Chain
+from .flow import Chain, compile_flow
 
 __all__ = ["ChainCodec", "shared"]
 
@@ -154,9 +154,9 @@ class ChainCodec:
             ref = "h:" + hashlib.sha256(payload).hexdigest()
             blob = hmac.new(self._key, payload, hashlib.sha256).digest() + payload
             out = (ref, blob)
+            if len(self._refs) >= self._cache_size:
+                self._refs.clear()
             self._remember(ref, chain)
-        if len(self._refs) >= self._cache_size:
-            self._refs.clear()
         self._refs[id(chain)] = (chain, *out)
         return out
 
@@ -177,25 +177,40 @@ class ChainCodec:
             self._loaded.move_to_end(ref)
         return chain
 
+    @staticmethod
+    def blob_of(ref: str) -> str:
+        """The reference of the stored blob that holds ``ref``: a zip/any branch of a chain
+        built at run time (``h:<sha256>/<pos>.<branch>``) travels inside its parent's blob."""
+        return ref.split("/", 1)[0]
+
     def load(self, ref: str, blob: bytes | None) -> Chain:
-        """Verify and unpickle the blob stored for ``ref``."""
+        """Verify and unpickle the blob stored for ``ref`` (for a branch: its parent's blob)."""
+        head = self.blob_of(ref)
         if blob is None:
-            raise PayloadRejectedError(f"the stored flow {ref} is missing (expired or deleted)")
+            raise PayloadRejectedError(f"the stored flow {head} is missing (expired or deleted)")
         sig, payload = blob[:32], blob[32:]
         good = hmac.new(self._key, payload, hashlib.sha256).digest()
-        if not hmac.compare_digest(sig, good) or "h:" + hashlib.sha256(payload).hexdigest() != ref:
+        if not hmac.compare_digest(sig, good) or "h:" + hashlib.sha256(payload).hexdigest() != head:
             raise PayloadRejectedError(
-                f"the stored flow {ref} fails its signature check: it was tampered with, or written "
+                f"the stored flow {head} fails its signature check: it was tampered with, or written "
                 "with another DFLOW_SECRET; it is not executed"
             )
         chain = _Unpickler(io.BytesIO(payload)).load()
         if not isinstance(chain, Chain):
-            raise PayloadRejectedError(f"the stored flow {ref} is not a flow")
-        self._remember(ref, chain)
-        self._refs[id(chain)] = (chain, ref, None)
-        return chain
+            raise PayloadRejectedError(f"the stored flow {head} is not a flow")
+        self._remember(head, chain)
+        found = self._loaded.get(ref)
+        if found is None:
+            raise PayloadRejectedError(f"the stored flow {head} has no branch {ref[len(head):]!r}")
+        return found
 
     def _remember(self, ref: str, chain: Chain) -> None:
+        """Keep ``chain`` under ``ref``, and each of its zip/any branches under
+        ``ref/<pos>.<branch>``, so that branches need no blobs of their own."""
         self._loaded[ref] = chain
-        if len(self._loaded) > self._cache_size:
+        self._refs[id(chain)] = (chain, ref, None)
+        for pos, node in enumerate(chain.nodes):
+            for i, branch in enumerate(node._branches):
+                self._remember(f"{ref}/{pos}.{i}", compile_flow(branch))
+        while len(self._loaded) > self._cache_size:
             self._loaded.popitem(last=False)

@@ -107,6 +107,9 @@ class Runtime:
         self._consumers: list[asyncio.Task[None]] = []
         self._busy: set[asyncio.Task[Any]] = set()
         self._stopping = False
+        # The store puts messages onto the transport itself, acknowledges deliveries in
+        # its commits, and can hand this worker its next step in the same round trip.
+        self._fused = store.dispatch_via(transport)
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -204,24 +207,35 @@ class Runtime:
                 await asyncio.sleep(0)
 
     async def _handle(self, d: Delivery) -> None:
-        try:
-            msg = Message.decode(d.body)
-        except SerializationError as exc:
-            log.error("dflow: dead-lettering an undecodable message: %s", exc)
-            await self.transport.dead_letter(d, str(exc))
-            return
-        try:
-            await self.process(msg)
-        except asyncio.CancelledError:
-            await self.transport.nack(d)
-            raise
-        except Exception:
-            log.exception("dflow: step %s of run %s could not be processed; handing it back", msg.key, msg.trace_id)
-            await self.transport.nack(d)
-            return
-        await self.transport.ack(d)
-        if self._debug:
-            log.debug("dflow: %s step %s of run %s", self.worker_id, msg.key, msg.trace_id)
+        claim: Claim | None = None
+        while True:
+            if claim is None:
+                try:
+                    msg = Message.decode(d.body)
+                except SerializationError as exc:
+                    log.error("dflow: dead-lettering an undecodable message: %s", exc)
+                    await self.transport.dead_letter(d, str(exc))
+                    return
+            else:
+                msg = claim.message
+            try:
+                acked, taken = await self._process(msg, d, claim)
+            except asyncio.CancelledError:
+                await self.transport.nack(d)
+                raise
+            except Exception:
+                log.exception(
+                    "dflow: step %s of run %s could not be processed; handing it back", msg.key, msg.trace_id
+                )
+                await self.transport.nack(d)
+                return
+            if not acked:
+                await self.transport.ack(d)
+            if self._debug:
+                log.debug("dflow: %s step %s of run %s", self.worker_id, msg.key, msg.trace_id)
+            if taken is None:
+                return
+            d, claim = taken
 
     async def _timers(self) -> None:
         store = self.store
@@ -254,22 +268,33 @@ class Runtime:
 
     async def process(self, msg: Message) -> None:
         """Claim, run and commit the step ``msg`` names (a stale message is dropped)."""
+        await self._process(msg, None, None)
+
+    async def _process(
+        self, msg: Message, delivery: Delivery | None, claim: Claim | None
+    ) -> tuple[bool, tuple[Delivery, Claim | None] | None]:
+        """Run the step of ``msg`` (already claimed when ``claim`` is given). Returns whether
+        the store acknowledged ``delivery``, and the next step the store handed over, if any."""
         store = self.store
-        claim = await store.claim(msg, self.worker_id, self.lease)
         if claim is None:
-            return
-        if claim.problem is not None:
-            await self._unloadable(claim, claim.problem)
-            return
+            claim = await store.claim(msg, self.worker_id, self.lease)
+            if claim is None:
+                return False, None
+        if self._fused and delivery is not None:
+            claim.receipt = delivery.tag
         self._inflight[claim.token] = (time.monotonic(), claim)
+        taken = None
         try:
+            if claim.problem is not None:
+                await self._unloadable(claim, claim.problem)
+                return claim.receipt is None and self._fused, None
             frames = claim.frames
             top = frames[-1]
             node: DFlow[Any] = top.chain.nodes[top.pos]
             ctx = ContextStack(msg.trace_id, claim.data, seq=msg.seq, attempt=msg.attempt)
             if claim.init_only:
                 await self._on_init(node, ctx, msg)
-                return
+                return False, None
             started = time.time()
             t0 = time.perf_counter()
             records: list[StepRecord]
@@ -288,14 +313,18 @@ class Runtime:
                 if not self._step_error(exc):
                     raise
                 transition, records, changes = await self._failure(node, claim, exc, started, t0)
-            outgoing = await store.commit(claim, records, changes, transition)
+            init_pending = isinstance(transition, Wait) and transition.init_pending
+            if self._fused and not self._stopping and not init_pending:
+                outgoing, taken = await store.commit_and_take(claim, records, changes, transition, self.lease)
+            else:
+                outgoing = await store.commit(claim, records, changes, transition)
             if outgoing is None:
                 log.warning("dflow: lost the lease of step %s of run %s; its result was dropped", msg.key, msg.trace_id)
-                return
-            if outgoing:
+            elif outgoing:
                 await self.publish(outgoing)
-            if isinstance(transition, Wait) and transition.init_pending:
+            if init_pending:
                 await self._on_init(node, ctx, msg)
+            return claim.receipt is None and self._fused, taken
         finally:
             del self._inflight[claim.token]
 

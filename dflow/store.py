@@ -4,7 +4,9 @@ A store makes every step transition atomic. The runtime *claims* a step (the sto
 the message is current and takes a lease), runs it, and *commits* a transition: the step
 records, the data changes and the run's next state go in together, and the next step's
 message is both returned for publishing and kept as an outbox entry, so that a crash
-between commit and publish only delays it (``due`` hands it out again). A commit whose
+between commit and publish only delays it (``due`` hands it out again). A store that can
+write to the transport itself (``dispatch_via``) puts the message there in the same
+atomic write instead, and needs no outbox. A commit whose
 lease was lost (it expired and another worker re-ran the step) is refused: each step's
 result is committed exactly once.
 """
@@ -20,6 +22,7 @@ from typing import Any, Literal
 from ._codec import Message
 from .context import RunInfo, StepRecord
 from .flow import Chain
+from .transport import Delivery, Transport
 
 __all__ = [
     "Advance",
@@ -106,6 +109,7 @@ class Claim:
     init_only: bool = False  #: the wait is registered; only ``on_init`` is left to run
     branches: list[BranchResult] | None = None  #: for JOIN messages, in arrival order
     problem: Exception | None = None  #: the step's flow could not be loaded (unknown, rejected)
+    receipt: Any = None  #: the delivery, for a store that acknowledges it in ``commit``
 
 
 @dataclass(slots=True)
@@ -175,6 +179,27 @@ class Store(ABC):
     ) -> list[Message] | None:
         """Apply the step's outcome if ``claim`` still holds its lease; return the messages
         to publish, or ``None`` when the lease was lost (nothing is applied)."""
+
+    async def commit_and_take(
+        self,
+        claim: Claim,
+        records: list[StepRecord],
+        changes: Mapping[str, bytes | None],
+        transition: Transition,
+        lease: float,
+    ) -> tuple[list[Message] | None, tuple[Delivery, Claim | None] | None]:
+        """``commit``, and when the store dispatches onto the transport itself, also receive
+        and claim (under ``lease``) the next step for this worker in the same atomic write.
+        The taken delivery comes with its claim, or with ``None`` when it is not a step
+        message. The default takes nothing."""
+        return await self.commit(claim, records, changes, transition), None
+
+    def dispatch_via(self, transport: Transport) -> bool:
+        """Offer to put step messages onto ``transport`` within the store's own atomic
+        writes. A store that accepts returns ``True``: its methods then return no messages
+        to publish, ``commit`` acknowledges ``claim.receipt``, and ``commit_and_take`` may
+        take the next step. The default declines: the runtime publishes and acknowledges."""
+        return False
 
     @abstractmethod
     async def extend(self, claims: list[Claim], lease: float) -> None:

@@ -50,6 +50,28 @@ def test_chains_built_at_run_time_travel_signed() -> None:
         ChainCodec("secret").load(ref, None)
 
 
+def test_branches_of_a_chain_built_at_run_time_travel_inside_its_blob() -> None:
+    offset = 10
+    inner = DFlow.zip([DFlow.just(i).map(lambda v: v + offset).id("b") for i in range(3)]).id("z")
+    zipped = compile_flow(inner)
+    codec = ChainCodec("secret")
+    ref, blob = codec.ref(zipped)
+    assert blob is not None
+    branch = compile_flow(inner._branches[2])
+    assert codec.ref(branch) == (f"{ref}/0.2", None), "a branch needs no blob of its own"
+    fresh = ChainCodec("secret")
+    assert fresh.cached(f"{ref}/0.2") is None
+    loaded = fresh.load(f"{ref}/0.2", blob)  # given the parent's blob
+    assert loaded.keys == branch.keys and loaded.nodes[1]._fn(2) == 12
+    assert fresh.cached(f"{ref}/0.1") is not None, "its sibling came with the same blob"
+    assert codec.blob_of(f"{ref}/0.2") == ref
+    with pytest.raises(PayloadRejectedError, match="no branch"):
+        ChainCodec("secret").load(f"{ref}/5.0", blob)
+    tampered = blob[:-3] + bytes([blob[-3] ^ 1]) + blob[-2:]
+    with pytest.raises(PayloadRejectedError, match="signature"):
+        ChainCodec("secret").load(f"{ref}/0.2", tampered)
+
+
 def test_unpicklable_capture_is_named_at_build_time() -> None:
     client = Client()
     chain = compile_flow(DFlow.just(1).map(lambda v: client.get(v)).id("fetch"))

@@ -3,15 +3,32 @@
 Keys, under a prefix P: ``P:r:<trace>`` run hash, ``P:d:<trace>`` data hash, ``P:s:<trace>``
 step records (list), ``P:c:<trace>`` keys a branch run changed (set), ``P:j:<trace>`` join
 state, ``P:js:<trace>`` branch results in arrival order, ``P:ja:<trace>`` arrived branch
-indexes; global sorted sets ``P:outbox`` (published, not yet claimed), ``P:timers``,
-``P:leases`` and ``P:runs``; ``P:b:<ref>`` signed flow blobs.
+indexes, ``P:w:<trace>`` channels of processes waiting for the run to finish; global sorted
+sets ``P:outbox`` (published, not yet claimed), ``P:timers``, ``P:leases`` and ``P:runs``;
+``P:b:<ref>`` signed flow blobs. With a stream (``dispatch_via``), step messages go onto it
+inside the scripts and the outbox is not used.
 Messages are msgpack arrays [trace, seq, key, attempt, kind]; scripts build them with cmsgpack.
 """
 
 from __future__ import annotations
 
+# Dispatch of a step message. With a stream (the last argument of the scripts that emit),
+# the message goes onto it in the same atomic step; without one it is kept in the outbox
+# and returned for the caller to publish.
+_EMIT = r"""
+local STREAM = ARGV[#ARGV]
+local function emit(P, now, redispatch, msg, out)
+  if STREAM ~= '' then
+    redis.call('XADD', STREAM, '*', 'm', msg)
+  else
+    redis.call('ZADD', P..':outbox', now + redispatch, msg)
+    out[#out + 1] = msg
+  end
+end
+"""
+
 # Shared helpers, prepended to the scripts that finish runs.
-_FINISH = r"""
+_FINISH = _EMIT + r"""
 local function run_keys(P, t)
   return {P..':r:'..t, P..':d:'..t, P..':s:'..t, P..':c:'..t, P..':j:'..t, P..':js:'..t, P..':ja:'..t,
           P..':jc:'..t}
@@ -21,10 +38,6 @@ local CANCELLED = cmsgpack.pack({type = 'dflow.Cancelled', step = '',
   message = 'cancelled: its zip/any join closed without it (a winner was found, or a branch failed)'})
 local finished
 
-local function emit(P, now, redispatch, msg, out)
-  redis.call('ZADD', P..':outbox', now + redispatch, msg)
-  out[#out + 1] = msg
-end
 
 local function arrive(P, t, rk, now, redispatch, ttl, out)
   local link = redis.call('HMGET', rk, 'p_trace', 'p_seq', 'p_index', 'status', 'result', 'error')
@@ -71,6 +84,9 @@ finished = function(P, t, rk, now, redispatch, ttl, out)
              'init_pending', 'parked')
   redis.call('ZREM', P..':leases', t)
   arrive(P, t, rk, now, redispatch, ttl, out)
+  local wk = P..':w:'..t
+  for _, channel in ipairs(redis.call('SMEMBERS', wk)) do redis.call('PUBLISH', channel, t) end
+  redis.call('DEL', wk)
   for _, k in ipairs(run_keys(P, t)) do
     if ttl > 0 then redis.call('PEXPIRE', k, ttl) else redis.call('DEL', k) end
   end
@@ -110,39 +126,83 @@ return out
 """
 )
 
-CLAIM = r"""
--- ARGV: P, trace, msg, seq, attempt, key, kind, now, lease, token
-local P, t = ARGV[1], ARGV[2]
-local rk = P..':r:'..t
-local r = redis.call('HMGET', rk, 'status', 'seq', 'attempt', 'key', 'init_pending', 'lease_until', 'frames', 'value')
-if not r[1] then return false end
-if r[2] ~= ARGV[4] or r[3] ~= ARGV[5] or r[4] ~= ARGV[6] then return false end
-local init_only = 0
-if r[1] ~= 'running' then
-  if r[1] == 'waiting' and r[5] == '1' and ARGV[7] == '0' then init_only = 1 else return false end
+# Claiming a step: check the message is current and take its lease.
+_CLAIM_STEP = r"""
+local function claim_step(P, t, msg, seq, attempt, key, kind, now, lease, token)
+  local rk = P..':r:'..t
+  local r = redis.call('HMGET', rk, 'status', 'seq', 'attempt', 'key', 'init_pending', 'lease_until', 'frames',
+                       'value')
+  if not r[1] then return false end
+  if r[2] ~= seq or r[3] ~= attempt or r[4] ~= key then return false end
+  local init_only = 0
+  if r[1] ~= 'running' then
+    if r[1] == 'waiting' and r[5] == '1' and kind == '0' then init_only = 1 else return false end
+  end
+  if r[6] and tonumber(r[6]) > now then return false end
+  redis.call('ZREM', P..':outbox', msg)
+  local until_ = tostring(now + tonumber(lease))  -- one rounding for the record and the index
+  redis.call('HSET', rk, 'lease_token', token, 'lease_until', until_, 'lease_len', lease, 'lease_msg', msg)
+  redis.call('ZADD', P..':leases', until_, t)
+  local slots = false
+  if kind == '2' then slots = redis.call('LRANGE', P..':js:'..t, 0, -1) end
+  return {r[7] or '', r[8] or '', init_only, redis.call('HGETALL', P..':d:'..t), slots}
 end
-local now = tonumber(ARGV[8])
-if r[6] and tonumber(r[6]) > now then return false end
-redis.call('ZREM', P..':outbox', ARGV[3])
-local until_ = now + tonumber(ARGV[9])
-redis.call('HSET', rk, 'lease_token', ARGV[10], 'lease_until', tostring(until_), 'lease_len', ARGV[9],
-           'lease_msg', ARGV[3])
-redis.call('ZADD', P..':leases', until_, t)
-local slots = false
-if ARGV[7] == '2' then slots = redis.call('LRANGE', P..':js:'..t, 0, -1) end
-return {r[7] or '', r[8] or '', init_only, redis.call('HGETALL', P..':d:'..t), slots}
 """
+
+CLAIM = (
+    _CLAIM_STEP
+    + r"""
+-- ARGV: P, trace, msg, seq, attempt, key, kind, now, lease, token
+return claim_step(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], tonumber(ARGV[8]), ARGV[9],
+                  ARGV[10])
+"""
+)
 
 COMMIT = (
     _FINISH
+    + _CLAIM_STEP
     + r"""
 -- ARGV: P, trace, token, now, ttl_ms, redispatch, claim_kind, n_rec, rec..., n_set, (k, v)..., n_del, k...,
---       transition, fields...
+--       transition, fields..., group, receipt, taker, take_token, take_lease, stream
+-- With a stream: the delivery ``receipt`` is acknowledged, and when ``taker`` is given the
+-- next new message of the stream is read for that consumer and claimed (``take``).
+local NA = #ARGV
+local GROUP, RECEIPT, TAKER, TAKE_TOKEN, TAKE_LEASE = ARGV[NA - 5], ARGV[NA - 4], ARGV[NA - 3], ARGV[NA - 2],
+  ARGV[NA - 1]
 local P, t = ARGV[1], ARGV[2]
+if RECEIPT ~= '' then
+  redis.call('XACK', STREAM, GROUP, RECEIPT)
+  redis.call('XDEL', STREAM, RECEIPT)
+end
 local rk = P..':r:'..t
 local lease = redis.call('HMGET', rk, 'lease_token', 'lease_len', 'lease_msg', 'p_trace')
 if lease[1] ~= ARGV[3] then return false end
 local now, ttl, redispatch = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+
+local function take()
+  for _ = 1, 8 do
+    local rep = redis.pcall('XREADGROUP', 'GROUP', GROUP, TAKER, 'COUNT', 1, 'STREAMS', STREAM, '>')
+    if type(rep) ~= 'table' or rep.err or not rep[1] then return false end
+    local entry = rep[1][2][1]
+    local id, fields = entry[1], entry[2]
+    local body
+    for k = 1, #fields - 1, 2 do
+      if fields[k] == 'm' then body = fields[k + 1] end
+    end
+    if not body then return {id, ''} end
+    local ok, f = pcall(cmsgpack.unpack, body)
+    if not ok or type(f) ~= 'table' or type(f[1]) ~= 'string' or type(f[2]) ~= 'number'
+        or type(f[3]) ~= 'string' or type(f[4]) ~= 'number' or type(f[5]) ~= 'number' then
+      return {id, body}  -- not a step message: the worker sets it aside
+    end
+    local c = claim_step(P, f[1], body, tostring(f[2]), tostring(f[4]), f[3], tostring(f[5]), now, TAKE_LEASE,
+                         TAKE_TOKEN)
+    if c then return {id, body, c} end
+    redis.call('XACK', STREAM, GROUP, id)  -- stale: its step was committed or is leased
+    redis.call('XDEL', STREAM, id)
+  end
+  return false
+end
 local dk = P..':d:'..t
 local child = lease[4] ~= false
 local i = 8
@@ -183,8 +243,8 @@ elseif kind == 'wait' then
   -- call_type, init_pending
   redis.call('HSET', rk, 'status', 'waiting', 'waiting', ARGV[i], 'init_pending', ARGV[i + 1])
   if ARGV[i + 1] == '1' then
-    local until_ = now + tonumber(lease[2])
-    redis.call('HSET', rk, 'lease_token', ARGV[3], 'lease_until', tostring(until_), 'lease_len', lease[2],
+    local until_ = tostring(now + tonumber(lease[2]))
+    redis.call('HSET', rk, 'lease_token', ARGV[3], 'lease_until', until_, 'lease_len', lease[2],
                'lease_msg', lease[3])
     redis.call('ZADD', P..':leases', until_, t)
   end
@@ -220,12 +280,16 @@ elseif kind == 'fail' then
 else
   return redis.error_reply('unknown transition ' .. kind)
 end
-return out
+local taken = false
+if TAKER ~= '' and STREAM ~= '' then taken = take() end
+return {out, taken}
 """
 )
 
-RESUME = r"""
--- ARGV: P, trace, call_type, payload, failed, now, redispatch, seq ('' for any)
+RESUME = (
+    _EMIT
+    + r"""
+-- ARGV: P, trace, call_type, payload, failed, now, redispatch, seq ('' for any), stream
 local P, t = ARGV[1], ARGV[2]
 local rk = P..':r:'..t
 local r = redis.call('HMGET', rk, 'status', 'waiting', 'seq', 'key')
@@ -242,9 +306,11 @@ redis.call('HSET', rk, 'status', 'running', 'seq', tostring(seq), 'attempt', '0'
            'updated', ARGV[6])
 redis.call('HDEL', rk, 'waiting', 'init_pending', 'lease_token', 'lease_until', 'lease_len', 'lease_msg')
 redis.call('ZREM', P..':leases', t)
-redis.call('ZADD', P..':outbox', tonumber(ARGV[6]) + tonumber(ARGV[7]), msg)
-return {'ok', msg}
+local out = {}
+emit(P, tonumber(ARGV[6]), tonumber(ARGV[7]), msg, out)
+return {'ok', out}
 """
+)
 
 INIT_DONE = r"""
 -- ARGV: P, trace, seq
@@ -264,8 +330,9 @@ local P, now, lease = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 for i = 4, #ARGV, 2 do
   local rk = P..':r:'..ARGV[i]
   if redis.call('HGET', rk, 'lease_token') == ARGV[i + 1] then
-    redis.call('HSET', rk, 'lease_until', tostring(now + lease), 'lease_len', ARGV[3])
-    redis.call('ZADD', P..':leases', now + lease, ARGV[i])
+    local until_ = tostring(now + lease)
+    redis.call('HSET', rk, 'lease_until', until_, 'lease_len', ARGV[3])
+    redis.call('ZADD', P..':leases', until_, ARGV[i])
   end
 end
 return 1
@@ -288,38 +355,37 @@ redis.call('ZADD', P..':timers', tonumber(ARGV[5]) + delay, cmsgpack.pack(f))
 return count
 """
 
-DUE = r"""
--- ARGV: P, now, limit, redispatch
+DUE = (
+    _EMIT
+    + r"""
+-- ARGV: P, now, limit, redispatch, stream
 local P, now, limit, redispatch = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local out = {}
 for _, m in ipairs(redis.call('ZRANGEBYSCORE', P..':timers', '-inf', now, 'LIMIT', 0, limit)) do
   redis.call('ZREM', P..':timers', m)
-  redis.call('ZADD', P..':outbox', now + redispatch, m)
-  out[#out + 1] = m
+  emit(P, now, redispatch, m, out)
 end
 for _, m in ipairs(redis.call('ZRANGEBYSCORE', P..':outbox', '-inf', now, 'LIMIT', 0, limit)) do
   local f = cmsgpack.unpack(m)
   local r = redis.call('HMGET', P..':r:'..f[1], 'seq', 'attempt')
-  if (not r[1]) or tonumber(r[1]) ~= f[2] or tonumber(r[2]) ~= f[4] then
-    redis.call('ZREM', P..':outbox', m)
-  else
-    redis.call('ZADD', P..':outbox', now + redispatch, m)
-    out[#out + 1] = m
+  redis.call('ZREM', P..':outbox', m)
+  if r[1] and tonumber(r[1]) == f[2] and tonumber(r[2]) == f[4] then
+    emit(P, now, redispatch, m, out)  -- published and never claimed: publish again
   end
 end
 for _, t in ipairs(redis.call('ZRANGEBYSCORE', P..':leases', '-inf', now, 'LIMIT', 0, limit)) do
   local rk = P..':r:'..t
   local r = redis.call('HMGET', rk, 'lease_until', 'lease_msg', 'attempt')
   redis.call('ZREM', P..':leases', t)
-  if r[1] and tonumber(r[1]) <= now then
+  if r[1] and tonumber(r[1]) > now then
+    redis.call('ZADD', P..':leases', r[1], t)  -- renewed meanwhile: keep watching it
+  elseif r[1] then
     local attempt = tonumber(r[3]) + 1
     local f = cmsgpack.unpack(r[2])
     f[4] = attempt
-    local m = cmsgpack.pack(f)
     redis.call('HSET', rk, 'attempt', tostring(attempt))
     redis.call('HDEL', rk, 'lease_token', 'lease_until', 'lease_len', 'lease_msg')
-    redis.call('ZADD', P..':outbox', now + redispatch, m)
-    out[#out + 1] = m
+    emit(P, now, redispatch, cmsgpack.pack(f), out)
   end
 end
 local nxt = false
@@ -329,3 +395,4 @@ for _, z in ipairs({'timers', 'outbox', 'leases'}) do
 end
 return {out, nxt and tostring(nxt) or false}
 """
+)

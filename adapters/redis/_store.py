@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import time
 from collections import OrderedDict
@@ -24,9 +23,11 @@ from dflow.errors import (
 )
 from dflow.flow import Chain
 from dflow.store import Advance, BranchResult, Claim, Fail, Finish, Fork, Frame, NewRun, Store, Transition, Wait
+from dflow.transport import Delivery
 
 from . import _scripts
 from ._errors import connect, store_errors
+from ._watch import FinishWatch, Waiter
 
 __all__ = ["RedisStore"]
 
@@ -62,6 +63,8 @@ class RedisStore(Store):
     ``ttl``: seconds a finished run is kept. ``prefix`` namespaces every key.
     """
 
+    _poll_pause = 0.1  # first pause before a waiter polls every run it waits for
+
     def __init__(
         self,
         url: str = "redis://127.0.0.1:6379/0",
@@ -87,6 +90,23 @@ class RedisStore(Store):
         self._written: OrderedDict[str, None] = OrderedDict()
         self._tokens = 0
         self._token_base = f"{os.getpid()}-{id(self):x}-"
+        # Set by ``dispatch_via``: the stream, group and consumer this store dispatches onto.
+        self._stream = ""
+        self._group = ""
+        self._consumer = ""
+        self._watch: FinishWatch | None = None
+
+    def dispatch_via(self, transport: Any) -> bool:
+        """Dispatch onto ``transport`` inside the store's scripts when it is a Redis Streams
+        transport on the same server and database: the next step is added to the stream in
+        the commit that decides it, the delivery is acknowledged there too, and a commit can
+        claim the worker's next step in the same round trip."""
+        from ._transport import RedisStreamsTransport
+
+        if not isinstance(transport, RedisStreamsTransport) or not _same_server(self.redis, transport.redis):
+            return False
+        self._stream, self._group, self._consumer = transport.stream, transport.group, transport.consumer
+        return True
 
     # -- encoding --------------------------------------------------------------------
 
@@ -108,7 +128,7 @@ class RedisStore(Store):
             chain = self.codec.cached(ref)
             if chain is None:
                 with store_errors():
-                    blob = await self.redis.get(f"{self.prefix}:b:{ref}")
+                    blob = await self.redis.get(f"{self.prefix}:b:{self.codec.blob_of(ref)}")
                 chain = self.codec.load(ref, blob)
             frames.append(Frame(chain, pos, suffix, returning))
         return tuple(frames)
@@ -151,6 +171,7 @@ class RedisStore(Store):
             parent.trace_id if parent else "", parent.seq if parent else 0, parent.index if parent else 0,
             len(run.records), *(_record(r) for r in run.records),
             len(run.data), *(x for kv in run.data.items() for x in kv),
+            self._stream,
         ]
         out = await self._run_script("CREATE", args, blobs)
         if out is None:
@@ -169,7 +190,10 @@ class RedisStore(Store):
         r = await self._run_script("CLAIM", args)
         if r is None:
             return None
-        raw_frames, value, init_only, data_flat, slots = r
+        return await self._claimed(message, token, r)
+
+    async def _claimed(self, message: Message, token: str, reply: list[Any]) -> Claim:
+        raw_frames, value, init_only, data_flat, slots = reply
         data = {data_flat[i].decode(): data_flat[i + 1] for i in range(0, len(data_flat), 2)}
         branches = None
         if message.kind == JOIN and slots:
@@ -188,6 +212,29 @@ class RedisStore(Store):
         changes: Mapping[str, bytes | None],
         transition: Transition,
     ) -> list[Message] | None:
+        out, _ = await self._commit(claim, records, changes, transition, None)
+        return out
+
+    async def commit_and_take(
+        self,
+        claim: Claim,
+        records: list[StepRecord],
+        changes: Mapping[str, bytes | None],
+        transition: Transition,
+        lease: float,
+    ) -> tuple[list[Message] | None, tuple[Delivery, Claim | None] | None]:
+        if not self._stream:
+            return await self.commit(claim, records, changes, transition), None
+        return await self._commit(claim, records, changes, transition, lease)
+
+    async def _commit(
+        self,
+        claim: Claim,
+        records: list[StepRecord],
+        changes: Mapping[str, bytes | None],
+        transition: Transition,
+        take_lease: float | None,
+    ) -> tuple[list[Message] | None, tuple[Delivery, Claim | None] | None]:
         blobs: dict[str, bytes] = {}
         sets = [(k, v) for k, v in changes.items() if v is not None]
         dels = [k for k, v in changes.items() if v is None]
@@ -217,10 +264,23 @@ class RedisStore(Store):
             args += ["fail", _pack(transition.error)]
         else:  # pragma: no cover
             raise TypeError(f"unknown transition {transition!r}")
-        out = await self._run_script("COMMIT", args, blobs)
-        if out is None:
-            return None
-        return [Message.decode(m) for m in out]
+        receipt = claim.receipt if self._stream and claim.receipt is not None else ""
+        take_token = self._token() if take_lease is not None else ""
+        args += [self._group, receipt, self._consumer if take_token else "", take_token, take_lease or 0,
+                 self._stream]
+        reply = await self._run_script("COMMIT", args, blobs)
+        if receipt:
+            claim.receipt = None  # acknowledged by the script
+        if reply is None:
+            return None, None
+        out, taken = reply
+        messages = [Message.decode(m) for m in out]
+        if not taken:
+            return messages, None
+        delivery = Delivery(taken[1], taken[0])
+        if len(taken) < 3:  # not a step message: the worker sets it aside
+            return messages, (delivery, None)
+        return messages, (delivery, await self._claimed(Message.decode(taken[1]), take_token, taken[2]))
 
     async def extend(self, claims: list[Claim], lease: float) -> None:
         args: list[Any] = [self.prefix, time.time(), lease]
@@ -242,7 +302,7 @@ class RedisStore(Store):
     ) -> list[Message]:
         r = await self._run_script(
             "RESUME", [self.prefix, trace_id, call_type, payload, "1" if failed else "0", time.time(),
-                       self.redispatch_after, "" if seq is None else seq]
+                       self.redispatch_after, "" if seq is None else seq, self._stream]
         )
         if r[0] == b"missing":
             raise RunNotFoundError(f"no run with trace id {trace_id!r} (never started, or expired)", trace_id=trace_id)
@@ -252,10 +312,10 @@ class RedisStore(Store):
             waiting = _s(r[2]) or ("join" if r[3] == b"1" else None)
             info = RunInfo(trace_id, RunStatus(r[1].decode()), 0, 0.0, 0.0, waiting_for=waiting)
             raise NotWaitingError(_not_waiting(info, call_type), trace_id=trace_id)
-        return [Message.decode(r[1])]
+        return [Message.decode(m) for m in r[1]]
 
     async def due(self, now: float, limit: int = 1000) -> tuple[list[Message], float | None]:
-        out, nxt = await self._run_script("DUE", [self.prefix, now, limit, self.redispatch_after])
+        out, nxt = await self._run_script("DUE", [self.prefix, now, limit, self.redispatch_after, self._stream])
         return [Message.decode(m) for m in out], (float(nxt) if nxt else None)
 
     async def get_run(self, trace_id: str) -> RunInfo | None:
@@ -279,39 +339,78 @@ class RedisStore(Store):
         return (await self.wait_many([trace_id], timeout))[0]
 
     async def wait_many(self, trace_ids: list[str], timeout: float | None) -> list[RunInfo]:
-        """Poll the status of every unfinished run in one pipeline per round."""
+        """Wait for runs to finish: woken by the notification each run publishes when it
+        ends, and polling every run's status now and then in case one was missed."""
         deadline = None if timeout is None else time.monotonic() + timeout
         done: dict[str, RunInfo] = {}
-        pending = list(dict.fromkeys(trace_ids))
-        pause = 0.001
-        while pending:
-            with store_errors():
-                async with self.redis.pipeline(transaction=False) as pipe:
-                    for t in pending:
-                        pipe.hget(f"{self.prefix}:r:{t}", "status")
-                    statuses = await pipe.execute()
-            for t, status in zip(pending, statuses):
-                if status is None:
-                    raise RunNotFoundError(f"no run with trace id {t!r} (never started, or expired)", trace_id=t)
-            finished = [t for t, st in zip(pending, statuses) if st in (b"done", b"failed")]
-            for t in finished:
-                info = await self.get_run(t)
-                if info is not None:
-                    done[t] = info
-            pending = [t for t in pending if t not in done]
-            if not pending:
-                break
-            if deadline is not None and time.monotonic() >= deadline:
-                what = (
-                    f"run {pending[0]!r} did not finish"
-                    if len(trace_ids) == 1
-                    else f"{len(pending)} of {len(trace_ids)} runs did not finish, e.g. {pending[0]!r},"
-                )
-                raise RunTimeoutError(f"{what} within {timeout}s; the run goes on", trace_id=pending[0])
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            await asyncio.sleep(pause if left is None else min(pause, left))
-            pause = min(pause * 1.5, 0.02)
+        pending = dict.fromkeys(trace_ids)
+        if self._watch is None:
+            self._watch = FinishWatch(self.redis, self.prefix)
+        waiter = Waiter()
+        await self._watch.add(list(pending), waiter)
+        try:
+            check = list(pending)
+            pause = self._poll_pause
+            next_full = time.monotonic() + pause
+            channel: str | None = self._watch.channel
+            while True:
+                for t, info in zip(check, await self._finished(check, channel)):
+                    if info is not None:
+                        done[t] = info
+                        pending.pop(t, None)
+                channel = None  # registered with every run in the first round
+                if not pending:
+                    break
+                check = []
+                while not check:
+                    now = time.monotonic()
+                    if deadline is not None and now >= deadline:
+                        first = next(iter(pending))
+                        what = (
+                            f"run {first!r} did not finish"
+                            if len(trace_ids) == 1
+                            else f"{len(pending)} of {len(trace_ids)} runs did not finish, e.g. {first!r},"
+                        )
+                        raise RunTimeoutError(f"{what} within {timeout}s; the run goes on", trace_id=first)
+                    if now >= next_full:  # in case a notification was lost: look at every run
+                        check = list(pending)
+                        pause = min(pause * 2, 2.0)
+                        next_full = now + pause
+                    elif await waiter.sleep(next_full - now if deadline is None else min(next_full, deadline) - now):
+                        check = [t for t in waiter.take() if t in pending]
+        finally:
+            self._watch.remove(list(dict.fromkeys(trace_ids)), waiter)
         return [done[t] for t in trace_ids]
+
+    async def _finished(self, trace_ids: list[str], channel: str | None = None) -> list[RunInfo | None]:
+        """The records of the runs among ``trace_ids`` that have finished (``None`` for the
+        others); ``RunNotFoundError`` for a run that does not exist. With ``channel``, ask
+        each run first to announce its end there."""
+        with store_errors():
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for t in trace_ids:
+                    if channel is not None:
+                        pipe.sadd(f"{self.prefix}:w:{t}", channel)
+                        pipe.expire(f"{self.prefix}:w:{t}", max(1, int(self.ttl)))
+                    pipe.hget(f"{self.prefix}:r:{t}", "status")
+                replies = await pipe.execute()
+            statuses = replies[2::3] if channel is not None else replies
+            out: list[RunInfo | None] = [None] * len(trace_ids)
+            for i, st in enumerate(statuses):
+                if st is None:
+                    t = trace_ids[i]
+                    await self.redis.delete(f"{self.prefix}:w:{t}")
+                    raise RunNotFoundError(f"no run with trace id {t!r} (never started, or expired)", trace_id=t)
+            ended = [i for i, st in enumerate(statuses) if st in (b"done", b"failed")]
+            if ended:
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    for i in ended:
+                        pipe.hgetall(f"{self.prefix}:r:{trace_ids[i]}")
+                    hashes = await pipe.execute()
+                for i, h in zip(ended, hashes):
+                    if h:
+                        out[i] = _info(trace_ids[i], h)
+        return out
 
     async def list_runs(self, limit: int = 50) -> list[RunInfo]:
         out: list[RunInfo] = []
@@ -338,7 +437,17 @@ class RedisStore(Store):
             await self.redis.ping()
 
     async def close(self) -> None:
+        if self._watch is not None:
+            await self._watch.close()
+            self._watch = None
         await self.redis.aclose(close_connection_pool=True)
+
+
+def _same_server(a: aioredis.Redis, b: aioredis.Redis) -> bool:
+    """Whether two clients talk to the same server and database as the same user."""
+    ka, kb = a.connection_pool.connection_kwargs, b.connection_pool.connection_kwargs
+    fields = ("host", "port", "path", "db", "username")
+    return all(ka.get(f) == kb.get(f) for f in fields)
 
 
 def _branch(slot: bytes) -> BranchResult:

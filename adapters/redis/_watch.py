@@ -1,0 +1,124 @@
+"""Waking waiters when runs finish.
+
+Each store that waits subscribes to a channel of its own, once. A waiter adds that
+channel to the run's waiter set (``P:w:<trace>``) in the same pipeline that reads the
+run's status, and the script that finishes the run publishes the trace id to every
+channel in the set. So no notification can fall between a waiter's first look and its
+registration. Notifications only shorten waits: a waiter also polls now and then, and
+everyone polls after the subscriber reconnects, so a lost one delays a result and never
+loses it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+__all__ = ["FinishWatch", "Waiter"]
+
+log = logging.getLogger("dflow.redis")
+
+
+class Waiter:
+    """One wait: which of its runs may have finished since it last looked."""
+
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+        self.arrived: set[str] = set()
+
+    def wake(self, trace_id: str) -> None:
+        self.arrived.add(trace_id)
+        self.event.set()
+
+    def take(self) -> set[str]:
+        """The runs announced since the last call."""
+        arrived, self.arrived = self.arrived, set()
+        self.event.clear()
+        return arrived
+
+    async def sleep(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds to be woken; whether it was."""
+        if not self.event.is_set():
+            try:
+                await asyncio.wait_for(self.event.wait(), timeout)
+            except asyncio.TimeoutError:
+                return False
+        return True
+
+
+class FinishWatch:
+    """This store's notification channel and the task that reads it."""
+
+    def __init__(self, redis: aioredis.Redis, prefix: str) -> None:
+        self._redis = redis
+        self.channel = f"{prefix}:fin:{uuid.uuid4().hex}"
+        self._waiters: dict[str, set[Waiter]] = {}
+        self._ready = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def add(self, trace_ids: list[str], waiter: Waiter) -> None:
+        """Wake ``waiter`` when this channel hears of any of ``trace_ids``. The first call
+        waits (briefly) for the subscription; without it, waiters rely on polling."""
+        for t in trace_ids:
+            self._waiters.setdefault(t, set()).add(waiter)
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._listen())
+        if not self._ready.is_set():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._ready.wait(), 1.0)
+
+    def remove(self, trace_ids: list[str], waiter: Waiter) -> None:
+        for t in trace_ids:
+            ws = self._waiters.get(t)
+            if ws is not None:
+                ws.discard(waiter)
+                if not ws:
+                    del self._waiters[t]
+
+    def _wake_all(self) -> None:
+        for t, ws in list(self._waiters.items()):
+            for w in ws:
+                w.wake(t)
+
+    async def _listen(self) -> None:
+        while True:
+            pubsub = self._redis.pubsub()
+            try:
+                await pubsub.connect()
+                assert pubsub.connection is not None
+                # No reconnecting inside redis-py: on an error this loop starts over.
+                pubsub.connection.retry = Retry(NoBackoff(), 0)
+                await pubsub.subscribe(self.channel)
+                while True:
+                    m = await pubsub.get_message(timeout=None)
+                    if m is None:
+                        continue
+                    if m["type"] == "subscribe":
+                        self._ready.set()
+                        self._wake_all()  # what finished while we were not listening
+                    elif m["type"] == "message":
+                        data = m["data"]
+                        t = data.decode() if isinstance(data, bytes) else str(data)
+                        for w in self._waiters.get(t, ()):
+                            w.wake(t)
+            except Exception as exc:
+                log.info("dflow: run-finished notifications interrupted (%s); polling meanwhile", exc)
+                self._ready.clear()
+                self._wake_all()
+            finally:
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()
+            await asyncio.sleep(0.5)
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(BaseException):
+                await self._task
+            self._task = None

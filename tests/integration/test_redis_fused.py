@@ -1,0 +1,195 @@
+"""The Redis store dispatching onto a Redis stream inside its own scripts (``dispatch_via``):
+the next step is added in the commit, the delivery acknowledged there, and the worker's
+next step claimed in the same round trip. Also: waking waiters, and lease bookkeeping."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Coroutine
+from typing import Any
+
+import redis
+
+from adapters.redis import RedisStore, RedisStreamsTransport
+from adapters.redis._errors import connect
+from dflow._codec import Message, decode, encode
+from dflow.context import RunStatus, StepRecord, StepStatus
+from dflow.store import Advance, Finish, Frame, NewRun
+from dflow.testing.conformance import contract_chain
+
+from .conftest import SECRET
+
+
+def run(coro: Coroutine[Any, Any, Any]) -> Any:
+    return asyncio.run(coro)
+
+
+def new_run(trace: str, value: Any = 1) -> NewRun:
+    chain = contract_chain()
+    frames = (Frame(chain, 1),)
+    return NewRun(trace, frames, encode(value), Message(trace, 1, frames[0].key))
+
+
+def record(msg: Message, out: Any) -> StepRecord:
+    return StepRecord(msg.key, msg.seq, StepStatus.DONE, msg.attempt, "w", time.time(), 0.0, None, encode(out))
+
+
+def advance(claim: Any, value: Any) -> Advance:
+    top = claim.frames[-1]
+    frames = (Frame(top.chain, top.pos + 1, top.suffix),)
+    return Advance(frames, encode(value), Message(claim.message.trace_id, claim.message.seq + 1, frames[0].key))
+
+
+def make(redis_url: str, prefix: str, consumer: str = "c1") -> tuple[RedisStore, RedisStreamsTransport]:
+    store = RedisStore(redis_url, prefix=prefix, secret=SECRET)
+    transport = RedisStreamsTransport(redis_url, stream=f"{prefix}:steps", consumer=consumer, redeliver_after=60)
+    return store, transport
+
+
+def test_only_a_stream_on_the_same_server_and_db_is_fused(redis_url: str, prefix: str) -> None:
+    async def body() -> None:
+        store, transport = make(redis_url, prefix)
+        other_db = RedisStreamsTransport(redis_url.rsplit("/", 1)[0] + "/15", stream=f"{prefix}:steps")
+        try:
+            assert not store.dispatch_via(other_db)
+            assert store.dispatch_via(transport)
+        finally:
+            await other_db.close()
+            await transport.close()
+            await store.close()
+
+    run(body())
+
+
+def test_commit_dispatches_acknowledges_and_takes_the_next_step(redis_url: str, prefix: str) -> None:
+    r = redis.Redis.from_url(redis_url)
+    stream = f"{prefix}:steps"
+
+    async def body() -> None:
+        store, transport = make(redis_url, prefix)
+        assert store.dispatch_via(transport)
+        try:
+            new = new_run("t1", value=5)
+            assert await store.create_run(new) == [], "the script put the message on the stream"
+            assert await store.get_run("t1") is not None
+            (d,) = await transport.receive(1, timeout=2)
+            first = Message.decode(d.body)
+            assert first == new.message
+            claim = await store.claim(first, "w", 30)
+            assert claim is not None
+            claim.receipt = d.tag
+            out, taken = await store.commit_and_take(claim, [record(first, 6)], {}, advance(claim, 6), 30)
+            assert out == [] and claim.receipt is None, "the delivery was acknowledged by the commit"
+            assert taken is not None
+            d2, claim2 = taken
+            assert claim2 is not None and claim2.message == Message("t1", 2, claim.frames[0].chain.keys[2])
+            assert decode(claim2.value) == 6
+            assert r.xlen(stream) == 1, "the first message is gone, the taken one is pending"
+            pending = r.xpending(stream, "dflow-workers")
+            assert pending["pending"] == 1 and pending["min"] == d2.tag
+            # A second claim of the taken step is refused: it is leased to us.
+            assert await store.claim(claim2.message, "w2", 30) is None
+            claim2.receipt = d2.tag
+            out, taken = await store.commit_and_take(claim2, [record(claim2.message, 7)], {}, Finish(encode(7)), 30)
+            assert out == [] and taken is None
+            assert r.xlen(stream) == 0 and r.xpending(stream, "dflow-workers")["pending"] == 0
+            info = await store.get_run("t1")
+            assert info is not None and info.status is RunStatus.DONE and decode(info.raw_result) == 7
+        finally:
+            await transport.close()
+            await store.close()
+
+    run(body())
+    r.close()
+
+
+def test_take_drops_stale_messages_and_hands_back_garbage(redis_url: str, prefix: str) -> None:
+    r = redis.Redis.from_url(redis_url)
+    stream = f"{prefix}:steps"
+
+    async def body() -> None:
+        store, transport = make(redis_url, prefix)
+        assert store.dispatch_via(transport)
+        try:
+            await store.create_run(new_run("a"))
+            await store.create_run(new_run("b"))
+            da, db = await transport.receive(2, timeout=2)
+            ca = await store.claim(Message.decode(da.body), "w", 30)
+            cb = await store.claim(Message.decode(db.body), "w", 30)
+            assert ca is not None and cb is not None
+            # b's message again (a duplicate: b is leased), then a message that is no step at all
+            r.xadd(stream, {b"m": db.body})
+            r.xadd(stream, {b"m": b"\xc1garbage"})
+            ca.receipt = da.tag
+            out, taken = await store.commit_and_take(ca, [record(ca.message, 1)], {}, Finish(encode(1)), 30)
+            assert taken is not None
+            d, claim = taken
+            assert claim is None and d.body == b"\xc1garbage", "the worker is to dead-letter it"
+            pending = r.xpending_range(stream, "dflow-workers", "-", "+", 10)
+            assert [p["message_id"] for p in pending] == [db.tag, d.tag], "the duplicate was dropped"
+        finally:
+            await transport.close()
+            await store.close()
+
+    run(body())
+    r.close()
+
+
+def test_waiters_are_woken_by_the_run_that_finishes(redis_url: str, prefix: str) -> None:
+    """With polling slowed to a crawl, only the notification can end the wait in time."""
+
+    async def body() -> None:
+        store = RedisStore(redis_url, prefix=prefix, secret=SECRET)
+        worker = RedisStore(redis_url, prefix=prefix, secret=SECRET)
+        try:
+            (m,) = await worker.create_run(new_run("w1"))
+            waiting = asyncio.ensure_future(store.wait_finished("w1", 20))
+            await asyncio.sleep(0.3)
+            assert not waiting.done()
+            claim = await worker.claim(m, "w", 30)
+            assert claim is not None
+            t0 = time.monotonic()
+            await worker.commit(claim, [record(m, 3)], {}, Finish(encode(3)))
+            info = await asyncio.wait_for(waiting, 5)
+            assert info.status is RunStatus.DONE
+            assert time.monotonic() - t0 < 1.0, "the waiter was woken, not left to its (slowed) polling"
+            assert not await store.redis.exists(f"{prefix}:w:w1"), "the waiter set went with the notification"
+        finally:
+            await store.close()
+            await worker.close()
+
+    store_cls: Any = RedisStore
+    original = store_cls._poll_pause
+    store_cls._poll_pause = 60.0
+    try:
+        run(body())
+    finally:
+        store_cls._poll_pause = original
+
+
+def test_a_lease_renewed_past_its_index_entry_stays_watched(redis_url: str, prefix: str) -> None:
+    """The lease index may say a lease is due while the run's record says it was renewed:
+    the timer poll must keep watching it (it once dropped it and stranded the run)."""
+    r = connect(redis_url)
+
+    async def body() -> None:
+        store = RedisStore(redis_url, prefix=prefix, secret=SECRET)
+        try:
+            (m,) = await store.create_run(new_run("l1"))
+            claim = await store.claim(m, "w", 30)
+            assert claim is not None
+            now = time.time()
+            await r.zadd(f"{prefix}:leases", {"l1": now - 1})  # the index lags the record
+            messages, _ = await store.due(now)
+            assert messages == []
+            score = await r.zscore(f"{prefix}:leases", "l1")
+            until = float(await r.hget(f"{prefix}:r:l1", "lease_until"))
+            assert score == until > now
+            messages, _ = await store.due(until + 0.001)
+            assert [x.attempt for x in messages] == [1], "once really expired, the step goes out again"
+        finally:
+            await store.close()
+            await r.aclose(close_connection_pool=True)
+
+    run(body())
