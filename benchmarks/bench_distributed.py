@@ -888,11 +888,14 @@ def tables(res: dict[str, Any]) -> str:
         ratio = ce["per_step_e2e_median_s"] / dr["per_step_e2e_median_s"]
         notes.append(f"target ≥3x faster than a Celery chain (end to end, medians): {ratio:.1f}x ({_ok(ratio >= 3)})")
     out += [""] + [f"- {n}" for n in notes] + [
-        "- End to end = `call()` to `result()` returning, / 10. dflow's `result()` polls the run record at "
-        "1, 3, 7, 15, 31 ms ... after the start (doubling pauses up to 50 ms), so a run that ends at 8 ms is "
-        "seen at 15 ms; Celery's `get()` is woken by pub/sub, Dramatiq's by a blocking pop. Until the final "
-        "commit = the run record's `updated` time minus the start. Step gap = between the `started` times "
-        "of consecutive step records.", ""]
+        "- End to end = `call()` to `result()` returning, / 10. dflow's `result()` is woken by pub/sub (the "
+        "script that finishes the run publishes to each waiting process), as Celery's `get()` is; Dramatiq's "
+        "by a blocking pop. Until the final commit = the run record's `updated` time minus the start. Step "
+        "gap = between the `started` times of consecutive step records. On Redis Streams with the store on "
+        "the same Redis, the commit that finishes a step adds the next one to the stream and claims it for "
+        "the same worker in one script. tansu holds a fetch until `fetch_max_wait_ms` when it has nothing "
+        "at the moment it arrives, even if a message comes meanwhile (a Kafka broker answers at once), "
+        "hence the two Kafka rows.", ""]
 
     # 2. throughput
     out += [

@@ -156,7 +156,7 @@ class ChainCodec:
             out = (ref, blob)
             if len(self._refs) >= self._cache_size:
                 self._refs.clear()
-            self._remember(ref, chain)
+            self._remember(ref, chain, blob)
         self._refs[id(chain)] = (chain, *out)
         return out
 
@@ -195,22 +195,38 @@ class ChainCodec:
                 f"the stored flow {head} fails its signature check: it was tampered with, or written "
                 "with another DFLOW_SECRET; it is not executed"
             )
-        chain = _Unpickler(io.BytesIO(payload)).load()
+        try:
+            chain = _Unpickler(io.BytesIO(payload)).load()
+        except (ImportError, AttributeError) as exc:  # another worker may have what it needs
+            raise UnknownStepError(
+                f"the stored flow {head} needs code this worker does not have ({type(exc).__name__}: {exc}); "
+                "deploy the same modules on every worker"
+            ) from exc
+        except UnknownStepError:
+            raise
+        except Exception as exc:
+            raise PayloadRejectedError(f"the stored flow {head} cannot be loaded: {type(exc).__name__}: {exc}") from exc
         if not isinstance(chain, Chain):
             raise PayloadRejectedError(f"the stored flow {head} is not a flow")
-        self._remember(head, chain)
+        self._remember(head, chain, blob)
+        self._refs[id(chain)] = (chain, head, None)  # stored already
         found = self._loaded.get(ref)
         if found is None:
             raise PayloadRejectedError(f"the stored flow {head} has no branch {ref[len(head):]!r}")
         return found
 
-    def _remember(self, ref: str, chain: Chain) -> None:
+    def _remember(self, ref: str, chain: Chain, blob: bytes) -> None:
         """Keep ``chain`` under ``ref``, and each of its zip/any branches under
-        ``ref/<pos>.<branch>``, so that branches need no blobs of their own."""
+        ``ref/<pos>.<branch>``: a branch travels inside its parent's ``blob``, which goes
+        with its reference so that a store writes it if it has not yet (branches of
+        registered pipelines keep their static references)."""
+        from ._registry import ref_of
+
         self._loaded[ref] = chain
-        self._refs[id(chain)] = (chain, ref, None)
+        if "/" in ref and ref_of(chain) is None:
+            self._refs[id(chain)] = (chain, ref, blob)
         for pos, node in enumerate(chain.nodes):
             for i, branch in enumerate(node._branches):
-                self._remember(f"{ref}/{pos}.{i}", compile_flow(branch))
+                self._remember(f"{ref}/{pos}.{i}", compile_flow(branch), blob)
         while len(self._loaded) > self._cache_size:
             self._loaded.popitem(last=False)

@@ -71,6 +71,7 @@ def _next(trace_id: str, seq: int, frames: tuple[Frame, ...], out: bytes) -> Tra
 
 
 _ARRAY_HEADER = msgpack.Packer()
+_TAKE_LIMIT = 32  # steps one consumer runs in a row from commits before it reads the transport
 _MAP, _FLAT_MAP = int(Kind.MAP), int(Kind.FLAT_MAP)
 
 
@@ -208,6 +209,10 @@ class Runtime:
 
     async def _handle(self, d: Delivery) -> None:
         claim: Claim | None = None
+        # Steps the store hands over with a commit are run here, up to a limit: then this
+        # consumer goes back to the transport, so that what it fetched, and messages of dead
+        # consumers it reclaims, are not kept waiting behind a long chain.
+        takes = _TAKE_LIMIT
         while True:
             if claim is None:
                 try:
@@ -218,8 +223,9 @@ class Runtime:
                     return
             else:
                 msg = claim.message
+            takes -= 1
             try:
-                acked, taken = await self._process(msg, d, claim)
+                acked, taken = await self._process(msg, d, claim, take=takes > 0)
             except asyncio.CancelledError:
                 await self.transport.nack(d)
                 raise
@@ -271,10 +277,11 @@ class Runtime:
         await self._process(msg, None, None)
 
     async def _process(
-        self, msg: Message, delivery: Delivery | None, claim: Claim | None
+        self, msg: Message, delivery: Delivery | None, claim: Claim | None, *, take: bool = False
     ) -> tuple[bool, tuple[Delivery, Claim | None] | None]:
         """Run the step of ``msg`` (already claimed when ``claim`` is given). Returns whether
-        the store acknowledged ``delivery``, and the next step the store handed over, if any."""
+        the store acknowledged ``delivery``, and the next step the store handed over (with
+        ``take``), if any."""
         store = self.store
         if claim is None:
             claim = await store.claim(msg, self.worker_id, self.lease)
@@ -314,7 +321,7 @@ class Runtime:
                     raise
                 transition, records, changes = await self._failure(node, claim, exc, started, t0)
             init_pending = isinstance(transition, Wait) and transition.init_pending
-            if self._fused and not self._stopping and not init_pending:
+            if take and self._fused and not self._stopping and not init_pending:
                 outgoing, taken = await store.commit_and_take(claim, records, changes, transition, self.lease)
             else:
                 outgoing = await store.commit(claim, records, changes, transition)

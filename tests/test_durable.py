@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import pickle
 import threading
 
 import pytest
@@ -58,7 +61,7 @@ def test_branches_of_a_chain_built_at_run_time_travel_inside_its_blob() -> None:
     ref, blob = codec.ref(zipped)
     assert blob is not None
     branch = compile_flow(inner._branches[2])
-    assert codec.ref(branch) == (f"{ref}/0.2", None), "a branch needs no blob of its own"
+    assert codec.ref(branch) == (f"{ref}/0.2", blob), "a branch travels in its parent's blob"
     fresh = ChainCodec("secret")
     assert fresh.cached(f"{ref}/0.2") is None
     loaded = fresh.load(f"{ref}/0.2", blob)  # given the parent's blob
@@ -70,6 +73,28 @@ def test_branches_of_a_chain_built_at_run_time_travel_inside_its_blob() -> None:
     tampered = blob[:-3] + bytes([blob[-3] ^ 1]) + blob[-2:]
     with pytest.raises(PayloadRejectedError, match="signature"):
         ChainCodec("secret").load(f"{ref}/0.2", tampered)
+
+
+shared_branch = DFlow.just(1).map(lambda v: v).id("sb")
+static_zip_pipeline = DFlow.zip([shared_branch]).id("zz").init("durable-zip-static")
+
+
+def test_a_registered_branch_keeps_its_static_reference_inside_a_run_time_chain() -> None:
+    codec = ChainCodec("secret")
+    branch = compile_flow(shared_branch)
+    static_ref, _ = codec.ref(branch)
+    assert static_ref.startswith("p:")
+    codec.ref(compile_flow(DFlow.zip([shared_branch, DFlow.just(2).id("x")]).id("z2")))
+    assert codec.ref(branch) == (static_ref, None)
+
+
+def test_a_flow_needing_code_a_worker_lacks_is_unknown_there() -> None:
+    payload = pickle.dumps(compile_flow(DFlow.just(1).id("j")))
+    payload = payload.replace(b"dflow.flow", b"dflow.nope")
+    blob = hmac.new(b"k", payload, hashlib.sha256).digest() + payload
+    ref = "h:" + hashlib.sha256(payload).hexdigest()
+    with pytest.raises(UnknownStepError, match="needs code this worker does not have"):
+        ChainCodec("k").load(ref, blob)
 
 
 def test_unpicklable_capture_is_named_at_build_time() -> None:

@@ -287,7 +287,10 @@ class _Reader(threading.Thread, ConsumerRebalanceListener):
                 state.outstanding.discard(offset)
                 self.inflight -= 1
 
-    def _commit(self, tps: list[TopicPartition] | None = None) -> None:
+    def _commit(self, tps: list[TopicPartition] | None = None, *, wait: bool = True) -> None:
+        """Commit each partition up to its first unacknowledged offset. Without ``wait`` the
+        commit is sent and the loop goes on polling: a commit that fails is retried with the
+        next one, and at worst its messages are delivered again (and dropped at claim)."""
         assert self.consumer is not None
         offsets = {}
         for tp in tps if tps is not None else list(self.parts):
@@ -297,15 +300,27 @@ class _Reader(threading.Thread, ConsumerRebalanceListener):
             point = state.point()
             if point > state.committed:
                 offsets[tp] = OffsetAndMetadata(point, "", -1)
-        if offsets:
+        if not offsets:
+            return
+        if wait:
             try:
                 self.consumer.commit(offsets)
             except KafkaError as exc:
                 log.warning("dflow: committing Kafka offsets failed (%s); they will be redelivered", exc)
                 return
-            for tp, om in offsets.items():
-                if tp in self.parts:
-                    self.parts[tp].committed = om.offset
+        else:
+            self.consumer.commit_async(offsets, callback=self._committed)
+        for tp, om in offsets.items():
+            if tp in self.parts:
+                self.parts[tp].committed = om.offset
+
+    def _committed(self, offsets: dict[TopicPartition, OffsetAndMetadata], response: Any) -> None:
+        if isinstance(response, Exception):
+            log.warning("dflow: committing Kafka offsets failed (%s); committing again", response)
+            for tp, om in offsets.items():  # commit these again with the next round
+                state = self.parts.get(tp)
+                if state is not None and state.committed <= om.offset:
+                    state.committed = min(state.committed, om.offset - 1)
 
     def run(self) -> None:
         t = self.t
@@ -324,7 +339,7 @@ class _Reader(threading.Thread, ConsumerRebalanceListener):
         try:
             while not self._halt.is_set():
                 self._apply_acks()
-                self._commit()
+                self._commit(wait=False)
                 full = self.inflight >= t.prefetch
                 if full and not paused:
                     consumer.pause(*consumer.assignment())

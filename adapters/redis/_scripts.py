@@ -85,7 +85,8 @@ finished = function(P, t, rk, now, redispatch, ttl, out)
   redis.call('ZREM', P..':leases', t)
   arrive(P, t, rk, now, redispatch, ttl, out)
   local wk = P..':w:'..t
-  for _, channel in ipairs(redis.call('SMEMBERS', wk)) do redis.call('PUBLISH', channel, t) end
+  -- pcall: a user without pub/sub rights (Redis 7 ACLs) must not break the commit; waiters poll.
+  for _, channel in ipairs(redis.call('SMEMBERS', wk)) do redis.pcall('PUBLISH', channel, t) end
   redis.call('DEL', wk)
   for _, k in ipairs(run_keys(P, t)) do
     if ttl > 0 then redis.call('PEXPIRE', k, ttl) else redis.call('DEL', k) end
@@ -179,6 +180,17 @@ local lease = redis.call('HMGET', rk, 'lease_token', 'lease_len', 'lease_msg', '
 if lease[1] ~= ARGV[3] then return false end
 local now, ttl, redispatch = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 
+-- A step message exactly as the workers encode it: [trace, seq, key, attempt, kind] with integer
+-- numbers and nothing after it. Anything else goes back to the worker, which dead-letters it.
+local function as_step(ok, f, ...)
+  if not ok or select('#', ...) > 0 or type(f) ~= 'table' or #f ~= 5 then return nil end
+  if type(f[1]) ~= 'string' or type(f[3]) ~= 'string' then return nil end
+  for _, k in ipairs({2, 4, 5}) do
+    if type(f[k]) ~= 'number' or f[k] ~= math.floor(f[k]) then return nil end
+  end
+  return f
+end
+
 local function take()
   for _ = 1, 8 do
     local rep = redis.pcall('XREADGROUP', 'GROUP', GROUP, TAKER, 'COUNT', 1, 'STREAMS', STREAM, '>')
@@ -190,13 +202,10 @@ local function take()
       if fields[k] == 'm' then body = fields[k + 1] end
     end
     if not body then return {id, ''} end
-    local ok, f = pcall(cmsgpack.unpack, body)
-    if not ok or type(f) ~= 'table' or type(f[1]) ~= 'string' or type(f[2]) ~= 'number'
-        or type(f[3]) ~= 'string' or type(f[4]) ~= 'number' or type(f[5]) ~= 'number' then
-      return {id, body}  -- not a step message: the worker sets it aside
-    end
-    local c = claim_step(P, f[1], body, tostring(f[2]), tostring(f[4]), f[3], tostring(f[5]), now, TAKE_LEASE,
-                         TAKE_TOKEN)
+    local f = as_step(pcall(cmsgpack.unpack, body))
+    if not f then return {id, body} end  -- not a step message: the worker sets it aside
+    local c = claim_step(P, f[1], body, string.format('%d', f[2]), string.format('%d', f[4]), f[3],
+                         string.format('%d', f[5]), now, TAKE_LEASE, TAKE_TOKEN)
     if c then return {id, body, c} end
     redis.call('XACK', STREAM, GROUP, id)  -- stale: its step was committed or is leased
     redis.call('XDEL', STREAM, id)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections import OrderedDict
@@ -20,6 +21,7 @@ from dflow.errors import (
     RunExistsError,
     RunNotFoundError,
     RunTimeoutError,
+    StoreError,
 )
 from dflow.flow import Chain
 from dflow.store import Advance, BranchResult, Claim, Fail, Finish, Fork, Frame, NewRun, Store, Transition, Wait
@@ -30,6 +32,8 @@ from ._errors import connect, store_errors
 from ._watch import FinishWatch, Waiter
 
 __all__ = ["RedisStore"]
+
+log = logging.getLogger("dflow.redis")
 
 _pack = msgpack.Packer(use_bin_type=True).pack
 
@@ -94,6 +98,7 @@ class RedisStore(Store):
         self._stream = ""
         self._group = ""
         self._consumer = ""
+        self._transport: Any = None
         self._watch: FinishWatch | None = None
 
     def dispatch_via(self, transport: Any) -> bool:
@@ -104,8 +109,10 @@ class RedisStore(Store):
         from ._transport import RedisStreamsTransport
 
         if not isinstance(transport, RedisStreamsTransport) or not _same_server(self.redis, transport.redis):
+            self._stream, self._group, self._consumer, self._transport = "", "", "", None
             return False
         self._stream, self._group, self._consumer = transport.stream, transport.group, transport.consumer
+        self._transport = transport
         return True
 
     # -- encoding --------------------------------------------------------------------
@@ -117,8 +124,10 @@ class RedisStore(Store):
         out = []
         for f in frames:
             ref, blob = self.codec.ref(f.chain)
-            if blob is not None and ref not in self._written:
-                blobs[ref] = blob
+            if blob is not None:  # for a branch, its parent's blob
+                key = self.codec.blob_of(ref)
+                if key not in self._written:
+                    blobs[key] = blob
             out.append((ref, f.pos, f.suffix, f.returning))
         return _pack(out)
 
@@ -127,9 +136,11 @@ class RedisStore(Store):
         for ref, pos, suffix, returning in _unpack(raw):
             chain = self.codec.cached(ref)
             if chain is None:
+                key = self.codec.blob_of(ref)
                 with store_errors():
-                    blob = await self.redis.get(f"{self.prefix}:b:{self.codec.blob_of(ref)}")
+                    blob = await self.redis.get(f"{self.prefix}:b:{key}")
                 chain = self.codec.load(ref, blob)
+                self._wrote({key: b""})  # it is stored: no need to write it again
             frames.append(Frame(chain, pos, suffix, returning))
         return tuple(frames)
 
@@ -201,6 +212,8 @@ class RedisStore(Store):
         claim = Claim(message, token, (), value, data, bool(init_only), branches)
         try:
             claim.frames = await self._load_frames(raw_frames) if raw_frames else ()
+        except StoreError:
+            raise  # Redis is unreachable: the message is handed back, the lease lapses
         except DFlowError as exc:
             claim.problem = exc
         return claim
@@ -223,7 +236,7 @@ class RedisStore(Store):
         transition: Transition,
         lease: float,
     ) -> tuple[list[Message] | None, tuple[Delivery, Claim | None] | None]:
-        if not self._stream:
+        if not self._stream or self._transport.buffered():  # serve what was fetched first
             return await self.commit(claim, records, changes, transition), None
         return await self._commit(claim, records, changes, transition, lease)
 
@@ -280,7 +293,12 @@ class RedisStore(Store):
         delivery = Delivery(taken[1], taken[0])
         if len(taken) < 3:  # not a step message: the worker sets it aside
             return messages, (delivery, None)
-        return messages, (delivery, await self._claimed(Message.decode(taken[1]), take_token, taken[2]))
+        try:
+            claim = await self._claimed(Message.decode(taken[1]), take_token, taken[2])
+        except Exception as exc:  # the step stays leased: it runs again when its lease expires
+            log.warning("dflow: could not prepare the next step %r after a commit: %s", taken[1], exc)
+            return messages, None
+        return messages, (delivery, claim)
 
     async def extend(self, claims: list[Claim], lease: float) -> None:
         args: list[Any] = [self.prefix, time.time(), lease]
@@ -347,8 +365,8 @@ class RedisStore(Store):
         if self._watch is None:
             self._watch = FinishWatch(self.redis, self.prefix)
         waiter = Waiter()
-        await self._watch.add(list(pending), waiter)
         try:
+            self._watch.add(list(pending), waiter)
             check = list(pending)
             pause = self._poll_pause
             next_full = time.monotonic() + pause

@@ -4,9 +4,9 @@ Each store that waits subscribes to a channel of its own, once. A waiter adds th
 channel to the run's waiter set (``P:w:<trace>``) in the same pipeline that reads the
 run's status, and the script that finishes the run publishes the trace id to every
 channel in the set. So no notification can fall between a waiter's first look and its
-registration. Notifications only shorten waits: a waiter also polls now and then, and
-everyone polls after the subscriber reconnects, so a lost one delays a result and never
-loses it.
+registration, and waiters look again whenever the subscription (re)takes effect.
+Notifications only shorten waits: a waiter also polls now and then, so a lost one delays
+a result and never loses it.
 """
 
 from __future__ import annotations
@@ -59,19 +59,16 @@ class FinishWatch:
         self._redis = redis
         self.channel = f"{prefix}:fin:{uuid.uuid4().hex}"
         self._waiters: dict[str, set[Waiter]] = {}
-        self._ready = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
-    async def add(self, trace_ids: list[str], waiter: Waiter) -> None:
-        """Wake ``waiter`` when this channel hears of any of ``trace_ids``. The first call
-        waits (briefly) for the subscription; without it, waiters rely on polling."""
+    def add(self, trace_ids: list[str], waiter: Waiter) -> None:
+        """Wake ``waiter`` when this channel hears of any of ``trace_ids``. Every waiter is
+        also woken when the subscription takes effect (or returns after an outage), to look
+        at what finished before it was listening."""
         for t in trace_ids:
             self._waiters.setdefault(t, set()).add(waiter)
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._listen())
-        if not self._ready.is_set():
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._ready.wait(), 1.0)
 
     def remove(self, trace_ids: list[str], waiter: Waiter) -> None:
         for t in trace_ids:
@@ -95,12 +92,14 @@ class FinishWatch:
                 # No reconnecting inside redis-py: on an error this loop starts over.
                 pubsub.connection.retry = Retry(NoBackoff(), 0)
                 await pubsub.subscribe(self.channel)
+                me = asyncio.current_task()
+                if me is not None and me.cancelling():  # redis-py swallowed our cancellation
+                    raise asyncio.CancelledError
                 while True:
                     m = await pubsub.get_message(timeout=None)
                     if m is None:
                         continue
                     if m["type"] == "subscribe":
-                        self._ready.set()
                         self._wake_all()  # what finished while we were not listening
                     elif m["type"] == "message":
                         data = m["data"]
@@ -109,7 +108,6 @@ class FinishWatch:
                             w.wake(t)
             except Exception as exc:
                 log.info("dflow: run-finished notifications interrupted (%s); polling meanwhile", exc)
-                self._ready.clear()
                 self._wake_all()
             finally:
                 with contextlib.suppress(Exception):
@@ -117,8 +115,13 @@ class FinishWatch:
             await asyncio.sleep(0.5)
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(BaseException):
-                await self._task
-            self._task = None
+        task, self._task = self._task, None
+        # redis-py may swallow a cancellation that lands while it subscribes: cancel again
+        # until the task ends, and give up on it after a few seconds.
+        for _ in range(10):
+            if task is None or task.done():
+                break
+            task.cancel()
+            await asyncio.wait([task], timeout=0.5)
+        if task is not None and task.done() and not task.cancelled():
+            task.exception()  # retrieved: nothing to report at close

@@ -9,6 +9,7 @@ import time
 from collections.abc import Coroutine
 from typing import Any
 
+import msgpack
 import redis
 
 from adapters.redis import RedisStore, RedisStreamsTransport
@@ -120,14 +121,27 @@ def test_take_drops_stale_messages_and_hands_back_garbage(redis_url: str, prefix
             assert ca is not None and cb is not None
             # b's message again (a duplicate: b is leased), then a message that is no step at all
             r.xadd(stream, {b"m": db.body})
-            r.xadd(stream, {b"m": b"\xc1garbage"})
-            ca.receipt = da.tag
-            out, taken = await store.commit_and_take(ca, [record(ca.message, 1)], {}, Finish(encode(1)), 30)
-            assert taken is not None
-            d, claim = taken
-            assert claim is None and d.body == b"\xc1garbage", "the worker is to dead-letter it"
-            pending = r.xpending_range(stream, "dflow-workers", "-", "+", 10)
-            assert [p["message_id"] for p in pending] == [db.tag, d.tag], "the duplicate was dropped"
+            # then what is no step message at all, or only nearly one: the worker dead-letters them
+            odd = [b"\xc1garbage", msgpack.packb(["x", 1.5, "k", 0, 0]), msgpack.packb(["x", 1, "k", 0, 0, 0]),
+                   msgpack.packb(["x", 1, "k", 0, 0]) + b"\x00"]
+            for body in odd:
+                r.xadd(stream, {b"m": body})
+            seen = []
+            claim = ca
+            claim.receipt = da.tag
+            for _ in odd:
+                out, taken = await store.commit_and_take(claim, [record(claim.message, 1)], {}, Finish(encode(1)), 30)
+                assert taken is not None
+                d, none = taken
+                assert none is None
+                seen.append(d.body)
+                nxt = new_run(f"next-{len(seen)}")  # another step to commit, to take again
+                await store.create_run(nxt)
+                claim = await store.claim(nxt.message, "w", 30)  # (its message stays queued)
+            assert seen == odd
+            pending = r.xpending_range(stream, "dflow-workers", "-", "+", 20)
+            assert [p["message_id"] for p in pending][0] == db.tag
+            assert len(pending) == 1 + len(odd), "the duplicate was dropped, the odd ones handed over"
         finally:
             await transport.close()
             await store.close()
@@ -193,3 +207,55 @@ def test_a_lease_renewed_past_its_index_entry_stays_watched(redis_url: str, pref
             await r.aclose(close_connection_pool=True)
 
     run(body())
+
+
+def test_a_consumer_with_fetched_messages_serves_them_before_taking_more(redis_url: str, prefix: str) -> None:
+    async def body() -> None:
+        store, transport = make(redis_url, prefix)
+        assert store.dispatch_via(transport)
+        try:
+            for t in ("a", "b", "c"):
+                await store.create_run(new_run(t))
+            (da,) = await transport.receive(1, timeout=2)  # fetches all three, hands out one
+            assert transport.buffered() == 2
+            ca = await store.claim(Message.decode(da.body), "w", 30)
+            assert ca is not None
+            ca.receipt = da.tag
+            _, taken = await store.commit_and_take(ca, [record(ca.message, 1)], {}, advance(ca, 1), 30)
+            assert taken is None, "b and c wait in the buffer: they come first"
+        finally:
+            await transport.close()
+            await store.close()
+
+    run(body())
+
+
+def test_process_takes_nothing_and_a_cancelled_wait_leaves_no_waiter(redis_url: str, prefix: str) -> None:
+    r = redis.Redis.from_url(redis_url)
+    stream = f"{prefix}:steps"
+
+    async def body() -> None:
+        from dflow.runtime import Runtime
+
+        store, transport = make(redis_url, prefix)
+        rt = Runtime(transport, store)
+        assert rt._fused
+        try:
+            await store.create_run(new_run("p1"))
+            await store.create_run(new_run("p2"))
+            (d,) = await transport.receive(1, timeout=2)
+            await rt.process(Message.decode(d.body))
+            info = await store.get_run("p2")
+            assert info is not None and "leased_until" not in info.extra, "process() leaves the next step alone"
+            waiting = asyncio.ensure_future(store.wait_finished("p2", 30))
+            await asyncio.sleep(0.05)
+            waiting.cancel()
+            await asyncio.gather(waiting, return_exceptions=True)
+            assert store._watch is not None and not store._watch._waiters
+        finally:
+            await transport.close()
+            await store.close()
+
+    run(body())
+    assert r.xpending(stream, "dflow-workers")["pending"] == 1  # only d, which process() does not ack
+    r.close()
