@@ -98,7 +98,6 @@ class RedisStore(Store):
         self._stream = ""
         self._group = ""
         self._consumer = ""
-        self._transport: Any = None
         self._watch: FinishWatch | None = None
 
     def dispatch_via(self, transport: Any) -> bool:
@@ -109,10 +108,9 @@ class RedisStore(Store):
         from ._transport import RedisStreamsTransport
 
         if not isinstance(transport, RedisStreamsTransport) or not _same_server(self.redis, transport.redis):
-            self._stream, self._group, self._consumer, self._transport = "", "", "", None
+            self._stream, self._group, self._consumer = "", "", ""
             return False
         self._stream, self._group, self._consumer = transport.stream, transport.group, transport.consumer
-        self._transport = transport
         return True
 
     # -- encoding --------------------------------------------------------------------
@@ -236,7 +234,7 @@ class RedisStore(Store):
         transition: Transition,
         lease: float,
     ) -> tuple[list[Message] | None, tuple[Delivery, Claim | None] | None]:
-        if not self._stream or self._transport.buffered():  # serve what was fetched first
+        if not self._stream:
             return await self.commit(claim, records, changes, transition), None
         return await self._commit(claim, records, changes, transition, lease)
 

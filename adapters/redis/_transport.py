@@ -73,10 +73,6 @@ class RedisStreamsTransport(Transport):
                     pipe.xadd(self.stream, {b"m": body})
                 await pipe.execute()
 
-    def buffered(self) -> int:
-        """How many fetched messages wait in this consumer's buffer."""
-        return len(self._buffer)
-
     def _take(self, n: int) -> list[Delivery]:
         out = []
         while self._buffer and len(out) < n:

@@ -12,9 +12,12 @@ from typing import Any
 import msgpack
 import redis
 
+import dflow
 from adapters.redis import RedisStore, RedisStreamsTransport
 from adapters.redis._errors import connect
+from dflow import DFlow
 from dflow._codec import Message, decode, encode
+from dflow._urls import store_from_url, transport_from_url
 from dflow.context import RunStatus, StepRecord, StepStatus
 from dflow.store import Advance, Finish, Frame, NewRun
 from dflow.testing.conformance import contract_chain
@@ -209,25 +212,35 @@ def test_a_lease_renewed_past_its_index_entry_stays_watched(redis_url: str, pref
     run(body())
 
 
-def test_a_consumer_with_fetched_messages_serves_them_before_taking_more(redis_url: str, prefix: str) -> None:
-    async def body() -> None:
-        store, transport = make(redis_url, prefix)
-        assert store.dispatch_via(transport)
-        try:
-            for t in ("a", "b", "c"):
-                await store.create_run(new_run(t))
-            (da,) = await transport.receive(1, timeout=2)  # fetches all three, hands out one
-            assert transport.buffered() == 2
-            ca = await store.claim(Message.decode(da.body), "w", 30)
-            assert ca is not None
-            ca.receipt = da.tag
-            _, taken = await store.commit_and_take(ca, [record(ca.message, 1)], {}, advance(ca, 1), 30)
-            assert taken is None, "b and c wait in the buffer: they come first"
-        finally:
-            await transport.close()
-            await store.close()
+def _plus_one(x: int) -> int:
+    return x + 1
 
-    run(body())
+
+long_chain = DFlow.from_call("fair-go")
+for _i in range(120):
+    long_chain = long_chain.map(_plus_one).id(f"s{_i}")
+long_pipeline = long_chain.init("fair-long")
+short_pipeline = DFlow.from_call("fair-go").map(_plus_one).id("only").init("fair-short")
+
+
+def test_a_long_chain_does_not_keep_other_runs_waiting(redis_url: str, prefix: str) -> None:
+    """One consumer, a 120-step run queued before a 1-step run: the consumer runs steps the
+    commits hand it only up to a limit, then serves what else was fetched."""
+    stream = f"{redis_url}?stream={prefix}:steps&prefetch=16"
+    store_url = f"{redis_url}?prefix={prefix}"
+    dflow.configure(transport_from_url(stream), store_from_url(store_url, secret=SECRET), consume=False)
+    try:
+        a = long_pipeline.call(0)
+        b = short_pipeline.call(0)
+        dflow.shutdown()
+        dflow.configure(transport_from_url(stream), store_from_url(store_url, secret=SECRET), concurrency=1)
+        assert b.result(30) == 1 and a.result(30) == 120
+        b_started = b.context().steps[-1].started
+        a_starts = sorted(s.started for s in a.context().steps if s.status is StepStatus.DONE)
+        assert len(a_starts) == 120
+        assert b_started < a_starts[40], "the short run waited behind more than the take limit"
+    finally:
+        dflow.shutdown()
 
 
 def test_process_takes_nothing_and_a_cancelled_wait_leaves_no_waiter(redis_url: str, prefix: str) -> None:
