@@ -422,7 +422,10 @@ class RedisStore(Store):
                 async with self.redis.pipeline(transaction=False) as pipe:
                     for i in ended:
                         pipe.hgetall(f"{self.prefix}:r:{trace_ids[i]}")
-                    hashes = await pipe.execute()
+                        if channel is not None:  # it had finished already: nobody will announce it
+                            pipe.srem(f"{self.prefix}:w:{trace_ids[i]}", channel)
+                    replies = await pipe.execute()
+                hashes = replies[::2] if channel is not None else replies
                 for i, h in zip(ended, hashes):
                     if h:
                         out[i] = _info(trace_ids[i], h)

@@ -172,6 +172,8 @@ def test_waiters_are_woken_by_the_run_that_finishes(redis_url: str, prefix: str)
             assert info.status is RunStatus.DONE
             assert time.monotonic() - t0 < 1.0, "the waiter was woken, not left to its (slowed) polling"
             assert not await store.redis.exists(f"{prefix}:w:w1"), "the waiter set went with the notification"
+            assert (await store.wait_finished("w1", 5)).status is RunStatus.DONE
+            assert not await store.redis.exists(f"{prefix}:w:w1"), "waiting on a finished run leaves nothing"
         finally:
             await store.close()
             await worker.close()
