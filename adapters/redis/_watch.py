@@ -86,11 +86,13 @@ class FinishWatch:
     async def _listen(self) -> None:
         while True:
             pubsub = self._redis.pubsub()
+            conn, retry = None, None
             try:
                 await pubsub.connect()
-                assert pubsub.connection is not None
+                conn = pubsub.connection
+                assert conn is not None
                 # No reconnecting inside redis-py: on an error this loop starts over.
-                pubsub.connection.retry = Retry(NoBackoff(), 0)
+                conn.retry, retry = Retry(NoBackoff(), 0), conn.retry
                 await pubsub.subscribe(self.channel)
                 me = asyncio.current_task()
                 if me is not None and me.cancelling():  # redis-py swallowed our cancellation
@@ -110,6 +112,8 @@ class FinishWatch:
                 log.info("dflow: run-finished notifications interrupted (%s); polling meanwhile", exc)
                 self._wake_all()
             finally:
+                if conn is not None:  # the connection goes back to the pool as it came
+                    conn.retry = retry
                 with contextlib.suppress(Exception):
                     await pubsub.aclose()
             await asyncio.sleep(0.5)
