@@ -18,31 +18,17 @@ from adapters.redis._errors import connect
 from dflow import DFlow
 from dflow._codec import Message, decode, encode
 from dflow._urls import store_from_url, transport_from_url
-from dflow.context import RunStatus, StepRecord, StepStatus
-from dflow.store import Advance, Finish, Frame, NewRun
-from dflow.testing.conformance import contract_chain
+from dflow.context import RunStatus, StepStatus
+from dflow.store import Finish
+from dflow.testing.conformance import _advance as advance
+from dflow.testing.conformance import _new_run as new_run
+from dflow.testing.conformance import _rec as record
 
 from .conftest import SECRET
 
 
 def run(coro: Coroutine[Any, Any, Any]) -> Any:
     return asyncio.run(coro)
-
-
-def new_run(trace: str, value: Any = 1) -> NewRun:
-    chain = contract_chain()
-    frames = (Frame(chain, 1),)
-    return NewRun(trace, frames, encode(value), Message(trace, 1, frames[0].key))
-
-
-def record(msg: Message, out: Any) -> StepRecord:
-    return StepRecord(msg.key, msg.seq, StepStatus.DONE, msg.attempt, "w", time.time(), 0.0, None, encode(out))
-
-
-def advance(claim: Any, value: Any) -> Advance:
-    top = claim.frames[-1]
-    frames = (Frame(top.chain, top.pos + 1, top.suffix),)
-    return Advance(frames, encode(value), Message(claim.message.trace_id, claim.message.seq + 1, frames[0].key))
 
 
 def make(redis_url: str, prefix: str, consumer: str = "c1") -> tuple[RedisStore, RedisStreamsTransport]:
