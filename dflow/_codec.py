@@ -106,6 +106,10 @@ def _plain_packer() -> msgpack.Packer:
     return packer
 
 
+def _count(x: Any) -> bool:
+    return type(x) is int and x >= 0
+
+
 @dataclass(frozen=True, slots=True)
 class Message:
     """A step message: which run, which step, which attempt. Values stay in the store."""
@@ -121,12 +125,18 @@ class Message:
 
     @classmethod
     def decode(cls, data: bytes) -> Message:
-        """Decode a message; raise ``SerializationError`` saying why it is not one."""
+        """Decode a message; raise ``SerializationError`` saying why it is not one. A message
+        is exactly what ``encode`` makes: an array of a trace id (str), a sequence number,
+        a step key (str), an attempt (integers from 0) and a kind (``RUN`` .. ``FAIL``)."""
         try:
-            trace_id, seq, key, attempt, kind = msgpack.unpackb(data, raw=False)
+            fields = msgpack.unpackb(data, raw=False)
         except Exception as exc:
             raise SerializationError(f"not a dflow step message ({exc})") from None
-        if not (isinstance(trace_id, str) and isinstance(seq, int) and isinstance(key, str)):
+        if not isinstance(fields, list) or len(fields) != 5:
+            raise SerializationError("not a dflow step message (not an array of 5 fields)")
+        trace_id, seq, key, attempt, kind = fields
+        if not (isinstance(trace_id, str) and isinstance(key, str) and _count(seq) and _count(attempt)
+                and _count(kind) and kind <= FAIL):
             raise SerializationError("not a dflow step message (wrong field types)")
         return cls(trace_id, seq, key, attempt, kind)
 

@@ -72,6 +72,7 @@ def _next(trace_id: str, seq: int, frames: tuple[Frame, ...], out: bytes) -> Tra
 
 _ARRAY_HEADER = msgpack.Packer()
 _TAKE_LIMIT = 32  # steps one consumer runs in a row from commits before it reads the transport
+_RETRY_PAUSE = 0.2  # seconds a consumer waits after a step it could not process
 _MAP, _FLAT_MAP = int(Kind.MAP), int(Kind.FLAT_MAP)
 
 
@@ -234,6 +235,7 @@ class Runtime:
                     "dflow: step %s of run %s could not be processed; handing it back", msg.key, msg.trace_id
                 )
                 await self.transport.nack(d)
+                await asyncio.sleep(_RETRY_PAUSE)  # what failed may well fail again at once
                 return
             if not acked:
                 await self.transport.ack(d)

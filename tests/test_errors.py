@@ -6,6 +6,7 @@ import asyncio
 import time
 from typing import Any
 
+import msgpack
 import pytest
 
 import dflow
@@ -144,19 +145,26 @@ class TestRunTimeErrors:
         runtime = current_runtime()
         broker = runtime.transport.broker  # type: ignore[attr-defined]
 
+        bad = [
+            b"\x00\x01 not msgpack",
+            b"\x93\x01\x02\x03",  # msgpack, wrong shape
+            msgpack.packb(["t", 1, "k", None, 0]),  # the right shape with a wrong value: once looped
+            msgpack.packb({1: "t", 2: 1, 3: "k", 4: 0, 5: 0}),
+        ]
+
         async def inject() -> None:
-            await runtime.transport.publish(b"\x00\x01 not msgpack", "x")
-            await runtime.transport.publish(b"\x93\x01\x02\x03", "x")  # msgpack, wrong shape
+            for body in bad:
+                await runtime.transport.publish(body, "x")
 
         from dflow.client import _current
 
         _current().run(inject())
         assert DFlow.direct_run(5, lambda x: DFlow.just(x).map(lambda v: v * 2).id("d")).result(5) == 10
         deadline = time.monotonic() + 5
-        while len(broker.dead_letters) < 2 and time.monotonic() < deadline:
+        while len(broker.dead_letters) < len(bad) and time.monotonic() < deadline:
             time.sleep(0.01)
         reasons = [reason for _, reason in broker.dead_letters]
-        assert len(reasons) == 2 and all("not a dflow step message" in r for r in reasons)
+        assert len(reasons) == len(bad) and all("not a dflow step message" in r for r in reasons)
 
     def test_a_stale_duplicate_message_is_dropped(self) -> None:
         # Deliver a step's message twice: the step runs and commits once.
@@ -194,3 +202,24 @@ def test_timeout_and_in_thread_only_on_steps_that_run_functions() -> None:
 def test_entry_with_on_init_is_refused() -> None:
     with pytest.raises(BuildError, match="on_init, which would never run"):
         DFlow.from_call("start", on_init=lambda ctx: None).init()
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        ["t", 1, "k", None, 0],
+        ["t", True, "k", 0, 0],
+        ["t", 1, "k", 0, [1]],
+        ["t", 1, "k", 0, 9],
+        ["t", -1, "k", 0, 0],
+        ["t", 1.0, "k", 0, 0],
+        [b"t", 1, "k", 0, 0],
+        ["t", 1, "k", 0, 0, 0],
+    ],
+)
+def test_only_exact_step_messages_decode(fields: list[Any]) -> None:
+    from dflow._codec import Message
+
+    with pytest.raises(SerializationError, match="not a dflow step message"):
+        Message.decode(msgpack.packb(fields, use_bin_type=True))
+    assert Message.decode(msgpack.packb(["t", 1, "k", 0, 3])) == Message("t", 1, "k", 0, 3)

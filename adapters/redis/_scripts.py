@@ -180,14 +180,16 @@ local lease = redis.call('HMGET', rk, 'lease_token', 'lease_len', 'lease_msg', '
 if lease[1] ~= ARGV[3] then return false end
 local now, ttl, redispatch = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 
--- A step message exactly as the workers encode it: [trace, seq, key, attempt, kind] with integer
--- numbers and nothing after it. Anything else goes back to the worker, which dead-letters it.
+-- A step message exactly as the workers encode it (Message.decode applies the same rules): an
+-- array of 5 (0x95) [trace, seq, key, attempt, kind], counts from 0, kind 0-3, nothing after it.
+-- Anything else goes back to the worker, which dead-letters it.
 local function as_step(ok, f, ...)
-  if not ok or select('#', ...) > 0 or type(f) ~= 'table' or #f ~= 5 then return nil end
+  if not ok or select('#', ...) > 0 or type(f) ~= 'table' then return nil end
   if type(f[1]) ~= 'string' or type(f[3]) ~= 'string' then return nil end
   for _, k in ipairs({2, 4, 5}) do
-    if type(f[k]) ~= 'number' or f[k] ~= math.floor(f[k]) then return nil end
+    if type(f[k]) ~= 'number' or f[k] ~= math.floor(f[k]) or f[k] < 0 then return nil end
   end
+  if f[5] > 3 then return nil end
   return f
 end
 
@@ -202,7 +204,7 @@ local function take()
       if fields[k] == 'm' then body = fields[k + 1] end
     end
     if not body then return {id, ''} end
-    local f = as_step(pcall(cmsgpack.unpack, body))
+    local f = string.byte(body, 1) == 0x95 and as_step(pcall(cmsgpack.unpack, body))
     if not f then return {id, body} end  -- not a step message: the worker sets it aside
     local c = claim_step(P, f[1], body, string.format('%d', f[2]), string.format('%d', f[4]), f[3],
                          string.format('%d', f[5]), now, TAKE_LEASE, TAKE_TOKEN)

@@ -214,6 +214,7 @@ def test_bad_input_keeps_workers_serving(cluster: Cluster) -> None:
     async def inject() -> None:
         await transport.publish(b"\xc1 garbage", "x")
         await transport.publish(b"\x93\x01\x02\x03", "x")
+        await transport.publish(b"\x95\xa1t\x01\xa1k\xc0\x00", "x")  # ["t", 1, "k", None, 0]
         await transport.close()
 
     import asyncio
@@ -244,7 +245,7 @@ def test_bad_input_keeps_workers_serving(cluster: Cluster) -> None:
     runs = start_orders(5)
     check_all(c, runs, timeout=60)
     reasons = dead_letters(c)
-    assert len(reasons) == 2 and all("not a dflow step message" in r for r in reasons)
+    assert len(reasons) == 3 and all("not a dflow step message" in r for r in reasons)
 
 
 unknown_to_workers = DFlow.from_call("secret-entry").map(lambda x: x + 1).id("known-here-only").init("client-only")

@@ -112,7 +112,8 @@ def test_take_drops_stale_messages_and_hands_back_garbage(redis_url: str, prefix
             r.xadd(stream, {b"m": db.body})
             # then what is no step message at all, or only nearly one: the worker dead-letters them
             odd = [b"\xc1garbage", msgpack.packb(["x", 1.5, "k", 0, 0]), msgpack.packb(["x", 1, "k", 0, 0, 0]),
-                   msgpack.packb(["x", 1, "k", 0, 0]) + b"\x00"]
+                   msgpack.packb(["x", 1, "k", 0, 0]) + b"\x00", msgpack.packb(["x", 1, "k", None, 0]),
+                   msgpack.packb({1: "x", 2: 1, 3: "k", 4: 0, 5: 0}), msgpack.packb(["x", 1, "k", 0, 7])]
             for body in odd:
                 r.xadd(stream, {b"m": body})
             seen = []
