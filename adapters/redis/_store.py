@@ -359,13 +359,14 @@ class RedisStore(Store):
         ends, and polling every run's status now and then in case one was missed."""
         deadline = None if timeout is None else time.monotonic() + timeout
         done: dict[str, RunInfo] = {}
-        pending = dict.fromkeys(trace_ids)
+        ids = list(dict.fromkeys(trace_ids))
+        pending = dict.fromkeys(ids)
         if self._watch is None:
             self._watch = FinishWatch(self.redis, self.prefix)
         waiter = Waiter()
         try:
-            self._watch.add(list(pending), waiter)
-            check = list(pending)
+            self._watch.add(ids, waiter)
+            check = ids
             pause = self._poll_pause
             next_full = time.monotonic() + pause
             channel: str | None = self._watch.channel
@@ -395,7 +396,7 @@ class RedisStore(Store):
                     elif await waiter.sleep(next_full - now if deadline is None else min(next_full, deadline) - now):
                         check = [t for t in waiter.take() if t in pending]
         finally:
-            self._watch.remove(list(dict.fromkeys(trace_ids)), waiter)
+            self._watch.remove(ids, waiter)
         return [done[t] for t in trace_ids]
 
     async def _finished(self, trace_ids: list[str], channel: str | None = None) -> list[RunInfo | None]:

@@ -5,8 +5,9 @@ next step claimed in the same round trip. Also: waking waiters, and lease bookke
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Coroutine
+from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
 import msgpack
@@ -37,6 +38,18 @@ def make(redis_url: str, prefix: str, consumer: str = "c1") -> tuple[RedisStore,
     return store, transport
 
 
+@contextlib.asynccontextmanager
+async def fused(redis_url: str, prefix: str) -> AsyncIterator[tuple[RedisStore, RedisStreamsTransport]]:
+    """A store dispatching onto its stream, closed afterwards."""
+    store, transport = make(redis_url, prefix)
+    assert store.dispatch_via(transport)
+    try:
+        yield store, transport
+    finally:
+        await transport.close()
+        await store.close()
+
+
 def test_only_a_stream_on_the_same_server_and_db_is_fused(redis_url: str, prefix: str) -> None:
     async def body() -> None:
         store, transport = make(redis_url, prefix)
@@ -57,9 +70,7 @@ def test_commit_dispatches_acknowledges_and_takes_the_next_step(redis_url: str, 
     stream = f"{prefix}:steps"
 
     async def body() -> None:
-        store, transport = make(redis_url, prefix)
-        assert store.dispatch_via(transport)
-        try:
+        async with fused(redis_url, prefix) as (store, transport):
             new = new_run("t1", value=5)
             assert await store.create_run(new) == [], "the script put the message on the stream"
             assert await store.get_run("t1") is not None
@@ -86,9 +97,6 @@ def test_commit_dispatches_acknowledges_and_takes_the_next_step(redis_url: str, 
             assert r.xlen(stream) == 0 and r.xpending(stream, "dflow-workers")["pending"] == 0
             info = await store.get_run("t1")
             assert info is not None and info.status is RunStatus.DONE and decode(info.raw_result) == 7
-        finally:
-            await transport.close()
-            await store.close()
 
     run(body())
     r.close()
@@ -99,9 +107,7 @@ def test_take_drops_stale_messages_and_hands_back_garbage(redis_url: str, prefix
     stream = f"{prefix}:steps"
 
     async def body() -> None:
-        store, transport = make(redis_url, prefix)
-        assert store.dispatch_via(transport)
-        try:
+        async with fused(redis_url, prefix) as (store, transport):
             await store.create_run(new_run("a"))
             await store.create_run(new_run("b"))
             da, db = await transport.receive(2, timeout=2)
@@ -132,9 +138,6 @@ def test_take_drops_stale_messages_and_hands_back_garbage(redis_url: str, prefix
             pending = r.xpending_range(stream, "dflow-workers", "-", "+", 20)
             assert [p["message_id"] for p in pending][0] == db.tag
             assert len(pending) == 1 + len(odd), "the duplicate was dropped, the odd ones handed over"
-        finally:
-            await transport.close()
-            await store.close()
 
     run(body())
     r.close()
@@ -239,10 +242,9 @@ def test_process_takes_nothing_and_a_cancelled_wait_leaves_no_waiter(redis_url: 
     async def body() -> None:
         from dflow.runtime import Runtime
 
-        store, transport = make(redis_url, prefix)
-        rt = Runtime(transport, store)
-        assert rt._fused
-        try:
+        async with fused(redis_url, prefix) as (store, transport):
+            rt = Runtime(transport, store)
+            assert rt._fused
             await store.create_run(new_run("p1"))
             await store.create_run(new_run("p2"))
             (d,) = await transport.receive(1, timeout=2)
@@ -254,9 +256,6 @@ def test_process_takes_nothing_and_a_cancelled_wait_leaves_no_waiter(redis_url: 
             waiting.cancel()
             await asyncio.gather(waiting, return_exceptions=True)
             assert store._watch is not None and not store._watch._waiters
-        finally:
-            await transport.close()
-            await store.close()
 
     run(body())
     assert r.xpending(stream, "dflow-workers")["pending"] == 1  # only d, which process() does not ack
