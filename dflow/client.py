@@ -55,6 +55,9 @@ class _LoopThread:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self._main, name=name, daemon=True)
         self.owned = True
+        #: what stopped the loop when it died (an exception that escaped a callback)
+        self.death: BaseException | None = None
+        self.on_death: Callable[[BaseException], None] | None = None
         self.thread.start()
 
     @classmethod
@@ -64,11 +67,38 @@ class _LoopThread:
         self.loop = asyncio.get_running_loop()
         self.thread = threading.current_thread()
         self.owned = False
+        self.death = None
+        self.on_death = None
         return self
 
     def _main(self) -> None:
         asyncio.set_event_loop(self.loop)
-        self.loop.run_forever()
+        try:
+            self.loop.run_forever()
+        except BaseException as exc:  # noqa: BLE001 - recorded and reported to every caller
+            self.death = exc
+            if self.on_death is not None:
+                self.on_death(exc)
+            self._wind_down()
+
+    def _wind_down(self) -> None:
+        """After the loop died: cancel what it was running, so that nothing is left half
+        done in it, and close it."""
+        loop = self.loop
+        try:
+            tasks = asyncio.all_tasks(loop)
+            for task in tasks:
+                task.cancel()
+            if tasks:
+                loop.run_until_complete(asyncio.wait(tasks, timeout=2))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        except BaseException:  # noqa: BLE001 - best effort: the loop is gone either way
+            pass
+        finally:
+            loop.close()
+
+    def alive(self) -> bool:
+        return self.death is None and self.loop.is_running()
 
     def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
@@ -79,9 +109,10 @@ class _LoopThread:
     def close(self) -> None:
         if not self.owned:
             return
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=5)
-        if not self.thread.is_alive():
+        if self.loop.is_running():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(timeout=5)
+        if not self.thread.is_alive() and not self.loop.is_closed():
             self.loop.close()
 
 
@@ -91,6 +122,23 @@ class _Host:
     def __init__(self, runtime: Runtime, thread: _LoopThread) -> None:
         self.runtime = runtime
         self.thread = thread
+        self.died_in: list[str] = []  #: the steps that were running when the loop died
+        thread.on_death = self._record_death
+
+    def _record_death(self, exc: BaseException) -> None:
+        self.died_in = [f"{c.message.key!r} of run {c.message.trace_id!r}" for _, c in self.runtime._inflight.values()]
+        self.runtime._stopping = True  # what is cancelled now is the runtime's own shutdown
+
+    def stopped_error(self) -> DFlowError:
+        """Why the runtime's loop is not running, for the caller who was waiting on it."""
+        exc = self.thread.death
+        if exc is None:
+            return DFlowError("the dflow runtime has stopped; configure it again")
+        where = f" while step {', '.join(self.died_in)} ran" if self.died_in else ""
+        return DFlowError(
+            f"the dflow runtime's event loop died: {type(exc).__name__}: {exc}{where}. Runs in this process "
+            "are stopped; call DFlow.global_init_for_test() or dflow.configure(...) again"
+        )
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         """Run ``coro`` on the runtime's loop and wait for it (from another thread)."""
@@ -100,6 +148,9 @@ class _Host:
                 "a blocking dflow call was made on the runtime's own event loop (inside a step); "
                 "use the async form (await run.wait(), await entry.acall(...), await DFlow.acall(...))"
             )
+        if not self.thread.alive():
+            coro.close()
+            raise self.stopped_error()
         future = self.thread.submit(coro)
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
@@ -109,9 +160,9 @@ class _Host:
             except concurrent.futures.TimeoutError:
                 if future.done():  # the call itself raised a TimeoutError (RunTimeoutError)
                     raise
-                if not self.thread.loop.is_running():
+                if not self.thread.alive():
                     future.cancel()
-                    raise DFlowError("the dflow runtime has stopped; configure it again") from None
+                    raise self.stopped_error() from None
                 if deadline is not None and time.monotonic() >= deadline:
                     future.cancel()
                     raise
@@ -120,28 +171,24 @@ class _Host:
         """Await ``coro`` on the runtime's loop, from any loop."""
         if self.thread.on_loop():
             return await coro
-        return await asyncio.wrap_future(self.thread.submit(coro))
-
-    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
-        """Schedule ``coro`` on the runtime's loop without waiting (usable on the loop)."""
-        if self.thread.on_loop():
-            task = asyncio.ensure_future(coro)
-            task.add_done_callback(_log_failure)
-        else:
-            self.thread.submit(coro).add_done_callback(_log_failure)
+        if not self.thread.alive():
+            coro.close()
+            raise self.stopped_error()
+        future = asyncio.wrap_future(self.thread.submit(coro))
+        while True:
+            done, _ = await asyncio.wait([future], timeout=0.5)
+            if done:
+                return future.result()
+            if not self.thread.alive():
+                future.cancel()
+                raise self.stopped_error()
 
     def close(self, grace: float = 5.0) -> None:
         try:
-            self.thread.submit(self.runtime.stop(grace)).result(grace + 5)
+            if self.thread.alive():  # a dead loop runs nothing: there is nothing to stop
+                self.thread.submit(self.runtime.stop(grace)).result(grace + 5)
         finally:
             self.thread.close()
-
-
-def _log_failure(fut: Any) -> None:
-    if not fut.cancelled() and fut.exception() is not None:
-        import logging
-
-        logging.getLogger("dflow.client").error("dflow: a background call failed: %s", fut.exception())
 
 
 _host: _Host | None = None
@@ -468,12 +515,14 @@ async def adirect_run(param: Any, builder: Callable[..., DFlow[Any]]) -> Run:
 def call(call_type: str, payload: Any, trace_id: str) -> None:
     """Resume a run waiting in ``from_call(call_type)`` (see ``DFlow.call``)."""
     host = _current()
-    body = encode(payload, f"the payload of call {call_type!r}")
-    coro = host.runtime.resume(trace_id, call_type, body)
     if host.thread.on_loop():
-        host.spawn(coro)
-    else:
-        host.run(coro)
+        raise DFlowError(
+            f"DFlow.call({call_type!r}, ...) was made synchronously on the runtime's own event loop (inside a "
+            "step), where it cannot wait for its answer: make the step async def and use "
+            "await DFlow.acall(...), or mark the step .in_thread()"
+        )
+    body = encode(payload, f"the payload of call {call_type!r}")
+    host.run(host.runtime.resume(trace_id, call_type, body))
 
 
 async def acall(call_type: str, payload: Any, trace_id: str) -> None:

@@ -201,7 +201,7 @@ class Runtime:
                             await self._handle(d)
                         except Exception:  # the store or transport is down: the message stays pending
                             log.exception("dflow: handling a message failed; it will be delivered again")
-                            await asyncio.sleep(0.2)
+                            await asyncio.sleep(_RETRY_PAUSE)
                 finally:
                     self._busy.discard(me)
             handled += 1
@@ -340,11 +340,15 @@ class Runtime:
     def _step_error(self, exc: BaseException) -> bool:
         """Whether ``exc``, raised by user code, fails the step (rather than the worker).
 
-        A ``CancelledError`` fails the step unless the runtime itself is stopping; a
-        ``SystemExit`` from a step does not stop the worker."""
+        Every exception a step raises fails the step: ``SystemExit``, ``KeyboardInterrupt``,
+        ``GeneratorExit`` and a library's own ``BaseException`` classes included, so that a
+        step can never stop a worker or its event loop. The one exception that passes
+        through is the runtime's own cancellation when it shuts down."""
         if isinstance(exc, asyncio.CancelledError):
             return not self._stopping
-        return isinstance(exc, (Exception, SystemExit))
+        if isinstance(exc, GeneratorExit) and asyncio._get_running_loop() is None:
+            return False  # not raised by a step: Python is closing this coroutine (its loop is gone)
+        return True
 
     async def _unloadable(self, claim: Claim, problem: Exception) -> None:
         msg = claim.message
@@ -424,32 +428,34 @@ class Runtime:
 
             def in_thread() -> Any:
                 loop.call_soon_threadsafe(_set_done, started)
-                return fn(*args)
+                return _contained_call(fn, *args)
 
             job: asyncio.Future[Any] = loop.run_in_executor(self._pool(), in_thread)
             if timeout is not None:  # the time limit counts from when the function starts
                 await asyncio.wait([started, job], return_when=asyncio.FIRST_COMPLETED)
         else:
-            job = asyncio.ensure_future(fn(*args))
+            job = asyncio.ensure_future(_contained(fn(*args)))
         deadline = None if timeout is None else loop.time() + timeout
         result = await self._bounded(job, deadline, ctx, node)
         if hasattr(result, "__await__"):  # a plain function that returned an awaitable
-            result = await self._bounded(asyncio.ensure_future(result), deadline, ctx, node)
+            result = await self._bounded(asyncio.ensure_future(_contained(result)), deadline, ctx, node)
         return result
 
     async def _bounded(
         self, job: asyncio.Future[Any], deadline: float | None, ctx: ContextStack, node: DFlow[Any]
     ) -> Any:
-        if deadline is None:
-            return await job
         try:
+            if deadline is None:
+                return await job
             return await asyncio.wait_for(job, max(0.0, deadline - asyncio.get_running_loop().time()))
         except asyncio.TimeoutError:
-            if not job.cancelled():  # the function itself raised TimeoutError
+            if deadline is None or not job.cancelled():  # the function itself raised TimeoutError
                 raise
             raise StepTimeoutError(
                 f"step {ctx_key(ctx, node)} ran longer than its timeout of {node._timeout}s"
             ) from None
+        except _Escaped as esc:  # back in the step's own task: fail the step with it
+            raise esc.exc from None
 
     def _pool(self) -> concurrent.futures.ThreadPoolExecutor:
         if self._executor is None:
@@ -530,10 +536,20 @@ class Runtime:
 
     async def _on_init(self, node: DFlow[Any], ctx: ContextStack, msg: Message) -> None:
         ctx._readonly = "on_init runs after the wait is committed; what it puts would be lost"
+        fn = node._fn
+        assert fn is not None
         try:
-            result = node._fn(ctx)  # type: ignore[misc]
-            if hasattr(result, "__await__"):
-                await result
+            if _is_async(fn):
+                await fn(ctx)
+            else:  # in a thread: a sync on_init may block, or make sync dflow calls
+                try:
+                    result = await asyncio.get_running_loop().run_in_executor(
+                        self._pool(), _contained_call, fn, ctx
+                    )
+                except _Escaped as esc:
+                    raise esc.exc from None
+                if hasattr(result, "__await__"):
+                    await result
         except BaseException as exc:
             if not self._step_error(exc):
                 raise
@@ -609,6 +625,37 @@ def ctx_key(ctx: ContextStack, node: DFlow[Any]) -> str:
 
 def _route(m: Message) -> str:
     return m.trace_id if m.attempt == 0 else f"{m.trace_id}/{m.attempt}"
+
+
+class _Escaped(Exception):
+    """Carries a ``BaseException`` (``KeyboardInterrupt``, ``SystemExit``, a library's own)
+    out of a task that runs a step's coroutine: asyncio re-raises those from a task into the
+    event loop itself, which would stop the loop, and with it every run of the process."""
+
+    def __init__(self, exc: BaseException) -> None:
+        super().__init__(repr(exc))
+        self.exc = exc
+
+
+def _contained_call(fn: Any, *args: Any) -> Any:
+    """``fn(*args)`` in a worker thread, with ``BaseException`` carried as for ``_contained``:
+    asyncio mishandles a ``GeneratorExit`` set on a future as if its awaiting coroutine
+    were being closed."""
+    try:
+        return fn(*args)
+    except Exception:
+        raise
+    except BaseException as exc:
+        raise _Escaped(exc) from None
+
+
+async def _contained(aw: Any) -> Any:
+    try:
+        return await aw
+    except (Exception, asyncio.CancelledError):
+        raise
+    except BaseException as exc:
+        raise _Escaped(exc) from None
 
 
 def _set_done(fut: asyncio.Future[None]) -> None:
