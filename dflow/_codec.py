@@ -24,12 +24,23 @@ except ImportError:  # pragma: no cover
     _BaseModel = None  # type: ignore[assignment,misc]
 
 
+_INT_RANGE = "-2**63 .. 2**64-1"
+
+
 def _default(obj: Any) -> Any:
     if _BaseModel is not None and isinstance(obj, _BaseModel):
         cls = type(obj)
         body = [f"{cls.__module__}:{cls.__qualname__}", obj.model_dump(mode="json")]
         return msgpack.ExtType(_EXT_MODEL, msgpack.packb(body, use_bin_type=True))
+    if isinstance(obj, int):  # msgpack hands over the integers it has no room for
+        raise OverflowError(f"the integer {_clip(obj)} is outside msgpack's 64-bit range ({_INT_RANGE}); "
+                            "pass it as a string")
     raise TypeError(f"{type(obj).__module__}.{type(obj).__qualname__} is not msgpack data")
+
+
+def _clip(n: int) -> str:
+    text = str(n) if n.bit_length() < 4000 else f"of {n.bit_length()} bits"
+    return text if len(text) <= 40 else text[:18] + "…" + text[-18:]
 
 
 _model_classes: dict[str, Any] = {}
@@ -65,19 +76,56 @@ def _packer() -> msgpack.Packer:
     return packer
 
 
+_FLAT = frozenset((str, int, float, bool, type(None), bytes))
+
+
 def encode(value: Any, what: str = "value", key: str | None = None) -> bytes:
     """Encode ``value``; raise ``SerializationError`` naming ``what`` (and the step
-    ``key``) when it can't be."""
+    ``key``) when it can't be, or when what it encodes to cannot be read back."""
     try:
-        return _packer().pack(value)
+        data = _packer().pack(value)
     except (TypeError, ValueError, OverflowError) as exc:
         _packer().reset()
         where = f"{what} {key!r}" if key is not None else what
+        if isinstance(exc, OverflowError):
+            raise SerializationError(f"{where}: {exc}") from None
         raise SerializationError(
             f"{where}: a value of type {type(value).__qualname__} cannot be serialised ({exc}). Use msgpack "
             "data (dict, list, str, bytes, int, float, bool, None, tz-aware datetime) or a "
             "pydantic model."
         ) from None
+    if type(value) not in _FLAT:  # a container: make sure the next step can read it
+        try:
+            decode(data)
+        except SerializationError as exc:
+            where = f"{what} {key!r}" if key is not None else what
+            raise SerializationError(f"{where}: {_unreadable(value) or exc}") from None
+    return data
+
+
+def _unreadable(value: Any, depth: int = 0) -> str | None:
+    """Why ``value`` encodes but cannot be decoded, when its shape says so."""
+    if depth > 100:
+        return None
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, (str, int, float, bool, bytes, type(None))):
+                return (f"a dict key of type {type(k).__qualname__} ({_short(k)}) cannot be read back: it "
+                        "decodes as a list, which cannot be a key; use str keys")
+            why = _unreadable(v, depth + 1)
+            if why:
+                return why
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            why = _unreadable(v, depth + 1)
+            if why:
+                return why
+    return None
+
+
+def _short(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 40 else text[:39] + "…"
 
 
 def decode(data: bytes) -> Any:

@@ -94,6 +94,39 @@ class TestRunTimeErrors:
         with pytest.raises(RunFailedError, match="ctx.put\\('conn'\\).*set"):
             DFlow.direct_run(1, lambda x: DFlow.just(x).map(store_socket).id("put")).result(5)
 
+    def test_values_that_encode_but_cannot_be_read_back_fail_the_step_that_made_them(self) -> None:
+        made: list[str] = []
+
+        def tuple_keys(x: int) -> dict[Any, int]:
+            made.append("tuple_keys")
+            return {(x, x): 1}
+
+        r = DFlow.direct_run(1, lambda x: DFlow.just(x).map(tuple_keys).id("pairs").map(lambda v: v).id("next"))
+        with pytest.raises(RunFailedError) as info:
+            r.result(5)
+        assert info.value.error["step"] == "pairs>next", "the producing step is blamed, not the next"
+        assert "dict key of type tuple ((1, 1)) cannot be read back" in info.value.error["message"]
+        # as the final value: the run fails; it does not end DONE with a result that cannot be read
+        last = DFlow.direct_run(2, lambda x: DFlow.just(x).map(tuple_keys).id("pairs"))
+        with pytest.raises(RunFailedError, match="cannot be read back"):
+            last.result(5)
+        assert last.status() is dflow.RunStatus.FAILED
+
+        def put_pairs(ctx: ContextStack, x: int) -> int:
+            ctx.put("pairs", [{("a",): 1}])
+            return x
+
+        with pytest.raises(RunFailedError, match=r"ctx.put\('pairs'\).*dict key of type tuple"):
+            DFlow.direct_run(1, lambda x: DFlow.just(x).map(put_pairs).id("put")).result(5)
+
+    def test_integers_beyond_64_bits_get_a_message_that_names_the_limit(self) -> None:
+        r = DFlow.direct_run(1, lambda x: DFlow.just(x).map(lambda v: {"n": 2**70}).id("big"))
+        with pytest.raises(RunFailedError) as info:
+            r.result(5)
+        msg = info.value.error["message"]
+        assert "the integer 1180591620717411303424 is outside msgpack's 64-bit range (-2**63 .. 2**64-1)" in msg
+        assert "pass it as a string" in msg and "use msgpack data" not in msg.lower()
+
     def test_non_serialisable_parameter_is_refused_before_the_run_starts(self) -> None:
         p = DFlow.from_call("start").init("p")
         with pytest.raises(SerializationError, match="parameter of entry 'start'"):
