@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from ._codec import decode
 from .context import StepRecord, StepStatus
 from .store import Store
+
+
+_NODE = re.compile("[>/]")
 
 
 def _short(value: Any, width: int = 40) -> str:
@@ -22,7 +26,7 @@ def _value(raw: bytes | None) -> Any:
 
 
 def _line(rec: StepRecord) -> str:
-    node = rec.key.split(">", 1)[0]
+    node = _NODE.split(rec.key, 1)[0]
     parts = [f"{node:<18}", f"{rec.status.value:<9}"]
     if rec.attempt:
         parts.append(f"attempt {rec.attempt}")

@@ -498,6 +498,7 @@ _DIRECT = "direct_run"
 def _direct_new_run(param: Any, builder: Callable[..., DFlow[Any]]) -> NewRun:
     value, trace_id = _trace_of(param)
     flow = DFlow.from_call(_DIRECT).flat_map(builder).id(f"{_DIRECT}.build")
+    flow.__dict__["_transparent"] = True  # the built flow's keys are the run's own
     frame = Frame(compile_flow(flow), 0)
     return _entry_run(trace_id, (frame,), encode(value, "the parameter of direct_run"), frame.key)
 

@@ -140,6 +140,9 @@ class DFlow(Generic[T]):
     _branches: tuple[DFlow[Any], ...]
     _site: tuple[str, int]
     _compiled: Chain | None
+    #: a flat_map whose flow takes its place in step keys (only dflow's own direct_run
+    #: builder); a class attribute, so that nodes pickled before it existed load with it
+    _transparent: bool = False
 
     def __init__(self) -> None:  # pragma: no cover - use the constructors
         raise TypeError("build flows with DFlow.just, DFlow.from_call, DFlow.delay, DFlow.zip or DFlow.any")
@@ -249,8 +252,8 @@ class DFlow(Generic[T]):
         """Name the last node. Its id is part of every step key on its path."""
         if not isinstance(id, str) or not id:
             raise BuildError(f"id must be a non-empty string, got {id!r}")
-        if ">" in id or "[" in id:
-            raise BuildError(f"id {id!r} may not contain '>' or '[' (they separate step keys)")
+        if ">" in id or "[" in id or "/" in id:
+            raise BuildError(f"id {id!r} may not contain '>', '/' or '[' (they separate step keys)")
         return self._with(_id=id)
 
     def name(self, name: str) -> DFlow[T]:
@@ -450,28 +453,20 @@ def compile_flow(flow: Any, what: str = "flow") -> Chain:
             "Name each with .id('...') right after it."
         )
     if len(set(ids)) != len(ids):
-        _check_unique(nodes, ())
+        _check_unique(nodes)
     chain = Chain(tuple(nodes), _suffix_keys(ids))  # type: ignore[arg-type]
-    for i, n in enumerate(nodes):
+    for n in nodes:
+        # A branch's keys end in ">zip[i]>..." (its join's id and index), so they cannot
+        # meet the keys of this chain: its ids need only be unique within the branch.
         for branch in n._branches:
-            _check_unique(_flatten(branch), nodes[i:])
             compile_flow(branch, f"branch of {n._describe()}")
     flow.__dict__["_compiled"] = chain
     return chain
 
 
-def _flatten(flow: DFlow[Any]) -> list[DFlow[Any]]:
-    out = []
-    node: DFlow[Any] | None = flow
-    while node is not None:
-        out.append(node)
-        node = node._source
-    return out
-
-
-def _check_unique(nodes: list[DFlow[Any]], after: Iterable[DFlow[Any]]) -> None:
+def _check_unique(nodes: list[DFlow[Any]]) -> None:
     seen: dict[str, DFlow[Any]] = {}
-    for n in (*nodes, *after):
+    for n in nodes:
         if n._id is None:
             continue
         other = seen.get(n._id)

@@ -22,6 +22,7 @@ import msgpack
 from ._codec import CONTINUE, FAIL, JOIN, NONE, RUN, Message, decode, encode
 from .context import ContextStack, StepRecord, StepStatus
 from .errors import (
+    BuildError,
     SerializationError,
     StepFailedError,
     StepTimeoutError,
@@ -471,8 +472,13 @@ class Runtime:
         frames = claim.frames
         top = frames[-1]
         after = top.pos + 1
-        suffix = (">" + top.chain.keys[after] if after < len(top.chain.nodes) else "") + top.suffix
-        if top.chain.nodes[top.pos]._on_error is not None:  # our handler must see the inner errors
+        here = top.chain.nodes[top.pos]
+        if here._transparent:  # direct_run's builder: its flow is the run's own
+            suffix = top.suffix
+            _check_transparent(here, chain)
+        else:
+            suffix = nest_suffix(top.chain.keys[top.pos], top.suffix)
+        if here._on_error is not None:  # our handler must see the inner errors
             base = (*frames[:-1], Frame(top.chain, top.pos, top.suffix, returning=True))
         elif after < len(top.chain.nodes):  # come back here after the inner chain
             base = (*frames[:-1], Frame(top.chain, after, top.suffix))
@@ -617,6 +623,26 @@ class Runtime:
             if level >= 0:
                 pos = frames[level].pos
         return Fail(err), records, {}
+
+
+def nest_suffix(segment: str, outer: str) -> str:
+    """The key suffix of the flow a ``flat_map`` step returns: ``/`` and that step's own
+    key (``segment``, its chain key, followed by ``outer``, its suffix). Keys are so unique
+    on a run's path: an inner node whose id equals the flat_map's is ``x/x>y``, the flat_map
+    itself ``x>y``. A flat_map already on the nesting path (a loop re-entering it) reuses
+    the suffix it had then, so that a loop settles on a fixed set of keys."""
+    if "/" in outer:
+        parts = outer.split("/")
+        for k in range(1, len(parts)):
+            if parts[k] == segment:
+                return "/" + "/".join(parts[k:])
+    return "/" + segment + outer
+
+
+def _check_transparent(node: DFlow[Any], chain: Chain) -> None:
+    for n in chain.nodes:
+        if n._id == node._id:
+            raise BuildError(f"id {n._id!r} is reserved for dflow's own step; name {n._describe()} otherwise")
 
 
 def ctx_key(ctx: ContextStack, node: DFlow[Any]) -> str:

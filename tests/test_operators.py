@@ -66,11 +66,57 @@ def test_step_keys_are_the_ids_of_the_rest_of_the_path() -> None:
     r = p.call(1)
     r.result(5)
     keys = [s.key for s in r.context().steps]
-    assert keys == ["go>a>fm>c", "a>fm>c", "fm>c", "inner>c", "c"]
+    assert keys == ["go>a>fm>c", "a>fm>c", "fm>c", "inner/fm>c", "c"]
     # the same node in another run is the same step
     r2 = p.call(2)
     r2.result(5)
     assert [s.key for s in r2.context().steps] == keys
+
+
+def test_a_flow_returned_by_flat_map_cannot_reuse_its_key() -> None:
+    # The inner flow's head has the flat_map's own id: before keys nested, both were "x>y".
+    p = (
+        DFlow.from_call("go")
+        .flat_map(lambda v: DFlow.just(v).map(lambda w: w + 1).id("x")).id("x")
+        .map(lambda v: v * 10).id("y")
+        .init("reuse")
+    )
+    r = p.call(1)
+    assert r.result(5) == 20
+    keys = [s.key for s in r.context().steps]
+    assert keys == ["go>x>y", "x>y", "x/x>y", "y"]
+    assert len(set(keys)) == len(keys)
+
+
+def test_keys_are_unique_on_a_path_of_nested_flat_maps_that_reuse_ids() -> None:
+    def deepest(v: int) -> DFlow[int]:
+        return DFlow.just(v).map(lambda w: w + 1).id("a").map(lambda w: w * 2).id("b")
+
+    def middle(v: int) -> DFlow[int]:
+        return DFlow.just(v).map(lambda w: w).id("a").flat_map(deepest).id("b").map(lambda w: w - 1).id("a2")
+
+    p = DFlow.from_call("go").map(lambda v: v).id("a").flat_map(middle).id("b").init("nested-reuse")
+    r = p.call(3)
+    assert r.result(5) == (3 + 1) * 2 - 1
+    keys = [s.key for s in r.context().steps]
+    assert len(set(keys)) == len(keys), keys
+    assert keys == ["go>a>b", "a>b", "b", "a>b>a2/b", "b>a2/b", "a>b/b>a2/b", "b/b>a2/b", "a2/b"]
+
+
+def test_nested_zips_with_default_ids() -> None:
+    def build(x: int) -> DFlow[Any]:
+        inner = DFlow.zip(DFlow.just(x).map(lambda v: v + 1).id("inc"), DFlow.just(x).map(lambda v: v * 2).id("dbl"))
+        return DFlow.zip(inner, DFlow.zip(DFlow.just(x), inner))
+
+    assert run(build, 5) == [[6, 10], [5, [6, 10]]]
+
+
+def test_ids_may_not_contain_key_separators() -> None:
+    for bad in ("a/b", "a>b", "a[0]"):
+        with pytest.raises(dflow.BuildError, match="may not contain"):
+            DFlow.just(1).id(bad)
+    with pytest.raises(RunFailedError, match="reserved for dflow's own step"):
+        run(lambda v: DFlow.just(v).map(lambda w: w).id("direct_run.build"), 1)
 
 
 def test_nested_flat_maps() -> None:
