@@ -128,6 +128,15 @@ def _short(v: Any) -> str:
     return text if len(text) <= 40 else text[:39] + "…"
 
 
+def pack_key(value: Any) -> bytes | None:
+    """``value`` encoded, as a key for comparing values; ``None`` when it can't be."""
+    try:
+        return _packer().pack(value)
+    except Exception:
+        _packer().reset()
+        return None
+
+
 def decode(data: bytes) -> Any:
     """Decode bytes made by ``encode``."""
     try:

@@ -16,17 +16,23 @@ import hmac
 import io
 import pickle
 import types
+import weakref
 from collections import OrderedDict
 from typing import Any, TypeVar
 
 import cloudpickle
 
+from ._shape import global_names as _global_names
+from ._shape import shape as _chain_shape
 from .errors import BuildError, ConfigurationError, PayloadRejectedError, UnknownStepError
 from .flow import Chain, compile_flow
 
 __all__ = ["ChainCodec", "shared"]
 
 T = TypeVar("T")
+
+# Pickle saves these itself, without asking ``reducer_override``: they cannot travel by name.
+_PLAIN = frozenset((str, bytes, int, float, bool, type(None), dict, list, tuple, set, frozenset))
 
 _shared_by_name: dict[str, Any] = {}
 _shared_by_id: dict[int, str] = {}
@@ -39,6 +45,11 @@ def shared(obj: T, name: str | None = None) -> T:
     Call it at import time in the module the workers import, with the same ``name`` on
     every worker (default: the object's type, qualified). Returns ``obj``.
     """
+    if type(obj) in _PLAIN:
+        raise TypeError(
+            f"dflow.shared() is for long-lived objects (clients, pools, models), not a plain "
+            f"{type(obj).__qualname__}: a plain value travels with the flow as it is"
+        )
     key = name or f"{type(obj).__module__}.{type(obj).__qualname__}"
     old = _shared_by_name.get(key)
     if old is not None and old is not obj:
@@ -49,76 +60,140 @@ def shared(obj: T, name: str | None = None) -> T:
 
 
 class _Pickler(cloudpickle.Pickler):
-    def persistent_id(self, obj: Any) -> Any:  # noqa: D102 - pickle protocol
+    # Called for every object but the plain builtins (str, int, dict, list, tuple, ...):
+    # keep it to two lookups before cloudpickle's own.
+    top: Any = None  #: the chain being stored: its consumed head value is left out
+
+    def reducer_override(self, obj: Any) -> Any:  # noqa: D102 - pickle protocol
+        if type(obj) is Chain:
+            return obj.reduced(consumed_head=obj is self.top)
         name = _shared_by_id.get(id(obj))
         if name is not None and _shared_by_name.get(name) is obj:
-            return ("shared", name)
-        from .client import Pipeline
+            return (_shared_named, (name,))
+        if type(obj) in _by_name:
+            return (_pipeline_named, (obj._chain.keys[0],))
+        return super().reducer_override(obj)
 
-        if type(obj) is Pipeline:
-            return ("pipeline", obj._chain.keys[0])
-        return None
+
+#: types that travel by name; the pipeline type is added by ``client`` when it is defined
+_by_name: set[type] = set()
+
+
+def travels_by_name(obj: Any) -> str | None:
+    """The name ``obj`` travels by (a shared object, a pipeline), or ``None``."""
+    name = _shared_by_id.get(id(obj))
+    if name is not None and _shared_by_name.get(name) is obj:
+        return "shared:" + name
+    if type(obj) in _by_name:
+        return "pipeline:" + obj._chain.keys[0]
+    return None
+
+
+def _shared_named(name: str) -> Any:
+    """This process's object declared ``shared(obj, name)`` (what a blob refers to)."""
+    try:
+        return _shared_by_name[name]
+    except KeyError:
+        raise UnknownStepError(
+            f"the shared object {name!r} is not declared in this worker; call "
+            f"dflow.shared(obj, {name!r}) in a module the worker imports"
+        ) from None
+
+
+def _pipeline_named(head_key: str) -> Any:
+    """This process's pipeline with ``head_key`` (what a blob refers to)."""
+    from ._registry import pipeline_for
+
+    p = pipeline_for(head_key)
+    if p is None:
+        raise UnknownStepError(f"pipeline {head_key!r} is not built in this worker; import its module")
+    return p
 
 
 class _Unpickler(pickle.Unpickler):
+    # Blobs written before shared objects travelled by reduction name them by persistent id.
     def persistent_load(self, pid: Any) -> Any:  # noqa: D102 - pickle protocol
         kind, name = pid
         if kind == "shared":
-            try:
-                return _shared_by_name[name]
-            except KeyError:
-                raise UnknownStepError(
-                    f"the shared object {name!r} is not declared in this worker; call "
-                    f"dflow.shared(obj, {name!r}) in a module the worker imports"
-                ) from None
+            return _shared_named(name)
         if kind == "pipeline":
-            from ._registry import pipeline_for
-
-            p = pipeline_for(name)
-            if p is None:
-                raise UnknownStepError(f"pipeline {name!r} is not built in this worker; import its module")
-            return p
+            return _pipeline_named(name)
         raise pickle.UnpicklingError(f"unknown persistent id {pid!r}")
 
 
 def _dumps(obj: Any) -> bytes:
     buf = io.BytesIO()
-    _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    pickler = _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL)
+    pickler.top = obj
+    pickler.dump(obj)
     return buf.getvalue()
 
 
 def _diagnose(chain: Chain, exc: Exception) -> str:
     """Name the captured variable that cannot be pickled."""
-    from .flow import _site_text
+    from .flow import Kind, _site_text
 
-    for node in chain.nodes:
+    for node in _all_nodes(chain):
         where = f"{node._describe()} at {_site_text(node._site)}"
         for role, fn in (("function", node._fn), ("on_error_return", node._on_error)):
-            if not isinstance(fn, types.FunctionType):
-                continue
-            for var, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
-                try:
-                    _dumps(cell.cell_contents)
-                except Exception as err:
-                    return (
-                        f"variable {var!r} captured by the {role} of {where} cannot be pickled ({err}); "
-                        "declare it with dflow.shared(...) or pass the data through ctx / the step's value"
-                    )
-            for var in fn.__code__.co_names:
-                if var in fn.__globals__ and not isinstance(fn.__globals__[var], types.ModuleType):
-                    try:
-                        _dumps(fn.__globals__[var])
-                    except Exception as err:
-                        return (
-                            f"global {var!r} used by the {role} of {where} cannot be pickled ({err}); "
-                            "declare it with dflow.shared(...)"
-                        )
-        if node._kind == 0:  # just
+            found = _bad_capture(fn, set())
+            if found is not None:
+                what, var, err = found
+                how = "captured by" if what == "variable" else "used by"
+                return (
+                    f"{what} {var!r} {how} the {role} of {where} cannot be pickled ({err}); declare it "
+                    "with dflow.shared(...), or pass the data through ctx or the step's value"
+                )
+        if node._kind in (Kind.JUST, Kind.DELAY):
             try:
                 _dumps(node._value)
             except Exception as err:
                 return f"the value of {where} cannot be pickled ({err})"
     return f"the flow cannot be pickled ({exc})"
+
+
+def _all_nodes(chain: Chain) -> list[Any]:
+    out = []
+    for node in chain.nodes:
+        out.append(node)
+        for branch in node._branches:
+            out += _all_nodes(compile_flow(branch))
+    return out
+
+
+def _bad_capture(fn: Any, seen: set[int]) -> tuple[str, str, Exception] | None:
+    """("variable" | "global", name, error) for the first thing ``fn`` captures or uses
+    that cannot be pickled, looking into the functions it captures and the lambdas and
+    inner functions it defines."""
+    if not isinstance(fn, types.FunctionType) or id(fn) in seen:
+        return None
+    seen.add(id(fn))
+    for var, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
+        try:
+            value = cell.cell_contents
+        except ValueError:  # not assigned yet
+            continue
+        inner = _bad_capture(value, seen)
+        if inner is not None:
+            return inner
+        try:
+            _dumps(value)
+        except Exception as err:
+            return ("variable", var, err)
+    for var in _global_names(fn.__code__):
+        if var not in fn.__globals__:
+            continue
+        value = fn.__globals__[var]
+        if isinstance(value, types.ModuleType):
+            continue
+        inner = _bad_capture(value, seen)
+        if inner is not None:
+            return inner
+        try:
+            _dumps(value)
+        except Exception as err:
+            return ("global", var, err)
+    return None
 
 
 class ChainCodec:
@@ -131,33 +206,44 @@ class ChainCodec:
                 "DFLOW_SECRET environment variable (the same on every worker and client) or pass secret="
             )
         self._key = secret.encode() if isinstance(secret, str) else bytes(secret)
-        self._refs: dict[int, tuple[Chain, str, bytes | None]] = {}
+        # By the chain object itself, held weakly: a chain built at run time is dropped
+        # once its run moved on, and its entry with it.
+        self._refs: weakref.WeakKeyDictionary[Chain, tuple[str, bytes | None]] = weakref.WeakKeyDictionary()
+        self._shapes: OrderedDict[tuple[Any, ...], tuple[str, bytes]] = OrderedDict()
         self._loaded: OrderedDict[str, Chain] = OrderedDict()
         self._cache_size = cache_size
 
     def ref(self, chain: Chain) -> tuple[str, bytes | None]:
         """The reference of ``chain`` and, for a chain built at run time, its signed blob.
         Raises ``BuildError`` naming the captured variable that cannot be pickled."""
-        hit = self._refs.get(id(chain))
-        if hit is not None and hit[0] is chain:
-            return hit[1], hit[2]
+        hit = self._refs.get(chain)
+        if hit is not None:
+            return hit
         from ._registry import ref_of
 
         static = ref_of(chain)
         if static is not None:
             out: tuple[str, bytes | None] = (static, None)
         else:
-            try:
-                payload = _dumps(chain)
-            except Exception as exc:
-                raise BuildError(_diagnose(chain, exc)) from exc
-            ref = "h:" + hashlib.sha256(payload).hexdigest()
-            blob = hmac.new(self._key, payload, hashlib.sha256).digest() + payload
-            out = (ref, blob)
-            if len(self._refs) >= self._cache_size:
-                self._refs.clear()
-            self._remember(ref, chain, blob)
-        self._refs[id(chain)] = (chain, *out)
+            shape = _chain_shape(chain)
+            known = self._shapes.get(shape) if shape is not None else None
+            if known is not None:  # an earlier chain of this shape (a loop's next turn)
+                self._shapes.move_to_end(shape)  # type: ignore[arg-type]
+                out = known
+            else:
+                try:
+                    payload = _dumps(chain)
+                except Exception as exc:
+                    raise BuildError(_diagnose(chain, exc)) from exc
+                ref = "h:" + hashlib.sha256(payload).hexdigest()
+                blob = hmac.new(self._key, payload, hashlib.sha256).digest() + payload
+                out = (ref, blob)
+                self._remember(ref, chain, blob)
+                if shape is not None:
+                    self._shapes[shape] = (ref, blob)
+                    if len(self._shapes) > self._cache_size:
+                        self._shapes.popitem(last=False)
+        self._refs[chain] = out
         return out
 
     def cached(self, ref: str) -> Chain | None:
@@ -208,25 +294,35 @@ class ChainCodec:
             raise PayloadRejectedError(f"the stored flow {head} cannot be loaded: {type(exc).__name__}: {exc}") from exc
         if not isinstance(chain, Chain):
             raise PayloadRejectedError(f"the stored flow {head} is not a flow")
-        self._remember(head, chain, blob)
-        self._refs[id(chain)] = (chain, head, None)  # stored already
+        self._remember(head, chain, None)  # stored already: its references need no blob
         found = self._loaded.get(ref)
         if found is None:
             raise PayloadRejectedError(f"the stored flow {head} has no branch {ref[len(head):]!r}")
         return found
 
-    def _remember(self, ref: str, chain: Chain, blob: bytes) -> None:
+    def _remember(self, ref: str, chain: Chain, blob: bytes | None) -> None:
         """Keep ``chain`` under ``ref``, and each of its zip/any branches under
         ``ref/<pos>.<branch>``: a branch travels inside its parent's ``blob``, which goes
-        with its reference so that a store writes it if it has not yet (branches of
-        registered pipelines keep their static references)."""
+        with its reference so that a store writes it if it has not yet (``None`` for a
+        chain loaded from the store; branches of registered pipelines keep their static
+        references)."""
         from ._registry import ref_of
 
-        self._loaded[ref] = chain
-        if "/" in ref and ref_of(chain) is None:
-            self._refs[id(chain)] = (chain, ref, blob)
-        for pos, node in enumerate(chain.nodes):
-            for i, branch in enumerate(node._branches):
-                self._remember(f"{ref}/{pos}.{i}", compile_flow(branch), blob)
-        while len(self._loaded) > self._cache_size:
+        entries: list[tuple[str, Chain]] = []
+        _walk(ref, chain, entries)
+        # Make room first: the entries of one blob stay together even past the cache size.
+        while self._loaded and len(self._loaded) + len(entries) > self._cache_size:
             self._loaded.popitem(last=False)
+        for r, c in entries:
+            self._loaded[r] = c
+            if r == ref and blob is None:
+                self._refs[c] = (r, None)
+            elif "/" in r and ref_of(c) is None:
+                self._refs[c] = (r, blob)
+
+
+def _walk(ref: str, chain: Chain, out: list[tuple[str, Chain]]) -> None:
+    out.append((ref, chain))
+    for pos, node in enumerate(chain.nodes):
+        for i, branch in enumerate(node._branches):
+            _walk(f"{ref}/{pos}.{i}", compile_flow(branch), out)

@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
+from . import _durable
 from ._codec import Message, encode
 from .context import ContextStack, RunInfo, RunStatus, StepRecord, StepStatus
 from .errors import (
@@ -491,6 +492,8 @@ class Pipeline:
         """Async ``call``."""
         return await _astart(self._new_run(param, trace_id))
 
+
+_durable._by_name.add(Pipeline)  # a pipeline captured in a flow travels by name
 
 _DIRECT = "direct_run"
 

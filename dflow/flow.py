@@ -50,11 +50,15 @@ class InitParam(Generic[T]):
     trace_id: str | None = None
 
 
+_HERE = os.path.dirname(__file__) + os.sep
+
+
 def _caller_site() -> tuple[str, int]:
-    """(file, line) of the user code that called the operator; formatted only for errors."""
+    """(file, line) of the user code that called the operator (outside dflow's own
+    modules); formatted only for errors."""
     frame = sys._getframe(2)
-    here = __file__
-    while frame is not None and frame.f_code.co_filename == here:
+    here = _HERE
+    while frame is not None and frame.f_code.co_filename.startswith(here):
         frame = frame.f_back  # type: ignore[assignment]
     if frame is None:  # pragma: no cover
         return ("?", 0)
@@ -430,6 +434,75 @@ class Chain:
 
     def __repr__(self) -> str:
         return f"Chain({self.keys[0]!r})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return self.reduced(consumed_head=False)
+
+    def reduced(self, *, consumed_head: bool) -> tuple[Any, ...]:
+        """A compact pickled form: each node's settings without the links (rebuilt from
+        the order), defaults or call sites, and branches as chains. With ``consumed_head``
+        the value of a ``just`` at the head of a longer chain is left out: for a chain that
+        travels on its own (built by flat_map, or a branch forked) the step that started it
+        has consumed that value already and the node never runs; so chains that differ only
+        there (an agent's next turn) are one blob."""
+        nodes = self.nodes
+        states = [_node_state(n) for n in nodes]
+        if consumed_head and len(nodes) > 1 and nodes[0]._kind == Kind.JUST:
+            states[0] = (int(Kind.JUST), None, CONSUMED, nodes[0]._id, None)
+        return (_chain_from, (tuple(states), self.keys))
+
+
+class _Consumed:
+    """The value of a chain's head ``just`` after it was consumed (see ``Chain.reduced``)."""
+
+    __slots__ = ()
+
+    def __reduce__(self) -> str:
+        return "CONSUMED"
+
+    def __repr__(self) -> str:
+        return "<consumed>"
+
+
+CONSUMED = _Consumed()
+
+
+def _node_state(n: DFlow[Any]) -> tuple[Any, ...]:
+    """(kind, fn, value, id, extras): what ``_chain_from`` needs to rebuild ``n``."""
+    d = n.__dict__
+    extras = {k: v for k, v in d.items() if k in _EXTRAS and v != _DEFAULTS[k]}
+    if n._ctx_arg:
+        extras["_ctx_arg"] = True
+    if n._branches:
+        extras["_branches"] = tuple(compile_flow(b) for b in n._branches)
+    if n._transparent:
+        extras["_transparent"] = True
+    return (int(n._kind), n._fn, n._value, n._id, extras or None)
+
+
+_EXTRAS = frozenset(("_name", "_on_error", "_err_ctx_arg", "_retry", "_timeout", "_thread"))
+
+
+def _chain_from(states: tuple[tuple[Any, ...], ...], keys: tuple[str, ...]) -> Chain:
+    """Rebuild a chain pickled by ``Chain.__reduce__``."""
+    nodes: list[DFlow[Any]] = []
+    source: DFlow[Any] | None = None
+    for kind, fn, value, id, extras in states:
+        node = object.__new__(DFlow)
+        d = node.__dict__
+        d.update(_DEFAULTS)
+        d.update(_kind=Kind(kind), _source=source, _fn=fn, _ctx_arg=False, _value=value, _id=id, _branches=(),
+                 _site=("", 0))
+        if extras:
+            branches = extras.pop("_branches", None)
+            d.update(extras)
+            if branches:
+                d["_branches"] = tuple(b.nodes[-1] for b in branches)
+        nodes.append(node)
+        source = node
+    chain = Chain(tuple(nodes), keys)
+    nodes[-1].__dict__["_compiled"] = chain
+    return chain
 
 
 def compile_flow(flow: Any, what: str = "flow") -> Chain:

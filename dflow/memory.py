@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+import os
 import time
 from collections import OrderedDict, deque
 from collections.abc import Mapping
@@ -17,6 +18,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ._codec import CONTINUE, FAIL, JOIN, RUN, Message
+from ._durable import ChainCodec
+from .flow import Chain
 from .context import RunInfo, RunStatus, StepRecord
 from .errors import NotWaitingError, RunExistsError, RunNotFoundError, RunTimeoutError
 from .store import (
@@ -43,6 +46,9 @@ CANCELLED = {
     "message": "cancelled: its zip/any join closed without it (a winner was found, or a branch failed)",
     "step": "",
 }
+
+
+_COPIES = 1000  # loaded chains kept: a chain is loaded again when it comes back after that
 
 
 @dataclass(slots=True)
@@ -106,11 +112,19 @@ class _Run:
 
 class MemoryStore(Store):
     """``Store`` in a dict. ``ttl``: seconds a finished run is kept; ``redispatch_after``:
-    seconds after which a committed but unclaimed next message is handed out again."""
+    seconds after which a committed but unclaimed next message is handed out again.
+
+    Chains built at run time are pickled, signed, verified and loaded back, as a store
+    that crosses processes does, so that a flow that could not travel to a worker fails in
+    local mode too; the copy is what runs. Content-addressed: a loop pays the load once
+    per distinct chain (and, like a worker, the pickling once per chain it builds).
+    """
 
     def __init__(self, *, ttl: float = 3600.0, redispatch_after: float = 30.0) -> None:
         self.ttl = ttl
         self.redispatch_after = redispatch_after
+        self.codec = ChainCodec(os.urandom(32), cache_size=_COPIES)
+        self._copies: OrderedDict[str, Chain] = OrderedDict()
         self._runs: dict[str, _Run] = {}
         self._leased: dict[str, _Run] = {}
         self._outbox: OrderedDict[str, tuple[float, Message]] = OrderedDict()
@@ -121,6 +135,28 @@ class MemoryStore(Store):
         self._timer_seq = itertools.count()
 
     # -- helpers ---------------------------------------------------------------------
+
+    def prepare_chain(self, chain: Chain) -> None:
+        self.codec.ref(chain)
+
+    def _portable(self, frames: tuple[Frame, ...]) -> tuple[Frame, ...]:
+        """``frames`` with each chain built at run time replaced by its copy loaded from
+        its signed blob, as a worker of a distributed store would run it."""
+        out = None
+        codec = self.codec
+        for i, f in enumerate(frames):
+            ref, blob = codec.ref(f.chain)
+            if blob is None:  # a pipeline's chain, or a loaded copy already
+                continue
+            copy = self._copies.get(ref)
+            if copy is None:
+                copy = self._copies[ref] = codec.load(ref, blob)
+                if len(self._copies) > _COPIES:
+                    self._copies.popitem(last=False)
+            if out is None:
+                out = list(frames)
+            out[i] = Frame(copy, f.pos, f.suffix, f.returning)
+        return frames if out is None else tuple(out)
 
     def _emit(self, msg: Message, now: float) -> Message:
         self._outbox[msg.ident] = (now + self.redispatch_after, msg)
@@ -134,7 +170,7 @@ class MemoryStore(Store):
             seq=msg.seq if msg is not None else 0,
             attempt=0,
             key=msg.key if msg is not None else "",
-            frames=run.frames,
+            frames=self._portable(run.frames),
             value=run.value,
             data=dict(run.data),
             records=list(run.records),
@@ -256,7 +292,7 @@ class MemoryStore(Store):
         out: list[Message] = []
         if isinstance(transition, Advance):
             msg = transition.message
-            run.frames = transition.frames
+            run.frames = self._portable(transition.frames)
             run.value = transition.value
             run.seq, run.attempt, run.key = msg.seq, msg.attempt, msg.key
             run.status = RunStatus.RUNNING

@@ -16,6 +16,7 @@ import pytest
 
 import dflow
 from dflow import DFlow, DFlowError, RunFailedError
+from tests.support.recorder import recorder
 
 
 class LibraryCancelled(BaseException):
@@ -72,7 +73,7 @@ def test_base_exceptions_fail_the_step_and_the_runtime_goes_on(kind: str, varian
 
 @pytest.mark.usefixtures("local")
 def test_base_exception_is_retried_by_the_policy_and_caught_by_a_handler() -> None:
-    attempts: list[int] = []
+    attempts = recorder()
 
     def flaky(ctx: dflow.ContextStack, x: int) -> int:
         attempts.append(ctx.attempt)

@@ -117,3 +117,116 @@ def test_shared_objects_travel_by_name() -> None:
 def test_a_secret_is_required() -> None:
     with pytest.raises(dflow.ConfigurationError, match="DFLOW_SECRET"):
         ChainCodec(None)
+
+
+LOCK = threading.Lock()
+
+
+def test_a_global_used_in_a_nested_lambda_is_named() -> None:
+    def step(v: int) -> int:
+        return (lambda: LOCK)() and v
+
+    with pytest.raises(BuildError, match="global 'LOCK' used by the function of map\\(step\\)"):
+        ChainCodec("s").ref(compile_flow(DFlow.just(1).map(step).id("s")))
+
+
+@pytest.mark.usefixtures("local")
+def test_local_mode_refuses_what_a_worker_could_not_load() -> None:
+    def build(x: int) -> DFlow[int]:
+        client = Client()  # holds a lock: it cannot travel to a worker
+        return DFlow.just(x).map(lambda w: client.get(w)).id("use")
+
+    r = DFlow.direct_run(1, build)
+    with pytest.raises(dflow.RunFailedError, match="variable 'client' captured by the function of map"):
+        r.result(5)
+    client = Client()
+    with pytest.raises(BuildError, match="variable 'client' captured by the function of flat_map.*test_durable"):
+        DFlow.direct_run(1, lambda x: DFlow.just(client.get(x)))
+
+
+@pytest.mark.usefixtures("local")
+def test_local_mode_runs_the_copy_a_worker_would_run() -> None:
+    seen: list[int] = []
+
+    def step(v: int) -> int:
+        seen.append(v)  # the copy's list: as on a worker, not this one
+        return len(seen)
+
+    out = DFlow.direct_run(7, lambda x: DFlow.just(x).map(step).id("s")).result(5)
+    assert out == 1 and seen == []
+
+
+def _old_format(chain: object) -> bytes:
+    """A chain pickled as dflow 0.1.0 stored it: nodes with their whole attribute dicts."""
+    import copyreg
+    import io
+
+    import cloudpickle
+
+    from dflow.flow import Chain
+
+    class Old(cloudpickle.Pickler):
+        def reducer_override(self, obj: object) -> object:
+            if type(obj) is DFlow:
+                return (copyreg.__newobj__, (DFlow,), dict(obj.__dict__))
+            if type(obj) is Chain:
+                return (copyreg.__newobj__, (Chain,), (None, {"nodes": obj.nodes, "keys": obj.keys}))
+            return super().reducer_override(obj)
+
+    buf = io.BytesIO()
+    Old(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(chain)
+    return buf.getvalue()
+
+
+def test_flows_stored_by_an_earlier_version_still_load() -> None:
+    offset = 3
+    flow = DFlow.zip([DFlow.just(i).map(lambda v: v + offset).id("b") for i in range(2)]).id("z").map(sum).id("s")
+    payload = _old_format(compile_flow(flow))
+    blob = hmac.new(b"k", payload, hashlib.sha256).digest() + payload
+    ref = "h:" + hashlib.sha256(payload).hexdigest()
+    loaded = ChainCodec("k").load(ref, blob)
+    assert loaded.keys == ("z>s", "s")
+    assert compile_flow(loaded.nodes[0]._branches[1]).nodes[1]._fn(1) == 4
+
+
+def inc(v: int) -> int:
+    return v + 1
+
+
+def test_chains_of_one_shape_are_pickled_once_and_their_consumed_head_is_left_out() -> None:
+    codec = ChainCodec("s")
+    first = codec.ref(compile_flow(DFlow.just({"turn": 1}).map(inc).id("inc")))
+    again = codec.ref(compile_flow(DFlow.just({"turn": 2}).map(inc).id("inc")))
+    assert again == first, "only the consumed head value differs: one blob"
+    other = codec.ref(compile_flow(DFlow.just(1).map(inc).id("inc").map(inc).id("more")))
+    assert other[0] != first[0]
+    # branch heads are not consumed when their parent is stored: they stay in the blob
+    a = codec.ref(compile_flow(DFlow.just(0).map(inc).id("x").flat_map(lambda v: DFlow.zip(
+        DFlow.just(1).map(inc).id("b"))).id("fm")))
+    zipped = [compile_flow(DFlow.zip(DFlow.just(v).map(inc).id("b"), DFlow.just(0)).id("z")) for v in (1, 2)]
+    r1, b1 = codec.ref(zipped[0])
+    r2, b2 = codec.ref(zipped[1])
+    assert r1 != r2 and a[0] not in (r1, r2)
+    loaded = ChainCodec("s").load(r2, b2)
+    assert loaded.nodes[0]._branches[0]._source._value == 2
+
+
+def test_captured_values_and_globals_are_keyed_by_content() -> None:
+    codec = ChainCodec("s")
+
+    def make(offset: object) -> object:
+        return compile_flow(DFlow.just(0).map(lambda v: v + offset).id("add").map(inc).id("inc"))  # type: ignore[operator]
+
+    assert codec.ref(make(1)) == codec.ref(make(1)), "same code, same captured value"
+    assert codec.ref(make(1))[0] != codec.ref(make(2))[0]
+    box = {"n": 1}
+
+    def boxed() -> object:
+        return compile_flow(DFlow.just(0).map(lambda v: v + box["n"]).id("add").map(inc).id("inc"))
+
+    before = codec.ref(boxed())[0]
+    assert codec.ref(boxed())[0] == before
+    box["n"] = 5  # mutated in place: a new chain capturing it is a new blob, not the cached one
+    after, blob = codec.ref(boxed())
+    assert after != before
+    assert ChainCodec("s").load(after, blob).nodes[1]._fn(1) == 6

@@ -27,6 +27,7 @@ from dflow import (
     UnknownEntryError,
 )
 from dflow.client import current_runtime
+from tests.support.recorder import recorder
 
 
 def test_missing_ids_are_named_at_build_time() -> None:
@@ -201,7 +202,7 @@ class TestRunTimeErrors:
 
     def test_a_stale_duplicate_message_is_dropped(self) -> None:
         # Deliver a step's message twice: the step runs and commits once.
-        runs: list[int] = []
+        runs = recorder()
 
         async def slow(x: int) -> int:
             runs.append(x)

@@ -23,6 +23,8 @@ from dflow import (
     StepTimeoutError,
 )
 
+from tests.support.recorder import recorder
+
 pytestmark = pytest.mark.usefixtures("local")
 
 
@@ -215,7 +217,7 @@ def test_from_call_suspends_until_called() -> None:
 
 
 def test_from_call_on_init_runs_after_the_wait_is_registered() -> None:
-    seen: list[str] = []
+    seen = recorder()
 
     def on_init(ctx: ContextStack) -> None:
         # Answer at once, from inside on_init: the wait must already be registered.
@@ -301,7 +303,7 @@ def test_run_without_handler_fails_with_the_error_recorded() -> None:
 
 
 def test_retry_succeeds_on_the_third_attempt() -> None:
-    attempts: list[int] = []
+    attempts = recorder()
 
     def flaky(ctx: ContextStack, x: int) -> int:
         attempts.append(ctx.attempt)
@@ -321,29 +323,27 @@ def test_retry_succeeds_on_the_third_attempt() -> None:
 
 
 def test_retry_gives_up_and_only_retries_listed_errors() -> None:
-    count = {"n": 0}
+    calls = recorder()
 
     def always(x: int) -> int:
-        count["n"] += 1
+        calls.append("always")
         raise ConnectionError("down")
 
     with pytest.raises(RunFailedError, match="ConnectionError"):
         run(lambda x: DFlow.just(x).map(always).id("always").retry(2, backoff=0.01), 1)
-    assert count["n"] == 2
-
-    count["n"] = 0
+    assert calls == ["always", "always"]
 
     def wrong(x: int) -> int:
-        count["n"] += 1
+        calls.append("wrong")
         raise ValueError("not retryable")
 
     with pytest.raises(RunFailedError, match="ValueError"):
         run(lambda x: DFlow.just(x).map(wrong).id("wrong").retry(5, backoff=0.01, on=ConnectionError), 1)
-    assert count["n"] == 1
+    assert calls == ["always", "always", "wrong"]
 
 
 def test_retry_backoff_grows_exponentially() -> None:
-    times: list[float] = []
+    times = recorder()
 
     def flaky(x: int) -> int:
         times.append(time.monotonic())
@@ -374,20 +374,20 @@ def test_timeout_fires_for_async_and_sync_steps() -> None:
 
 
 def test_timeout_then_retry_then_success() -> None:
-    count = {"n": 0}
+    calls = recorder()
 
     async def sometimes_slow(x: int) -> int:
-        count["n"] += 1
-        if count["n"] == 1:
+        calls.append(x)
+        if len(calls) == 1:
             await asyncio.sleep(5)
         return x
 
     out = run(lambda x: DFlow.just(x).map(sometimes_slow).id("s").timeout(0.1).retry(2, backoff=0.01, on=StepTimeoutError), 7)
-    assert out == 7 and count["n"] == 2
+    assert out == 7 and calls == [7, 7]
 
 
 def test_in_thread_runs_off_the_event_loop() -> None:
-    loop_threads: list[str] = []
+    loop_threads = recorder()
 
     def where(x: int) -> str:
         loop_threads.append(threading.current_thread().name)

@@ -7,6 +7,7 @@ checks results, and executions against commits.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections import Counter
@@ -84,7 +85,7 @@ class Cluster:
         out: Counter[str] = Counter()
         run = dflow.Run(trace)
         for s in run.context().steps:
-            if s.status is StepStatus.DONE and s.key.split(">")[0] in COUNTED:
+            if s.status is StepStatus.DONE and re.split("[>/]", s.key)[0] in COUNTED:
                 out[f"{trace}:{s.seq}"] += 1
             if s.status is StepStatus.FORKED:
                 for child in s.output:
