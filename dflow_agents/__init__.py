@@ -1,8 +1,83 @@
-"""LLM agents written as dflow flows (tool calling, ReAct, planning, crawling).
+"""LLM agents written as dflow flows: the LLM layer and the tools.
 
-Empty for now: the agents are built on the distributed runtime, which comes first.
+* chat types (:class:`ChatMessage`, :class:`ToolCall`, :class:`ChatResponse`...), JSON data
+  that agent state carries across steps;
+* the :class:`ChatModel` protocol and :class:`OpenAIChatModel` (native tool calls, or the
+  Qwen2.5 raw-prompt mode), whose retryable failures are :class:`ModelRetryableError`;
+* the Qwen2.5 prompt renderer and tolerant parser (:mod:`dflow_agents.qwen`);
+* :class:`AIFunction`: formatter, template, model and parser as replaceable callables;
+* ``@tool``: typed functions (plain, async, or returning a ``DFlow``) as model tools.
+
+Test doubles live in :mod:`dflow_agents.testing`.
 """
 
 from __future__ import annotations
 
-__all__: list[str] = []
+from .errors import (
+    ModelConfigError,
+    ModelConnectionError,
+    ModelError,
+    ModelRateLimitError,
+    ModelRequestBlockedError,
+    ModelResponseError,
+    ModelRetryableError,
+    ModelServerError,
+    ModelStatusError,
+    ModelTimeoutError,
+)
+from .function import (
+    AIFunction,
+    ModelConfig,
+    chat_formatter,
+    chat_template,
+    qwen_parser,
+    qwen_template,
+    response_parser,
+)
+from .messages import ChatMessage, ChatResponse, Role, ToolCall, ToolSpec, Usage, to_openai_messages
+from .model import ChatModel, CompletionModel
+from .openai_model import OpenAIChatModel
+from .qwen import QWEN_DEFAULT_SYSTEM, QWEN_STOP, parse_qwen_completion, render_qwen_prompt
+from .terminate import TERMINATE_DESCRIPTION, TerminateStatus, terminate, terminate_tool
+from .tools import Tool, ToolResult, tool
+
+__all__ = [  # noqa: RUF022 - plain sorted(), as tests/test_exports.py checks
+    "AIFunction",
+    "ChatMessage",
+    "ChatModel",
+    "ChatResponse",
+    "CompletionModel",
+    "ModelConfig",
+    "ModelConfigError",
+    "ModelConnectionError",
+    "ModelError",
+    "ModelRateLimitError",
+    "ModelRequestBlockedError",
+    "ModelResponseError",
+    "ModelRetryableError",
+    "ModelServerError",
+    "ModelStatusError",
+    "ModelTimeoutError",
+    "OpenAIChatModel",
+    "QWEN_DEFAULT_SYSTEM",
+    "QWEN_STOP",
+    "Role",
+    "TERMINATE_DESCRIPTION",
+    "TerminateStatus",
+    "Tool",
+    "ToolCall",
+    "ToolResult",
+    "ToolSpec",
+    "Usage",
+    "chat_formatter",
+    "chat_template",
+    "parse_qwen_completion",
+    "qwen_parser",
+    "qwen_template",
+    "render_qwen_prompt",
+    "response_parser",
+    "terminate",
+    "terminate_tool",
+    "to_openai_messages",
+    "tool",
+]

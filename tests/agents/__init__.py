@@ -1,0 +1,1 @@
+"""Tests of dflow_agents: the LLM layer, the tools and the test doubles."""
