@@ -14,6 +14,7 @@ from typing import Any
 
 import msgpack
 
+from ._ids import is_run_id
 from .errors import SerializationError
 
 _EXT_MODEL = 1
@@ -164,7 +165,10 @@ def _plain_packer() -> msgpack.Packer:
 
 
 def _count(x: Any) -> bool:
-    return type(x) is int and x >= 0
+    return type(x) is int and 0 <= x < 2**53  # a Lua number holds it exactly
+
+
+MAX_MESSAGE = 8192  #: bytes of a step message at most (a trace id, a key and three numbers)
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,9 +186,18 @@ class Message:
 
     @classmethod
     def decode(cls, data: bytes) -> Message:
-        """Decode a message; raise ``SerializationError`` saying why it is not one. A message
-        is exactly what ``encode`` makes: an array of a trace id (str), a sequence number,
-        a step key (str), an attempt (integers from 0) and a kind (``RUN`` .. ``FAIL``)."""
+        """Decode a message; raise ``SerializationError`` saying why it is not one.
+
+        A step message is exactly what ``encode`` makes (the commit script of the Redis
+        store applies the same rules to the messages it takes): a msgpack array of a trace
+        id (a run id, see ``dflow._ids``), a sequence number, a step key (a non-empty str),
+        an attempt (integers from 0 below 2**53) and a kind (``RUN`` .. ``FAIL``), in the
+        shortest encoding of each field."""
+        if not isinstance(data, (bytes, bytearray)) or len(data) > MAX_MESSAGE:
+            raise SerializationError(
+                f"not a dflow step message ({type(data).__name__}"
+                f"{f' of {len(data)} bytes' if isinstance(data, (bytes, bytearray)) else ''})"
+            )
         try:
             fields = msgpack.unpackb(data, raw=False)
         except Exception as exc:
@@ -192,10 +205,13 @@ class Message:
         if not isinstance(fields, list) or len(fields) != 5:
             raise SerializationError("not a dflow step message (not an array of 5 fields)")
         trace_id, seq, key, attempt, kind = fields
-        if not (isinstance(trace_id, str) and isinstance(key, str) and _count(seq) and _count(attempt)
+        if not (is_run_id(trace_id) and isinstance(key, str) and key and _count(seq) and _count(attempt)
                 and _count(kind) and kind <= FAIL):
             raise SerializationError("not a dflow step message (wrong field types)")
-        return cls(trace_id, seq, key, attempt, kind)
+        msg = cls(trace_id, seq, key, attempt, kind)
+        if msg.encode() != data:
+            raise SerializationError("not a dflow step message (not in its shortest encoding)")
+        return msg
 
     @property
     def ident(self) -> str:

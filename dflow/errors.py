@@ -15,6 +15,7 @@
     ├── RunError                    about one run (carries ``trace_id``)
     │   ├── RunNotFoundError        no such run (never started, or expired)
     │   ├── RunExistsError          a run with that trace id already exists
+    │   ├── InvalidTraceIdError     a trace id with characters or a length not allowed
     │   ├── NotWaitingError         ``DFlow.call`` on a run not waiting for that call
     │   ├── RunFailedError          the awaited run ended failed
     │   └── RunTimeoutError         waiting for a run's result timed out
@@ -37,6 +38,7 @@ __all__ = [
     "ConfigurationError",
     "DFlowError",
     "DuplicateIdError",
+    "InvalidTraceIdError",
     "MissingIdError",
     "NotWaitingError",
     "PayloadRejectedError",
@@ -120,6 +122,11 @@ class RunNotFoundError(RunError, LookupError):
 
 class RunExistsError(RunError):
     """A run with this trace id already exists; trace ids name runs uniquely."""
+
+
+class InvalidTraceIdError(RunError, ValueError):
+    """A trace id a run cannot have: not a str, empty, too long, or with characters other
+    than letters, digits and ``_ . : @ -``. Nothing was started or changed."""
 
 
 class NotWaitingError(RunError):

@@ -220,8 +220,7 @@ class Runtime:
                 try:
                     msg = Message.decode(d.body)
                 except SerializationError as exc:
-                    log.error("dflow: dead-lettering an undecodable message: %s", exc)
-                    await self.transport.dead_letter(d, str(exc))
+                    await self._dead_letter(d, str(exc))
                     return
             else:
                 msg = claim.message
@@ -245,6 +244,20 @@ class Runtime:
             if taken is None:
                 return
             d, claim = taken
+
+    async def _dead_letter(self, d: Delivery, reason: str) -> None:
+        """Set an undecodable message aside; if even that fails, acknowledge it anyway: a
+        message that can never be processed must not stay pending (on Kafka it would hold
+        its partition's committed offset back for good)."""
+        log.error("dflow: dead-lettering an undecodable message: %s", reason)
+        try:
+            await self.transport.dead_letter(d, reason)
+        except Exception:
+            log.exception("dflow: could not dead-letter a message; acknowledging it: %s", reason)
+            try:
+                await self.transport.ack(d)
+            except Exception:
+                log.exception("dflow: could not acknowledge an undecodable message")
 
     async def _timers(self) -> None:
         store = self.store

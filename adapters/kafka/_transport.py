@@ -128,13 +128,16 @@ class KafkaTransport(Transport):
         await self.publish_many([(body, key)])
 
     async def publish_many(self, items: list[tuple[bytes, str]]) -> None:
+        await self._send_many([(body, key.encode()) for body, key in items])
+
+    async def _send_many(self, items: list[tuple[bytes, bytes | None]]) -> None:
         producer = self._get_producer()
         loop = asyncio.get_running_loop()
         waits = []
         for body, key in items:
             done: asyncio.Future[None] = loop.create_future()
             try:
-                f = producer.send(self.topic, key=key.encode(), value=body)
+                f = producer.send(self.topic, key=key, value=body)
             except KafkaError as exc:
                 raise TransportError(f"Kafka refused a message: {exc}") from exc
             f.add_callback(lambda _md, d=done: loop.call_soon_threadsafe(_settle, d, None))
@@ -178,13 +181,24 @@ class KafkaTransport(Transport):
 
     async def nack(self, delivery: Delivery) -> None:
         _, _, key = delivery.tag
-        await self.publish(delivery.body, key)
+        await self._send_many([(delivery.body, key)])
         await self.ack(delivery)
 
     async def dead_letter(self, delivery: Delivery, reason: str) -> None:
-        producer = self._get_producer()
-        fut = producer.send(f"{self.topic}.dead", value=delivery.body, headers=[("reason", reason.encode())])
-        await asyncio.get_running_loop().run_in_executor(None, fut.get, 10)
+        """Copy the record to ``<topic>.dead`` with its original key, and the reason, the
+        partition and the offset in headers; then acknowledge it. A record that cannot be
+        copied (the dead-letter topic refuses it) is logged and acknowledged all the same:
+        it must never hold its partition back."""
+        tp, offset, key = delivery.tag
+        headers = [("reason", reason.encode()), ("topic", tp.topic.encode()),
+                   ("partition", str(tp.partition).encode()), ("offset", str(offset).encode())]
+        try:
+            producer = self._get_producer()
+            fut = producer.send(f"{self.topic}.dead", key=key or b"", value=delivery.body, headers=headers)
+            await asyncio.get_running_loop().run_in_executor(None, fut.get, 10)
+        except Exception as exc:  # noqa: BLE001 - logged; the record is acknowledged below
+            log.error("dflow: could not dead-letter the record at %s[%d]@%d (%s: %s); dropping it: %s",
+                      tp.topic, tp.partition, offset, type(exc).__name__, exc, reason)
         await self.ack(delivery)
 
     async def ping(self) -> None:
@@ -355,8 +369,8 @@ class _Reader(threading.Thread, ConsumerRebalanceListener):
                         state.outstanding.add(rec.offset)
                         state.high = max(state.high, rec.offset)
                         self.inflight += 1
-                        key = rec.key.decode() if rec.key else ""
-                        out.append(Delivery(rec.value, (tp, rec.offset, key)))
+                        # the key as it came (bytes, or None): nack and dead_letter send it on
+                        out.append(Delivery(rec.value, (tp, rec.offset, rec.key)))
                 if out:
                     self.loop.call_soon_threadsafe(_put_all, self.deliveries, out)
             if self._commit_on_stop:

@@ -180,16 +180,46 @@ local lease = redis.call('HMGET', rk, 'lease_token', 'lease_len', 'lease_msg', '
 if lease[1] ~= ARGV[3] then return false end
 local now, ttl, redispatch = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 
--- A step message exactly as the workers encode it (Message.decode applies the same rules): an
--- array of 5 (0x95) [trace, seq, key, attempt, kind], counts from 0, kind 0-3, nothing after it.
+-- A step message exactly as Message.decode accepts it (the same rules, tested on one table):
+-- an array of 5 [trace, seq, key, attempt, kind]: a run id, a non-empty UTF-8 key, counts from
+-- 0 below 2^53, kind 0-3, in the shortest encoding (as packing its fields again gives).
 -- Anything else goes back to the worker, which dead-letters it.
-local function as_step(ok, f, ...)
-  if not ok or select('#', ...) > 0 or type(f) ~= 'table' then return nil end
-  if type(f[1]) ~= 'string' or type(f[3]) ~= 'string' then return nil end
-  for _, k in ipairs({2, 4, 5}) do
-    if type(f[k]) ~= 'number' or f[k] ~= math.floor(f[k]) or f[k] < 0 then return nil end
+local function utf8_ok(s)
+  if not string.find(s, '[\128-\255]') then return true end
+  local i, n = 1, #s
+  while i <= n do
+    local c = string.byte(s, i)
+    local extra
+    if c < 0x80 then extra = 0
+    elseif c >= 0xC2 and c <= 0xDF then extra = 1
+    elseif c >= 0xE0 and c <= 0xEF then extra = 2
+    elseif c >= 0xF0 and c <= 0xF4 then extra = 3
+    else return false end
+    if i + extra > n then return false end
+    for k = i + 1, i + extra do
+      local b = string.byte(s, k)
+      if b < 0x80 or b > 0xBF then return false end
+    end
+    local b2 = string.byte(s, i + 1)
+    if (c == 0xE0 and b2 < 0xA0) or (c == 0xED and b2 > 0x9F) or (c == 0xF0 and b2 < 0x90)
+       or (c == 0xF4 and b2 > 0x8F) then return false end
+    i = i + extra + 1
   end
-  if f[5] > 3 then return nil end
+  return true
+end
+
+local function as_step(body)
+  if #body > 16384 or string.byte(body, 1) ~= 0x95 then return nil end
+  local ok, f = pcall(cmsgpack.unpack, body)
+  if not ok or type(f) ~= 'table' or #f ~= 5 then return nil end
+  if type(f[1]) ~= 'string' or type(f[3]) ~= 'string' or f[3] == '' then return nil end
+  if #f[1] > 1024 or not string.find(f[1], '^[A-Za-z0-9_.:@/%-]+$') or not utf8_ok(f[3]) then return nil end
+  for _, k in ipairs({2, 4, 5}) do
+    if type(f[k]) ~= 'number' or f[k] ~= math.floor(f[k]) or f[k] < 0 or f[k] >= 9007199254740992 then
+      return nil
+    end
+  end
+  if f[5] > 3 or cmsgpack.pack(f) ~= body then return nil end
   return f
 end
 
@@ -204,7 +234,7 @@ local function take()
       if fields[k] == 'm' then body = fields[k + 1] end
     end
     if not body then return {id, ''} end
-    local f = string.byte(body, 1) == 0x95 and as_step(pcall(cmsgpack.unpack, body))
+    local f = as_step(body)
     if not f then return {id, body} end  -- not a step message: the worker sets it aside
     local c = claim_step(P, f[1], body, string.format('%d', f[2]), string.format('%d', f[4]), f[3],
                          string.format('%d', f[5]), now, TAKE_LEASE, TAKE_TOKEN)

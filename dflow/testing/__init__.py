@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from .conformance import StoreContract, TransportContract, contract_chain
+from .conformance import MALFORMED_MESSAGES, StoreContract, TransportContract, contract_chain
 
-__all__ = ["StoreContract", "TransportContract", "contract_chain"]
+__all__ = ["MALFORMED_MESSAGES", "StoreContract", "TransportContract", "contract_chain"]

@@ -29,7 +29,41 @@ from ..flow import DFlow
 from ..store import Advance, Fail, Finish, Fork, Frame, NewRun, Parent, Store, Wait
 from ..transport import Transport
 
-__all__ = ["StoreContract", "TransportContract", "contract_chain"]
+__all__ = ["MALFORMED_MESSAGES", "StoreContract", "TransportContract", "contract_chain"]
+
+
+def _packed(fields: Any) -> bytes:
+    import msgpack
+
+    return msgpack.packb(fields, use_bin_type=True)
+
+
+#: Bodies that are not step messages, nearly or not at all; every path that reads step
+#: messages (``Message.decode``, a store's own scripts) must refuse each one.
+MALFORMED_MESSAGES: list[tuple[str, bytes]] = [
+    ("not msgpack", b"\xc1garbage"),
+    ("empty", b""),
+    ("a map", _packed({1: "t", 2: 1, 3: "k", 4: 0, 5: 0})),
+    ("six fields", _packed(["t", 1, "k", 0, 0, 0])),
+    ("four fields", _packed(["t", 1, "k", 0])),
+    ("a byte after it", _packed(["t", 1, "k", 0, 0]) + b"\x00"),
+    ("float seq", _packed(["t", 1.0, "k", 0, 0])),
+    ("fractional seq", _packed(["t", 1.5, "k", 0, 0])),
+    ("negative seq", _packed(["t", -1, "k", 0, 0])),
+    ("seq beyond 2**53", _packed(["t", 2**53, "k", 0, 0])),
+    ("bool seq", _packed(["t", True, "k", 0, 0])),
+    ("null attempt", _packed(["t", 1, "k", None, 0])),
+    ("kind 4", _packed(["t", 1, "k", 0, 4])),
+    ("kind a list", _packed(["t", 1, "k", 0, [1]])),
+    ("bytes trace id", _packed([b"t", 1, "k", 0, 0])),
+    ("empty key", _packed(["t", 1, "", 0, 0])),
+    ("a newline in the trace id", _packed(["t\nx", 1, "k", 0, 0])),
+    ("a space in the trace id", _packed(["t x", 1, "k", 0, 0])),
+    ("a trace id of 1025 characters", _packed(["t" * 1025, 1, "k", 0, 0])),
+    ("seq 5 as uint16", b"\x95\xa1t\xcd\x00\x05\xa1k\x00\x00"),
+    ("key not UTF-8", b"\x95\xa1t\x01\xa2\xff\xfe\x00\x00"),
+    ("key as bin", b"\x95\xa1t\x01\xc4\x01k\x00\x00"),
+]
 
 
 def _run(coro: Coroutine[Any, Any, Any]) -> Any:

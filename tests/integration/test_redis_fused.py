@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
 import msgpack
+import pytest
 import redis
 
 import dflow
@@ -19,6 +20,7 @@ from adapters.redis._errors import connect
 from dflow import DFlow
 from dflow._codec import Message, decode, encode
 from dflow._urls import store_from_url, transport_from_url
+from dflow.testing import MALFORMED_MESSAGES
 from dflow.context import RunStatus, StepStatus
 from dflow.store import Finish
 from dflow.testing.conformance import _advance as advance
@@ -116,12 +118,16 @@ def test_take_drops_stale_messages_and_hands_back_garbage(redis_url: str, prefix
             assert ca is not None and cb is not None
             # b's message again (a duplicate: b is leased), then a message that is no step at all
             r.xadd(stream, {b"m": db.body})
-            # then what is no step message at all, or only nearly one: the worker dead-letters them
-            odd = [b"\xc1garbage", msgpack.packb(["x", 1.5, "k", 0, 0]), msgpack.packb(["x", 1, "k", 0, 0, 0]),
-                   msgpack.packb(["x", 1, "k", 0, 0]) + b"\x00", msgpack.packb(["x", 1, "k", None, 0]),
-                   msgpack.packb({1: "x", 2: 1, 3: "k", 4: 0, 5: 0}), msgpack.packb(["x", 1, "k", 0, 7])]
+            # then what is no step message at all, or only nearly one: the worker dead-letters them,
+            # by the rules Message.decode applies (the same table); a float copy of b's live
+            # message is one of them, never a claim of b
+            b_msg = Message.decode(db.body)
+            as_float = msgpack.packb([b_msg.trace_id, float(b_msg.seq), b_msg.key, b_msg.attempt, b_msg.kind])
+            odd = [body for _, body in MALFORMED_MESSAGES] + [as_float]
             for body in odd:
                 r.xadd(stream, {b"m": body})
+            # a well-formed message of no run is stale: dropped, not handed over
+            r.xadd(stream, {b"m": Message("no-such-run", 1, "k").encode()})
             seen = []
             claim = ca
             claim.receipt = da.tag
@@ -135,9 +141,40 @@ def test_take_drops_stale_messages_and_hands_back_garbage(redis_url: str, prefix
                 await store.create_run(nxt)
                 claim = await store.claim(nxt.message, "w", 30)  # (its message stays queued)
             assert seen == odd
-            pending = r.xpending_range(stream, "dflow-workers", "-", "+", 20)
+            for body in odd:
+                with pytest.raises(dflow.SerializationError, match="not a dflow step message"):
+                    Message.decode(body)
+            pending = r.xpending_range(stream, "dflow-workers", "-", "+", 100)
             assert [p["message_id"] for p in pending][0] == db.tag
             assert len(pending) == 1 + len(odd), "the duplicate was dropped, the odd ones handed over"
+            # the stale message is dropped (as are the messages of the runs leased by us)
+            out, taken = await store.commit_and_take(claim, [record(claim.message, 1)], {}, Finish(encode(1)), 30)
+            assert taken is None
+            bodies = [f[b"m"] for _, f in r.xrange(stream)]
+            assert Message("no-such-run", 1, "k").encode() not in bodies
+
+    run(body())
+    r.close()
+
+
+def test_a_float_copy_of_a_step_message_does_not_claim_its_step(redis_url: str, prefix: str) -> None:
+    r = redis.Redis.from_url(redis_url)
+    stream = f"{prefix}:steps"
+
+    async def body() -> None:
+        plain = RedisStore(redis_url, prefix=prefix, secret=SECRET)  # its messages stay with the caller
+        async with fused(redis_url, prefix) as (store, transport):
+            (real,) = await plain.create_run(new_run("c"))
+            await store.create_run(new_run("d"))
+            (dd,) = await transport.receive(1, timeout=2)
+            r.xadd(stream, {b"m": msgpack.packb([real.trace_id, float(real.seq), real.key, real.attempt, 0])})
+            cd = await store.claim(Message.decode(dd.body), "w", 30)
+            assert cd is not None
+            cd.receipt = dd.tag
+            out, taken = await store.commit_and_take(cd, [record(cd.message, 1)], {}, Finish(encode(1)), 30)
+            assert taken is not None and taken[1] is None, "handed back to be dead-lettered"
+            assert await store.claim(real, "w2", 30) is not None, "the step was not claimed under the float copy"
+        await plain.close()
 
     run(body())
     r.close()
