@@ -12,19 +12,20 @@ and resolve to the receiving worker's own instance.
 from __future__ import annotations
 
 import hashlib
-import hmac
 import io
 import pickle
 import types
 import weakref
 from collections import OrderedDict
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
 import cloudpickle
 
 from ._shape import global_names as _global_names
 from ._shape import shape as _chain_shape
-from .errors import BuildError, ConfigurationError, PayloadRejectedError, UnknownStepError
+from ._signing import Keys
+from .errors import BuildError, PayloadRejectedError, UnknownStepError
 from .flow import Chain, compile_flow
 
 __all__ = ["ChainCodec", "shared"]
@@ -196,16 +197,52 @@ def _bad_capture(fn: Any, seen: set[int]) -> tuple[str, str, Exception] | None:
     return None
 
 
+MAX_BLOB_BYTES = 8 * 1024 * 1024  #: a stored flow's size at most, captured values included
+_BLOB = b"dflow flow blob"
+_FRAMES = b"dflow frames"
+
+
+def _too_big(chain: Chain, size: int, limit: int) -> str:
+    """Name the biggest value the flow carries, which made it too big to store."""
+    from .flow import _site_text
+
+    biggest: tuple[int, str] = (0, "")
+    for node in _all_nodes(chain):
+        where = f"{node._describe()} at {_site_text(node._site)}"
+        for role, fn in (("function", node._fn), ("on_error_return", node._on_error)):
+            if isinstance(fn, types.FunctionType):
+                for var, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
+                    try:
+                        n = len(_dumps(cell.cell_contents))
+                    except Exception:
+                        continue
+                    if n > biggest[0]:
+                        biggest = (n, f"variable {var!r} captured by the {role} of {where} ({n} bytes)")
+        try:
+            n = len(_dumps(node._value))
+        except Exception:
+            n = 0
+        if n > biggest[0]:
+            biggest = (n, f"the value of {where} ({n} bytes)")
+    what = f"; the biggest part is {biggest[1]}" if biggest[1] else ""
+    return (
+        f"the flow is {size} bytes when stored, over the limit of {limit}{what}. Keep large data in the store's "
+        "values (a step's result, ctx.put) or elsewhere, and capture a reference"
+    )
+
+
 class ChainCodec:
     """Turns chains into references (and blobs to store), and back, for one shared secret."""
 
-    def __init__(self, secret: str | bytes | None, *, cache_size: int = 10_000) -> None:
-        if not secret:
-            raise ConfigurationError(
-                "distributed mode needs a shared secret to sign the flows workers exchange: set the "
-                "DFLOW_SECRET environment variable (the same on every worker and client) or pass secret="
-            )
-        self._key = secret.encode() if isinstance(secret, str) else bytes(secret)
+    def __init__(
+        self,
+        secret: str | bytes | Sequence[str | bytes] | None,
+        *,
+        cache_size: int = 10_000,
+        max_blob_bytes: int = MAX_BLOB_BYTES,
+    ) -> None:
+        self.keys = Keys(secret)
+        self.max_blob_bytes = max_blob_bytes
         # By the chain object itself, held weakly: a chain built at run time is dropped
         # once its run moved on, and its entry with it.
         self._refs: weakref.WeakKeyDictionary[Chain, tuple[str, bytes | None]] = weakref.WeakKeyDictionary()
@@ -235,8 +272,10 @@ class ChainCodec:
                     payload = _dumps(chain)
                 except Exception as exc:
                     raise BuildError(_diagnose(chain, exc)) from exc
+                if len(payload) > self.max_blob_bytes:
+                    raise BuildError(_too_big(chain, len(payload), self.max_blob_bytes))
                 ref = "h:" + hashlib.sha256(payload).hexdigest()
-                blob = hmac.new(self._key, payload, hashlib.sha256).digest() + payload
+                blob = self.keys.sign(_BLOB, payload)
                 out = (ref, blob)
                 self._remember(ref, chain, blob)
                 if shape is not None:
@@ -269,17 +308,29 @@ class ChainCodec:
         built at run time (``h:<sha256>/<pos>.<branch>``) travels inside its parent's blob."""
         return ref.split("/", 1)[0]
 
+    def seal_frames(self, trace_id: str, payload: bytes) -> bytes:
+        """A run's frames record, signed for that run: a store writer cannot point a run at
+        another run's code, or at another pipeline's step."""
+        return self.keys.sign(_FRAMES, payload, trace_id.encode())
+
+    def open_frames(self, trace_id: str, record: bytes) -> bytes:
+        """The frames record of run ``trace_id``, verified (see ``seal_frames``)."""
+        return self.keys.open(record, _FRAMES, f"the frames record of run {trace_id!r}", trace_id.encode())
+
     def load(self, ref: str, blob: bytes | None) -> Chain:
         """Verify and unpickle the blob stored for ``ref`` (for a branch: its parent's blob)."""
         head = self.blob_of(ref)
         if blob is None:
             raise PayloadRejectedError(f"the stored flow {head} is missing (expired or deleted)")
-        sig, payload = blob[:32], blob[32:]
-        good = hmac.new(self._key, payload, hashlib.sha256).digest()
-        if not hmac.compare_digest(sig, good) or "h:" + hashlib.sha256(payload).hexdigest() != head:
+        if len(blob) > self.max_blob_bytes + 64:
             raise PayloadRejectedError(
-                f"the stored flow {head} fails its signature check: it was tampered with, or written "
-                "with another DFLOW_SECRET; it is not executed"
+                f"the stored flow {head} is {len(blob)} bytes, over the limit of {self.max_blob_bytes}; not loaded"
+            )
+        payload = self.keys.open(blob, _BLOB, f"the stored flow {head}", legacy=True)
+        if "h:" + hashlib.sha256(payload).hexdigest() != head:
+            raise PayloadRejectedError(
+                f"the stored flow {head} fails its signature check: its content is not what its name says; "
+                "it is not executed"
             )
         try:
             chain = _Unpickler(io.BytesIO(payload)).load()

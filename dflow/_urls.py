@@ -17,9 +17,10 @@ from .store import Store
 from .transport import Transport
 
 _TRANSPORT_KEYS = {"stream", "group", "consumer", "dead_letters", "redeliver_after", "prefetch"}
-_STORE_KEYS = {"prefix", "ttl", "redispatch_after", "blob_ttl"}
+_STORE_KEYS = {"prefix", "ttl", "redispatch_after", "blob_ttl", "legacy_frames"}
 _FLOATS = {"redeliver_after", "ttl", "redispatch_after", "blob_ttl"}
 _INTS = {"prefetch", "partitions"}
+_BOOLS = {"legacy_frames"}
 
 
 def _split(url: str, ours: set[str]) -> tuple[str, dict[str, Any]]:
@@ -28,10 +29,26 @@ def _split(url: str, ours: set[str]) -> tuple[str, dict[str, Any]]:
     rest = []
     for k, v in parse_qsl(parts.query, keep_blank_values=True):
         if k in ours:
-            mine[k] = float(v) if k in _FLOATS else int(v) if k in _INTS else v
+            mine[k] = _setting(k, v)
         else:
             rest.append((k, v))
     return urlunsplit(parts._replace(query=urlencode(rest))), mine
+
+
+def _setting(name: str, text: str) -> Any:
+    try:
+        if name in _FLOATS:
+            return float(text)
+        if name in _INTS:
+            return int(text)
+    except ValueError:
+        raise ConfigurationError(f"the URL setting {name}={text!r} is not a number") from None
+    if name in _BOOLS:
+        flag = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}.get(text.lower())
+        if flag is None:
+            raise ConfigurationError(f"the URL setting {name}={text!r} is not a flag: use 1 or 0")
+        return flag
+    return text
 
 
 def _adapter(name: str) -> Any:

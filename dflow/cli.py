@@ -56,6 +56,9 @@ async def _worker(args: argparse.Namespace) -> int:
     from ._urls import store_from_url, transport_from_url
     from .runtime import Runtime
 
+    from ._signing import Keys
+
+    Keys(os.environ.get("DFLOW_SECRET"))  # a worker signs and checks flows: refuse to start without a key
     sys.path.insert(0, os.getcwd())
     for module in args.modules:
         importlib.import_module(module)
@@ -91,7 +94,7 @@ async def _inspect(args: argparse.Namespace) -> int:
     from ._tree import render
     from ._urls import store_from_url
 
-    store = store_from_url(_need(args.store, "--store", "DFLOW_STORE"), secret=os.environ.get("DFLOW_SECRET", "-"))
+    store = store_from_url(_need(args.store, "--store", "DFLOW_STORE"))
     try:
         print(await render(store, args.trace_id))
         return 0 if await store.get_run(args.trace_id) is not None else 1
@@ -102,7 +105,7 @@ async def _inspect(args: argparse.Namespace) -> int:
 async def _ls(args: argparse.Namespace) -> int:
     from ._urls import store_from_url
 
-    store = store_from_url(_need(args.store, "--store", "DFLOW_STORE"), secret=os.environ.get("DFLOW_SECRET", "-"))
+    store = store_from_url(_need(args.store, "--store", "DFLOW_STORE"))
     try:
         runs = await store.list_runs(args.limit)
     finally:

@@ -14,6 +14,9 @@ from dflow import BuildError, DFlow, PayloadRejectedError, UnknownStepError
 from dflow._durable import ChainCodec
 from dflow.flow import compile_flow
 
+KEY = "k" * 32  # a signing key is at least 32 bytes
+OTHER = "o" * 32
+
 static = DFlow.from_call("durable-entry").map(lambda x: x).id("a").init("durable-static")
 
 
@@ -28,51 +31,51 @@ class Client:
 
 
 def test_static_chains_travel_by_reference() -> None:
-    codec = ChainCodec("s")
+    codec = ChainCodec(KEY)
     ref, blob = codec.ref(static._chain)
     assert ref == "p:durable-entry>a" and blob is None
-    assert ChainCodec("s").cached(ref) is static._chain
+    assert ChainCodec(KEY).cached(ref) is static._chain
     with pytest.raises(UnknownStepError, match="does not import the module"):
-        ChainCodec("s").cached("p:nobody>has>this")
+        ChainCodec(KEY).cached("p:nobody>has>this")
 
 
 def test_chains_built_at_run_time_travel_signed() -> None:
     offset = 5
     chain = compile_flow(DFlow.just(1).map(lambda v: v + offset).id("add"))
-    ref, blob = ChainCodec("secret").ref(chain)
+    ref, blob = ChainCodec(KEY).ref(chain)
     assert ref.startswith("h:") and blob is not None
-    loaded = ChainCodec("secret").load(ref, blob)
+    loaded = ChainCodec(KEY).load(ref, blob)
     assert loaded.keys == chain.keys
     assert loaded.nodes[1]._fn(1) == 6, "the captured value travelled with the chain"
     tampered = blob[:-3] + bytes([blob[-3] ^ 1]) + blob[-2:]
     with pytest.raises(PayloadRejectedError, match="signature"):
-        ChainCodec("secret").load(ref, tampered)
-    with pytest.raises(PayloadRejectedError, match="another DFLOW_SECRET"):
-        ChainCodec("other-secret").load(ref, blob)
+        ChainCodec(KEY).load(ref, tampered)
+    with pytest.raises(UnknownStepError, match="signed with a key this process does not have"):
+        ChainCodec(OTHER).load(ref, blob)  # parked until a worker with the key takes it
     with pytest.raises(PayloadRejectedError, match="missing"):
-        ChainCodec("secret").load(ref, None)
+        ChainCodec(KEY).load(ref, None)
 
 
 def test_branches_of_a_chain_built_at_run_time_travel_inside_its_blob() -> None:
     offset = 10
     inner = DFlow.zip([DFlow.just(i).map(lambda v: v + offset).id("b") for i in range(3)]).id("z")
     zipped = compile_flow(inner)
-    codec = ChainCodec("secret")
+    codec = ChainCodec(KEY)
     ref, blob = codec.ref(zipped)
     assert blob is not None
     branch = compile_flow(inner._branches[2])
     assert codec.ref(branch) == (f"{ref}/0.2", blob), "a branch travels in its parent's blob"
-    fresh = ChainCodec("secret")
+    fresh = ChainCodec(KEY)
     assert fresh.cached(f"{ref}/0.2") is None
     loaded = fresh.load(f"{ref}/0.2", blob)  # given the parent's blob
     assert loaded.keys == branch.keys and loaded.nodes[1]._fn(2) == 12
     assert fresh.cached(f"{ref}/0.1") is not None, "its sibling came with the same blob"
     assert codec.blob_of(f"{ref}/0.2") == ref
     with pytest.raises(PayloadRejectedError, match="no branch"):
-        ChainCodec("secret").load(f"{ref}/5.0", blob)
+        ChainCodec(KEY).load(f"{ref}/5.0", blob)
     tampered = blob[:-3] + bytes([blob[-3] ^ 1]) + blob[-2:]
     with pytest.raises(PayloadRejectedError, match="signature"):
-        ChainCodec("secret").load(f"{ref}/0.2", tampered)
+        ChainCodec(KEY).load(f"{ref}/0.2", tampered)
 
 
 shared_branch = DFlow.just(1).map(lambda v: v).id("sb")
@@ -80,7 +83,7 @@ static_zip_pipeline = DFlow.zip([shared_branch]).id("zz").init("durable-zip-stat
 
 
 def test_a_registered_branch_keeps_its_static_reference_inside_a_run_time_chain() -> None:
-    codec = ChainCodec("secret")
+    codec = ChainCodec(KEY)
     branch = compile_flow(shared_branch)
     static_ref, _ = codec.ref(branch)
     assert static_ref.startswith("p:")
@@ -91,32 +94,61 @@ def test_a_registered_branch_keeps_its_static_reference_inside_a_run_time_chain(
 def test_a_flow_needing_code_a_worker_lacks_is_unknown_there() -> None:
     payload = pickle.dumps(compile_flow(DFlow.just(1).id("j")))
     payload = payload.replace(b"dflow.flow", b"dflow.nope")
-    blob = hmac.new(b"k", payload, hashlib.sha256).digest() + payload
+    blob = hmac.new(KEY.encode(), payload, hashlib.sha256).digest() + payload
     ref = "h:" + hashlib.sha256(payload).hexdigest()
     with pytest.raises(UnknownStepError, match="needs code this worker does not have"):
-        ChainCodec("k").load(ref, blob)
+        ChainCodec(KEY).load(ref, blob)
 
 
 def test_unpicklable_capture_is_named_at_build_time() -> None:
     client = Client()
     chain = compile_flow(DFlow.just(1).map(lambda v: client.get(v)).id("fetch"))
     with pytest.raises(BuildError, match="variable 'client' captured by the function of map.*dflow.shared"):
-        ChainCodec("s").ref(chain)
+        ChainCodec(KEY).ref(chain)
 
 
 def test_shared_objects_travel_by_name() -> None:
     client = dflow.shared(Client(), "test-http-client")
     chain = compile_flow(DFlow.just(1).map(lambda v: client.get(v)).id("fetch"))
-    ref, blob = ChainCodec("s").ref(chain)
+    ref, blob = ChainCodec(KEY).ref(chain)
     assert blob is not None and len(blob) < 4000
-    loaded = ChainCodec("s").load(ref, blob)
+    loaded = ChainCodec(KEY).load(ref, blob)
     captured = loaded.nodes[1]._fn.__closure__[0].cell_contents
     assert captured is client, "resolves to this process's own instance"
 
 
-def test_a_secret_is_required() -> None:
+def test_a_secret_is_required_and_long_enough() -> None:
     with pytest.raises(dflow.ConfigurationError, match="DFLOW_SECRET"):
         ChainCodec(None)
+    with pytest.raises(dflow.ConfigurationError, match="DFLOW_SECRET is 1 bytes; a signing key needs at least 32"):
+        ChainCodec("x")
+    with pytest.raises(dflow.ConfigurationError, match="key 2 of DFLOW_SECRET is 5 bytes"):
+        ChainCodec(f"{KEY},short")
+
+
+def test_keys_rotate_sign_with_the_first_verify_with_any() -> None:
+    old = ChainCodec(OTHER)
+    ref, blob = old.ref(compile_flow(DFlow.just(1).map(lambda v: v + 2).id("add")))
+    both = ChainCodec(f"{KEY}, {OTHER}")  # the new key first, the old one still accepted
+    assert both.load(ref, blob).nodes[1]._fn(1) == 3
+    ref2, blob2 = both.ref(compile_flow(DFlow.just(1).map(lambda v: v + 3).id("add")))
+    assert ChainCodec(KEY).load(ref2, blob2).nodes[1]._fn(1) == 4, "signed with the new key"
+    with pytest.raises(UnknownStepError):
+        ChainCodec(OTHER).load(ref2, blob2)
+
+
+def test_frames_records_are_signed_for_their_run() -> None:
+    codec = ChainCodec(KEY)
+    record = codec.seal_frames("run-a", b"frames of a")
+    assert codec.open_frames("run-a", record) == b"frames of a"
+    with pytest.raises(PayloadRejectedError, match="frames record of run 'run-b' fails its signature check"):
+        codec.open_frames("run-b", record)  # another run's frames: refused
+    forged = record[:-1] + b"b"
+    with pytest.raises(PayloadRejectedError):
+        codec.open_frames("run-a", forged)
+    _, blob = codec.ref(compile_flow(DFlow.just(1).map(inc).id("x").map(inc).id("y")))
+    with pytest.raises(PayloadRejectedError):
+        codec.open_frames("run-a", blob)  # a blob's signature is no frames signature
 
 
 LOCK = threading.Lock()
@@ -127,7 +159,7 @@ def test_a_global_used_in_a_nested_lambda_is_named() -> None:
         return (lambda: LOCK)() and v
 
     with pytest.raises(BuildError, match="global 'LOCK' used by the function of map\\(step\\)"):
-        ChainCodec("s").ref(compile_flow(DFlow.just(1).map(step).id("s")))
+        ChainCodec(KEY).ref(compile_flow(DFlow.just(1).map(step).id("s")))
 
 
 @pytest.mark.usefixtures("local")
@@ -182,9 +214,9 @@ def test_flows_stored_by_an_earlier_version_still_load() -> None:
     offset = 3
     flow = DFlow.zip([DFlow.just(i).map(lambda v: v + offset).id("b") for i in range(2)]).id("z").map(sum).id("s")
     payload = _old_format(compile_flow(flow))
-    blob = hmac.new(b"k", payload, hashlib.sha256).digest() + payload
+    blob = hmac.new(KEY.encode(), payload, hashlib.sha256).digest() + payload
     ref = "h:" + hashlib.sha256(payload).hexdigest()
-    loaded = ChainCodec("k").load(ref, blob)
+    loaded = ChainCodec(KEY).load(ref, blob)
     assert loaded.keys == ("z>s", "s")
     assert compile_flow(loaded.nodes[0]._branches[1]).nodes[1]._fn(1) == 4
 
@@ -194,7 +226,7 @@ def inc(v: int) -> int:
 
 
 def test_chains_of_one_shape_are_pickled_once_and_their_consumed_head_is_left_out() -> None:
-    codec = ChainCodec("s")
+    codec = ChainCodec(KEY)
     first = codec.ref(compile_flow(DFlow.just({"turn": 1}).map(inc).id("inc")))
     again = codec.ref(compile_flow(DFlow.just({"turn": 2}).map(inc).id("inc")))
     assert again == first, "only the consumed head value differs: one blob"
@@ -207,12 +239,12 @@ def test_chains_of_one_shape_are_pickled_once_and_their_consumed_head_is_left_ou
     r1, b1 = codec.ref(zipped[0])
     r2, b2 = codec.ref(zipped[1])
     assert r1 != r2 and a[0] not in (r1, r2)
-    loaded = ChainCodec("s").load(r2, b2)
+    loaded = ChainCodec(KEY).load(r2, b2)
     assert loaded.nodes[0]._branches[0]._source._value == 2
 
 
 def test_captured_values_and_globals_are_keyed_by_content() -> None:
-    codec = ChainCodec("s")
+    codec = ChainCodec(KEY)
 
     def make(offset: object) -> object:
         return compile_flow(DFlow.just(0).map(lambda v: v + offset).id("add").map(inc).id("inc"))  # type: ignore[operator]
@@ -229,4 +261,4 @@ def test_captured_values_and_globals_are_keyed_by_content() -> None:
     box["n"] = 5  # mutated in place: a new chain capturing it is a new blob, not the cached one
     after, blob = codec.ref(boxed())
     assert after != before
-    assert ChainCodec("s").load(after, blob).nodes[1]._fn(1) == 6
+    assert ChainCodec(KEY).load(after, blob).nodes[1]._fn(1) == 6

@@ -17,6 +17,7 @@ from dflow._durable import ChainCodec
 from dflow.context import RunInfo, RunStatus, StepRecord, StepStatus
 from dflow.errors import (
     DFlowError,
+    PayloadRejectedError,
     NotWaitingError,
     RunExistsError,
     RunNotFoundError,
@@ -36,6 +37,7 @@ __all__ = ["RedisStore"]
 log = logging.getLogger("dflow.redis")
 
 _pack = msgpack.Packer(use_bin_type=True).pack
+_ARRAYS = {bytes([b]) for b in (*range(0x90, 0xA0), 0xDC, 0xDD)}  # how a msgpack array starts
 
 
 def _unpack(data: bytes) -> Any:
@@ -65,6 +67,9 @@ class RedisStore(Store):
     ``options`` go to ``redis.asyncio.Redis.from_url`` (``ssl_ca_certs``, ``ssl_certfile``,
     ...). ``secret`` signs the flows built at run time (default: ``DFLOW_SECRET``).
     ``ttl``: seconds a finished run is kept. ``prefix`` namespaces every key.
+    ``legacy_frames``: also accept the unsigned frames records of runs started by dflow
+    0.1, while a deployment with runs in flight upgrades (off by default: an unsigned record
+    could point a run at any step).
     """
 
     _poll_pause = 0.1  # first pause before a waiter polls every run it waits for
@@ -78,6 +83,7 @@ class RedisStore(Store):
         ttl: float = 7 * 86400,
         redispatch_after: float = 30.0,
         blob_ttl: float = 30 * 86400,
+        legacy_frames: bool = False,
         **options: Any,
     ) -> None:
         self.url = url
@@ -85,7 +91,9 @@ class RedisStore(Store):
         self.ttl = ttl
         self.redispatch_after = redispatch_after
         self.blob_ttl = blob_ttl
-        self.codec = ChainCodec(secret if secret is not None else os.environ.get("DFLOW_SECRET"))
+        self.legacy_frames = legacy_frames
+        self._secret = secret if secret is not None else os.environ.get("DFLOW_SECRET")
+        self._codec: ChainCodec | None = ChainCodec(self._secret) if self._secret else None
         self.redis = connect(url, **options)
         self._scripts = {
             name: self.redis.register_script(getattr(_scripts, name))
@@ -115,10 +123,20 @@ class RedisStore(Store):
 
     # -- encoding --------------------------------------------------------------------
 
+    @property
+    def codec(self) -> ChainCodec:
+        """Signs and checks the flows and frames this store keeps; made on first use, so
+        that reading runs (``dflow inspect``, ``dflow ls``) needs no secret."""
+        if self._codec is None:
+            self._codec = ChainCodec(self._secret)
+        return self._codec
+
     def prepare_chain(self, chain: Chain) -> None:
         self.codec.ref(chain)
 
-    def _frames(self, frames: tuple[Frame, ...], blobs: dict[str, bytes]) -> bytes:
+    def _frames(self, trace_id: str, frames: tuple[Frame, ...], blobs: dict[str, bytes]) -> bytes:
+        """The frames record of run ``trace_id``, signed for it; the blobs it needs that
+        this process has not written yet go into ``blobs``."""
         out = []
         for f in frames:
             ref, blob = self.codec.ref(f.chain)
@@ -127,11 +145,17 @@ class RedisStore(Store):
                 if key not in self._written:
                     blobs[key] = blob
             out.append((ref, f.pos, f.suffix, f.returning))
-        return _pack(out)
+        return self.codec.seal_frames(trace_id, _pack(out))
 
-    async def _load_frames(self, raw: bytes) -> tuple[Frame, ...]:
+    async def _load_frames(self, trace_id: str, raw: bytes) -> tuple[Frame, ...]:
+        try:
+            payload = self.codec.open_frames(trace_id, raw)
+        except PayloadRejectedError:
+            if not (self.legacy_frames and raw[:1] in _ARRAYS):
+                raise
+            payload = raw  # written unsigned by dflow 0.1: accepted while the deployment upgrades
         frames = []
-        for ref, pos, suffix, returning in _unpack(raw):
+        for ref, pos, suffix, returning in _unpack(payload):
             chain = self.codec.cached(ref)
             if chain is None:
                 key = self.codec.blob_of(ref)
@@ -172,7 +196,7 @@ class RedisStore(Store):
         parent = run.parent
         args: list[Any] = [
             self.prefix, run.trace_id, time.time(), self.redispatch_after, int(self.ttl * 1000),
-            self._frames(run.frames, blobs), run.value,
+            self._frames(run.trace_id, run.frames, blobs), run.value,
             msg.encode() if msg is not None else b"",
             msg.seq if msg is not None else 0,
             msg.key if msg is not None else "",
@@ -209,7 +233,7 @@ class RedisStore(Store):
             branches = [_branch(s) for s in slots]
         claim = Claim(message, token, (), value, data, bool(init_only), branches)
         try:
-            claim.frames = await self._load_frames(raw_frames) if raw_frames else ()
+            claim.frames = await self._load_frames(message.trace_id, raw_frames) if raw_frames else ()
         except StoreError:
             raise  # Redis is unreachable: the message is handed back, the lease lapses
         except DFlowError as exc:
@@ -258,7 +282,7 @@ class RedisStore(Store):
         ]
         if isinstance(transition, Advance):
             m = transition.message
-            args += ["advance", self._frames(transition.frames, blobs), transition.value, m.encode(), m.seq,
+            args += ["advance", self._frames(m.trace_id, transition.frames, blobs), transition.value, m.encode(), m.seq,
                      m.attempt, m.key, transition.at or 0]
         elif isinstance(transition, Wait):
             args += ["wait", transition.call_type, "1" if transition.init_pending else "0"]
@@ -267,7 +291,8 @@ class RedisStore(Store):
             args += ["fork", transition.kind, j.encode(), j.seq, j.key, len(transition.children)]
             for child in transition.children:
                 assert child.message is not None and child.parent is not None
-                args += [child.trace_id, self._frames(child.frames, blobs), child.value, child.message.encode(),
+                args += [child.trace_id, self._frames(child.trace_id, child.frames, blobs), child.value,
+                         child.message.encode(),
                          child.message.key, child.parent.index]
         elif isinstance(transition, Finish):
             args += ["finish", transition.result]

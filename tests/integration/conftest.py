@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 REDIS_URL = os.environ.get("DFLOW_TEST_REDIS", "redis://127.0.0.1:6379/11")
-SECRET = "test-secret"
+SECRET = "test-secret-of-the-integration-tests-0123"  # at least 32 bytes
 
 
 def require(what: str, ok: bool, why: str = "") -> None:
