@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 from . import _durable
 from ._codec import Message, encode
+from ._ids import check_trace_id, is_run_id
 from .context import ContextStack, RunInfo, RunStatus, StepRecord, StepStatus
 from .errors import (
     BuildError,
@@ -295,6 +296,8 @@ class Run:
     __slots__ = ("trace_id",)
 
     def __init__(self, trace_id: str) -> None:
+        if not is_run_id(trace_id):
+            check_trace_id(trace_id)  # raises, saying what is wrong with it
         self.trace_id = trace_id
 
     def __repr__(self) -> str:
@@ -370,8 +373,13 @@ def _outcome(info: RunInfo) -> Any:
 
 def _trace_of(param: Any) -> tuple[Any, str]:
     if isinstance(param, InitParam):
-        return param.param, param.trace_id or uuid.uuid4().hex
+        return param.param, _new_trace(param.trace_id)
     return param, uuid.uuid4().hex
+
+
+def _new_trace(trace_id: str | None) -> str:
+    """The trace id of a new run: ``trace_id`` once checked, or a fresh UUID."""
+    return uuid.uuid4().hex if trace_id is None else check_trace_id(trace_id)
 
 
 def _entry_run(trace_id: str, chain_frames: tuple[Frame, ...], value: bytes, key: str) -> NewRun:
@@ -414,7 +422,7 @@ class Entry:
         return f"Entry({self.pipeline.name!r}, {self.call_type!r})"
 
     def _new_run(self, param: Any, trace_id: str | None) -> NewRun:
-        trace = trace_id or uuid.uuid4().hex
+        trace = _new_trace(trace_id)
         frame = Frame(self.pipeline._chain, 0)
         return _entry_run(trace, (frame,), encode(param, f"the parameter of entry {self.call_type!r}"), frame.key)
 
@@ -480,7 +488,7 @@ class Pipeline:
                 f"pipeline {self.name!r} starts with {self._chain.nodes[0]._describe()}, which takes no "
                 "parameter; start it with call() or make its head a from_call"
             )
-        trace = trace_id or uuid.uuid4().hex
+        trace = _new_trace(trace_id)
         frame = Frame(self._chain, 0)
         return NewRun(trace, (frame,), encode(None), Message(trace, 0, frame.key))
 
@@ -518,6 +526,7 @@ async def adirect_run(param: Any, builder: Callable[..., DFlow[Any]]) -> Run:
 
 def call(call_type: str, payload: Any, trace_id: str) -> None:
     """Resume a run waiting in ``from_call(call_type)`` (see ``DFlow.call``)."""
+    _check_call(call_type, trace_id)
     host = _current()
     if host.thread.on_loop():
         raise DFlowError(
@@ -531,9 +540,17 @@ def call(call_type: str, payload: Any, trace_id: str) -> None:
 
 async def acall(call_type: str, payload: Any, trace_id: str) -> None:
     """Async ``call``; raises ``NotWaitingError`` even on the runtime's loop."""
+    _check_call(call_type, trace_id)
     host = _current()
     body = encode(payload, f"the payload of call {call_type!r}")
     await host.arun(host.runtime.resume(trace_id, call_type, body))
+
+
+def _check_call(call_type: Any, trace_id: Any) -> None:
+    if not isinstance(call_type, str) or not call_type:
+        raise DFlowError(f"a call type is a non-empty str, got {call_type!r}")
+    if not is_run_id(trace_id):
+        check_trace_id(trace_id)  # raises, saying what is wrong with it
 
 
 def gather(runs: list[Run], timeout: float | None = None) -> list[Any]:

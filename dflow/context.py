@@ -17,6 +17,7 @@ class RunStatus(str, Enum):
     """Where a run is."""
 
     RUNNING = "running"  #: a step is queued or executing
+    SLEEPING = "sleeping"  #: waiting for a timer: in ``delay``, or before a retry
     WAITING = "waiting"  #: suspended: in ``from_call``, or joining ``zip``/``any`` branches
     DONE = "done"  #: finished with a result
     FAILED = "failed"  #: finished with an error

@@ -9,6 +9,7 @@
     ├── SerializationError          a value cannot cross a step boundary
     │   └── ValueTooLargeError      a value is over the configured size limit
     ├── PayloadRejectedError        a stored flow fails its signature check (not executed)
+    ├── RefusedMessageError         a step message that names a step but not as its run expects
     ├── UnknownStepError            no pipeline in this worker has the step (parked, retried)
     ├── ConfigurationError          no runtime, a missing extra, a bad setting
     ├── UnknownEntryError           a pipeline has no entry of that name
@@ -42,6 +43,7 @@ __all__ = [
     "MissingIdError",
     "NotWaitingError",
     "PayloadRejectedError",
+    "RefusedMessageError",
     "RunError",
     "RunExistsError",
     "RunFailedError",
@@ -89,6 +91,13 @@ class ValueTooLargeError(SerializationError):
 class PayloadRejectedError(DFlowError):
     """A stored flow (a chain built at run time) failed its signature or digest check, or
     is missing. It is not executed; the run fails with this error."""
+
+
+class RefusedMessageError(DFlowError):
+    """A step message names the current step of a run but not the transition the run
+    expects: another kind (a forged "continue" that would skip the step's function, a
+    "fail" or a "join"), or a timer's message before its time. It is dead-lettered; the
+    run is unchanged (a timer stays armed)."""
 
 
 class UnknownStepError(DFlowError):

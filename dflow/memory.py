@@ -21,7 +21,7 @@ from ._codec import CONTINUE, FAIL, JOIN, RUN, Message
 from ._durable import ChainCodec
 from .flow import Chain
 from .context import RunInfo, RunStatus, StepRecord
-from .errors import NotWaitingError, RunExistsError, RunNotFoundError, RunTimeoutError
+from .errors import NotWaitingError, RefusedMessageError, RunExistsError, RunNotFoundError, RunTimeoutError
 from .store import (
     Advance,
     BranchResult,
@@ -93,6 +93,8 @@ class _Run:
     join: _Join | None = None
     parked: str | None = None
     park_count: int = 0
+    kind: int = RUN  #: the kind of message the run expects for its current step
+    due: float | None = None  #: when its timer is due, if it waits for one
 
     def info(self) -> RunInfo:
         waiting = self.waiting_for or ("join" if self.join is not None and not self.join.closed else None)
@@ -106,7 +108,8 @@ class _Run:
             raw_result=self.result,
             error=self.error,
             parent=self.parent.trace_id if self.parent else None,
-            extra={"parked": self.parked, "park_count": self.park_count} if self.parked else {},
+            extra={**({"parked": self.parked, "park_count": self.park_count} if self.parked else {}),
+                   **({"due": self.due} if self.due is not None else {})},
         )
 
 
@@ -178,6 +181,7 @@ class MemoryStore(Store):
             created=now,
             updated=now,
             changed=set() if run.parent is not None else None,
+            kind=msg.kind if msg is not None else RUN,
         )
         self._runs[run.trace_id] = r
         return r
@@ -245,15 +249,28 @@ class MemoryStore(Store):
             or run.key != message.key
         ):
             return None
-        init_only = False
-        if run.status is not RunStatus.RUNNING:
-            if not (run.status is RunStatus.WAITING and run.init_pending and message.kind == RUN):
-                return None
-            init_only = True
         now = time.time()
+        if message.kind != run.kind:
+            raise RefusedMessageError(
+                f"the message of step {message.key!r} of run {message.trace_id!r} is refused: its kind "
+                f"({message.kind}) is not the one the run expects ({run.kind})"
+            )
+        if run.due is not None and run.due > now:
+            heapq.heappush(self._timers, (run.due, next(self._timer_seq), message))  # stays armed
+            raise RefusedMessageError(
+                f"the message of step {message.key!r} of run {message.trace_id!r} is refused: it came before "
+                "its due time"
+            )
+        init_only = False
+        if run.status is RunStatus.WAITING and run.init_pending and message.kind == RUN:
+            init_only = True
+        elif run.status is not RunStatus.RUNNING and run.status is not RunStatus.SLEEPING:
+            return None
         held = run.lease
         if held is not None and held.until > now:
             return None
+        if run.status is RunStatus.SLEEPING:
+            run.status = RunStatus.RUNNING
         self._outbox.pop(message.ident, None)
         token = str(next(self._tokens))
         run.lease = _Lease(token, now + lease, lease, message)
@@ -271,10 +288,18 @@ class MemoryStore(Store):
         run = self._runs.get(claim.message.trace_id)
         if run is None or run.lease is None or run.lease.token != claim.token:
             return None
+        if isinstance(transition, Fork):  # checked before anything changes
+            for child in transition.children:
+                if child.trace_id in self._runs:
+                    raise RunExistsError(
+                        f"a zip/any branch of run {run.trace_id!r} would overwrite the existing run "
+                        f"{child.trace_id!r}; nothing was changed", trace_id=child.trace_id
+                    )
         now = time.time()
         lease = run.lease
         run.lease = None
         run.parked = None
+        run.due = None
         self._leased.pop(run.trace_id, None)
         run.updated = now
         run.records.extend(records)
@@ -294,11 +319,13 @@ class MemoryStore(Store):
             msg = transition.message
             run.frames = self._portable(transition.frames)
             run.value = transition.value
-            run.seq, run.attempt, run.key = msg.seq, msg.attempt, msg.key
-            run.status = RunStatus.RUNNING
+            run.seq, run.attempt, run.key, run.kind = msg.seq, msg.attempt, msg.key, msg.kind
             if transition.at is not None and transition.at > now:
+                run.status = RunStatus.SLEEPING
+                run.due = transition.at
                 heapq.heappush(self._timers, (transition.at, next(self._timer_seq), msg))
             else:
+                run.status = RunStatus.RUNNING
                 out.append(self._emit(msg, now))
         elif isinstance(transition, Wait):
             run.status = RunStatus.WAITING
@@ -310,11 +337,9 @@ class MemoryStore(Store):
         elif isinstance(transition, Fork):
             msg = transition.join
             run.status = RunStatus.WAITING
-            run.seq, run.attempt, run.key = msg.seq, msg.attempt, msg.key
+            run.seq, run.attempt, run.key, run.kind = msg.seq, msg.attempt, msg.key, msg.kind
             run.join = _Join(transition.kind, len(transition.children), msg, [c.trace_id for c in transition.children])
             for child in transition.children:
-                if child.trace_id in self._runs:  # a branch from an earlier, uncommitted fork
-                    del self._runs[child.trace_id]
                 self._new(child, now)
                 assert child.message is not None
                 out.append(self._emit(child.message, now))
@@ -347,7 +372,7 @@ class MemoryStore(Store):
         run.parked = reason
         run.park_count += 1
         run.attempt += 1  # a new delivery attempt, which a keyed transport may route elsewhere
-        at = time.time() + min(cap, base * 2 ** (run.park_count - 1))
+        at = run.due = time.time() + min(cap, base * 2 ** (run.park_count - 1))
         heapq.heappush(self._timers, (at, next(self._timer_seq), replace(claim.message, attempt=run.attempt)))
         return run.park_count
 
@@ -369,6 +394,8 @@ class MemoryStore(Store):
         now = time.time()
         run.seq += 1
         run.attempt = 0
+        run.kind = FAIL if failed else CONTINUE
+        run.due = None
         run.value = payload
         run.status = RunStatus.RUNNING
         run.waiting_for = None
@@ -376,7 +403,7 @@ class MemoryStore(Store):
         run.lease = None
         self._leased.pop(trace_id, None)
         run.updated = now
-        return [self._emit(Message(trace_id, run.seq, run.key, 0, FAIL if failed else CONTINUE), now)]
+        return [self._emit(Message(trace_id, run.seq, run.key, 0, run.kind), now)]
 
     async def due(self, now: float, limit: int = 1000) -> tuple[list[Message], float | None]:
         out: list[Message] = []

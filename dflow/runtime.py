@@ -21,8 +21,11 @@ import msgpack
 
 from ._codec import CONTINUE, FAIL, JOIN, NONE, RUN, Message, decode, encode
 from .context import ContextStack, StepRecord, StepStatus
+from ._ids import branch_id
 from .errors import (
     BuildError,
+    RefusedMessageError,
+    RunExistsError,
     SerializationError,
     StepFailedError,
     StepTimeoutError,
@@ -300,7 +303,14 @@ class Runtime:
         ``take``), if any."""
         store = self.store
         if claim is None:
-            claim = await store.claim(msg, self.worker_id, self.lease)
+            try:
+                claim = await store.claim(msg, self.worker_id, self.lease)
+            except RefusedMessageError as exc:
+                if delivery is None:
+                    log.error("dflow: %s", exc)
+                    return False, None
+                await self._dead_letter(delivery, str(exc))
+                return True, None
             if claim is None:
                 return False, None
         if self._fused and delivery is not None:
@@ -337,10 +347,17 @@ class Runtime:
                     raise
                 transition, records, changes = await self._failure(node, claim, exc, started, t0)
             init_pending = isinstance(transition, Wait) and transition.init_pending
-            if take and self._fused and not self._stopping and not init_pending:
-                outgoing, taken = await store.commit_and_take(claim, records, changes, transition, self.lease)
-            else:
-                outgoing = await store.commit(claim, records, changes, transition)
+            try:
+                if take and self._fused and not self._stopping and not init_pending:
+                    outgoing, taken = await store.commit_and_take(claim, records, changes, transition, self.lease)
+                else:
+                    outgoing = await store.commit(claim, records, changes, transition)
+            except RunExistsError as exc:  # a branch would overwrite another run: fail this one instead
+                err = error_info(exc, msg.key)
+                records = [StepRecord(msg.key, msg.seq, StepStatus.FAILED, msg.attempt, self.worker_id, started,
+                                      time.perf_counter() - t0, None, None, err, node._name)]
+                transition = Fail(err)
+                outgoing = await store.commit(claim, records, {}, transition)
             if outgoing is None:
                 log.warning("dflow: lost the lease of step %s of run %s; its result was dropped", msg.key, msg.trace_id)
             elif outgoing:
@@ -515,7 +532,7 @@ class Runtime:
         for i, branch in enumerate(node._branches):
             chain: Chain = compile_flow(branch)
             self.store.prepare_chain(chain)
-            trace_id = f"{msg.trace_id}.{msg.seq}-{i}"
+            trace_id = branch_id(msg.trace_id, msg.seq, i)
             suffix = f">{node_id}[{i}]{rest}"
             head, value = 0, NONE
             if chain.nodes[0]._kind == Kind.JUST and len(chain.nodes) > 1:  # a constant head needs no step

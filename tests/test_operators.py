@@ -491,7 +491,7 @@ def test_tree_shows_steps_branches_and_errors() -> None:
     assert tree.splitlines()[0].startswith(f"run {r.trace_id}  done")
     assert "fan                 forked" in tree and "2 branches" in tree
     # entry is step 0, the builder step 1, the fork step 2: branches are <trace>.2-<i>
-    assert f"run {r.trace_id}.2-0  done" in tree and f"run {r.trace_id}.2-1  done" in tree
+    assert f"run {r.trace_id}/2-0  done" in tree and f"run {r.trace_id}/2-1  done" in tree
     assert "ValueError: no good" in tree
     assert "recovered" in tree
     assert "[3, 0] → 3" in tree

@@ -18,6 +18,7 @@ from dflow.context import RunInfo, RunStatus, StepRecord, StepStatus
 from dflow.errors import (
     DFlowError,
     PayloadRejectedError,
+    RefusedMessageError,
     NotWaitingError,
     RunExistsError,
     RunNotFoundError,
@@ -66,7 +67,8 @@ class RedisStore(Store):
     ``url``: ``redis://[user:password@]host:port/db`` or ``rediss://`` for TLS; other
     ``options`` go to ``redis.asyncio.Redis.from_url`` (``ssl_ca_certs``, ``ssl_certfile``,
     ...). ``secret`` signs the flows built at run time (default: ``DFLOW_SECRET``).
-    ``ttl``: seconds a finished run is kept. ``prefix`` namespaces every key.
+    ``ttl``: seconds a finished run is kept. ``prefix`` namespaces every key. A flow built
+    at run time is kept while a live run references it, then ``blob_ttl`` seconds more.
     ``legacy_frames``: also accept the unsigned frames records of runs started by dflow
     0.1, while a deployment with runs in flight upgrades (off by default: an unsigned record
     could point a run at any step).
@@ -82,7 +84,7 @@ class RedisStore(Store):
         prefix: str = "dflow",
         ttl: float = 7 * 86400,
         redispatch_after: float = 30.0,
-        blob_ttl: float = 30 * 86400,
+        blob_ttl: float = 3600.0,
         legacy_frames: bool = False,
         **options: Any,
     ) -> None:
@@ -168,7 +170,7 @@ class RedisStore(Store):
 
     def _blob_writes(self, pipe: Any, blobs: dict[str, bytes]) -> None:
         for ref, blob in blobs.items():
-            pipe.set(f"{self.prefix}:b:{ref}", blob, ex=int(self.blob_ttl), nx=True)
+            pipe.set(f"{self.prefix}:b:{ref}", blob, px=max(1, int(self.blob_ttl * 1000)), nx=True)
 
     def _wrote(self, blobs: dict[str, bytes]) -> None:
         for ref in blobs:
@@ -190,26 +192,49 @@ class RedisStore(Store):
 
     # -- Store -----------------------------------------------------------------------
 
+    def _frames_and_blobs(self, trace_id: str, frames: tuple[Frame, ...], blobs: dict[str, bytes]) -> tuple[bytes, str]:
+        """The signed frames record, and the blobs it references (space-separated)."""
+        record = self._frames(trace_id, frames, blobs)
+        refs = sorted({self.codec.blob_of(r) for r in (self.codec.ref(f.chain)[0] for f in frames) if r[:2] == "h:"})
+        return record, " ".join(refs)
+
+    async def _write(self, name: str, build: Any) -> Any:
+        """Run script ``name`` with the arguments ``build(blobs)`` returns, writing first
+        the blobs it collects; when the script reports blobs missing (this process thought
+        them stored, but they expired unreferenced), write those and run it again."""
+        for _ in range(3):
+            blobs: dict[str, bytes] = {}
+            args = build(blobs)
+            reply = await self._run_script(name, args, blobs)
+            if not (isinstance(reply, list) and reply and reply[0] == b"need"):
+                return reply
+            for ref in reply[1]:
+                self._written.pop(ref.decode(), None)
+        raise StoreError(f"the Redis store reports flow blobs missing after writing them: {reply[1]!r}")
+
     async def create_run(self, run: NewRun) -> list[Message]:
-        blobs: dict[str, bytes] = {}
         msg = run.message
         parent = run.parent
-        args: list[Any] = [
-            self.prefix, run.trace_id, time.time(), self.redispatch_after, int(self.ttl * 1000),
-            self._frames(run.trace_id, run.frames, blobs), run.value,
-            msg.encode() if msg is not None else b"",
-            msg.seq if msg is not None else 0,
-            msg.key if msg is not None else "",
-            run.result if run.result is not None else b"",
-            parent.trace_id if parent else "", parent.seq if parent else 0, parent.index if parent else 0,
-            len(run.records), *(_record(r) for r in run.records),
-            len(run.data), *(x for kv in run.data.items() for x in kv),
-            self._stream,
-        ]
-        out = await self._run_script("CREATE", args, blobs)
-        if out is None:
+
+        def build(blobs: dict[str, bytes]) -> list[Any]:
+            frames, refs = self._frames_and_blobs(run.trace_id, run.frames, blobs)
+            return [
+                self.prefix, run.trace_id, time.time(), self.redispatch_after, int(self.ttl * 1000), self._stream,
+                int(self.blob_ttl * 1000), refs, frames, run.value,
+                msg.encode() if msg is not None else b"",
+                msg.seq if msg is not None else 0,
+                msg.key if msg is not None else "",
+                msg.kind if msg is not None else 0,
+                run.result if run.result is not None else b"",
+                parent.trace_id if parent else "", parent.seq if parent else 0, parent.index if parent else 0,
+                len(run.records), *(_record(r) for r in run.records),
+                len(run.data), *(x for kv in run.data.items() for x in kv),
+            ]
+
+        reply = await self._write("CREATE", build)
+        if reply is None:
             raise RunExistsError(f"a run with trace id {run.trace_id!r} already exists", trace_id=run.trace_id)
-        return [Message.decode(m) for m in out]
+        return [Message.decode(m) for m in reply[1]]
 
     def _token(self) -> str:
         self._tokens += 1
@@ -223,6 +248,9 @@ class RedisStore(Store):
         r = await self._run_script("CLAIM", args)
         if r is None:
             return None
+        if r[0] == b"refused":
+            raise RefusedMessageError(f"the message of step {message.key!r} of run {message.trace_id!r} is refused: "
+                                      f"{r[1].decode()}")
         return await self._claimed(message, token, r)
 
     async def _claimed(self, message: Message, token: str, reply: list[Any]) -> Claim:
@@ -270,46 +298,63 @@ class RedisStore(Store):
         transition: Transition,
         take_lease: float | None,
     ) -> tuple[list[Message] | None, tuple[Delivery, Claim | None] | None]:
-        blobs: dict[str, bytes] = {}
         sets = [(k, v) for k, v in changes.items() if v is not None]
         dels = [k for k, v in changes.items() if v is None]
-        args: list[Any] = [
-            self.prefix, claim.message.trace_id, claim.token, time.time(), int(self.ttl * 1000), self.redispatch_after,
-            claim.message.kind,
-            len(records), *(_record(r) for r in records),
-            len(sets), *(x for kv in sets for x in kv),
-            len(dels), *dels,
-        ]
-        if isinstance(transition, Advance):
-            m = transition.message
-            args += ["advance", self._frames(m.trace_id, transition.frames, blobs), transition.value, m.encode(), m.seq,
-                     m.attempt, m.key, transition.at or 0]
-        elif isinstance(transition, Wait):
-            args += ["wait", transition.call_type, "1" if transition.init_pending else "0"]
-        elif isinstance(transition, Fork):
-            j = transition.join
-            args += ["fork", transition.kind, j.encode(), j.seq, j.key, len(transition.children)]
-            for child in transition.children:
-                assert child.message is not None and child.parent is not None
-                args += [child.trace_id, self._frames(child.trace_id, child.frames, blobs), child.value,
-                         child.message.encode(),
-                         child.message.key, child.parent.index]
-        elif isinstance(transition, Finish):
-            args += ["finish", transition.result]
-        elif isinstance(transition, Fail):
-            args += ["fail", _pack(transition.error)]
-        else:  # pragma: no cover
-            raise TypeError(f"unknown transition {transition!r}")
         receipt = claim.receipt if self._stream and claim.receipt is not None else ""
         take_token = self._token() if take_lease is not None else ""
-        args += [self._group, receipt, self._consumer if take_token else "", take_token, take_lease or 0,
-                 self._stream]
-        reply = await self._run_script("COMMIT", args, blobs)
-        if receipt:
-            claim.receipt = None  # acknowledged by the script
+
+        def build(blobs: dict[str, bytes]) -> list[Any]:
+            refs: set[str] = set()
+            children = ""
+            fields: list[Any]
+            if isinstance(transition, Advance):
+                m = transition.message
+                frames, blob_refs = self._frames_and_blobs(m.trace_id, transition.frames, blobs)
+                refs.update(blob_refs.split())
+                fields = ["advance", frames, transition.value, m.encode(), m.seq, m.attempt, m.key,
+                          transition.at or 0, m.kind, blob_refs]
+            elif isinstance(transition, Wait):
+                fields = ["wait", transition.call_type, "1" if transition.init_pending else "0"]
+            elif isinstance(transition, Fork):
+                j = transition.join
+                fields = ["fork", transition.kind, j.encode(), j.seq, j.key, len(transition.children)]
+                for child in transition.children:
+                    assert child.message is not None and child.parent is not None
+                    frames, blob_refs = self._frames_and_blobs(child.trace_id, child.frames, blobs)
+                    refs.update(blob_refs.split())
+                    fields += [child.trace_id, frames, child.value, child.message.encode(), child.message.key,
+                               child.parent.index, blob_refs]
+                children = " ".join(c.trace_id for c in transition.children)
+            elif isinstance(transition, Finish):
+                fields = ["finish", transition.result]
+            elif isinstance(transition, Fail):
+                fields = ["fail", _pack(transition.error)]
+            else:  # pragma: no cover
+                raise TypeError(f"unknown transition {transition!r}")
+            return [
+                self.prefix, claim.message.trace_id, claim.token, time.time(), int(self.ttl * 1000),
+                self.redispatch_after, claim.message.kind, self._stream, self._group,
+                receipt if claim.receipt is not None else "", self._consumer if take_token else "", take_token,
+                take_lease or 0, int(self.blob_ttl * 1000), " ".join(sorted(refs)), children,
+                len(records), *(_record(r) for r in records),
+                len(sets), *(x for kv in sets for x in kv),
+                len(dels), *dels,
+                *fields,
+            ]
+
+        def once(blobs: dict[str, bytes]) -> list[Any]:
+            args = build(blobs)
+            claim.receipt = None  # the first call acknowledges the delivery
+            return args
+
+        reply = await self._write("COMMIT", once if receipt else build)
         if reply is None:
             return None, None
-        out, taken = reply
+        if reply[0] == b"exists":
+            child = reply[1].decode()
+            raise RunExistsError(f"a zip/any branch of run {claim.message.trace_id!r} would overwrite the existing run "
+                                 f"{child!r}; nothing was changed", trace_id=child)
+        _, out, taken = reply
         messages = [Message.decode(m) for m in out]
         if not taken:
             return messages, None
@@ -356,7 +401,9 @@ class RedisStore(Store):
         return [Message.decode(m) for m in r[1]]
 
     async def due(self, now: float, limit: int = 1000) -> tuple[list[Message], float | None]:
-        out, nxt = await self._run_script("DUE", [self.prefix, now, limit, self.redispatch_after, self._stream])
+        out, nxt, bad = await self._run_script("DUE", [self.prefix, now, limit, self.redispatch_after, self._stream])
+        if bad:
+            log.error("dflow: dropped %d unreadable timer, outbox or lease entries of the Redis store", bad)
         return [Message.decode(m) for m in out], (float(nxt) if nxt else None)
 
     async def get_run(self, trace_id: str) -> RunInfo | None:
@@ -517,6 +564,8 @@ def _info(trace_id: str, h: dict[bytes, bytes]) -> RunInfo:
         extra["park_count"] = int(h.get(b"park_count", b"0"))
     if b"lease_token" in h:
         extra["leased_until"] = float(h[b"lease_until"])
+    if b"due" in h:
+        extra["due"] = float(h[b"due"])
     return RunInfo(
         trace_id=trace_id,
         status=status,

@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 
-from .._codec import CONTINUE, JOIN, NONE, Message, decode, encode
+from .._codec import CONTINUE, FAIL, JOIN, NONE, Message, decode, encode
 from ..context import RunStatus, StepRecord, StepStatus
-from ..errors import NotWaitingError, RunExistsError, RunNotFoundError, RunTimeoutError
+from ..errors import NotWaitingError, RefusedMessageError, RunExistsError, RunNotFoundError, RunTimeoutError
 from ..flow import DFlow
 from ..store import Advance, Fail, Finish, Fork, Frame, NewRun, Parent, Store, Wait
 from ..transport import Transport
@@ -251,6 +251,72 @@ class StoreContract:
             assert nxt in due
             claim2 = await store.claim(nxt, "w1", 30)
             assert claim2 is not None and decode(claim2.value) == "later"
+            await store.close()
+
+        _run(body())
+
+    def test_a_message_of_another_kind_is_refused(self, make_store: Callable[..., Store]) -> None:
+        async def body() -> None:
+            store = make_store()
+            (first,) = await store.create_run(_new_run())
+            for kind in (CONTINUE, JOIN, FAIL):  # would skip the step's function, or fail the run
+                forged = Message(first.trace_id, first.seq, first.key, first.attempt, kind)
+                with pytest.raises(RefusedMessageError, match="kind"):
+                    await store.claim(forged, "w", 30)
+            claim = await store.claim(first, "w", 30)
+            assert claim is not None, "the run still takes its real message"
+            await store.close()
+
+        _run(body())
+
+    def test_a_timer_message_before_its_time_is_refused_and_the_timer_stays(
+        self, make_store: Callable[..., Store]
+    ) -> None:
+        async def body() -> None:
+            store = make_store()
+            (first,) = await store.create_run(_new_run())
+            claim = await store.claim(first, "w1", 30)
+            assert claim is not None
+            wake = Message(first.trace_id, 2, first.key, 0, CONTINUE)
+            at = time.time() + 0.4
+            await store.commit(claim, [], {}, Advance(claim.frames, encode("later"), wake, at=at))
+            info = await store.get_run(first.trace_id)
+            assert info is not None and info.status is RunStatus.SLEEPING and info.extra["due"] == pytest.approx(at)
+            with pytest.raises(RefusedMessageError, match="before its due time"):
+                await store.claim(wake, "w1", 30)  # a copy of the timer's message, early
+            deadline = time.monotonic() + 5
+            due: list[Message] = []
+            while wake not in due:
+                assert time.monotonic() < deadline, "the timer still fires"
+                await asyncio.sleep(0.05)
+                due, _ = await store.due(time.time())
+            assert time.time() >= at
+            claim2 = await store.claim(wake, "w1", 30)
+            assert claim2 is not None and decode(claim2.value) == "later"
+            info = await store.get_run(first.trace_id)
+            assert info is not None and info.status is RunStatus.RUNNING
+            await store.close()
+
+        _run(body())
+
+    def test_a_fork_does_not_overwrite_an_existing_run(self, make_store: Callable[..., Store]) -> None:
+        async def body() -> None:
+            store = make_store()
+            victim = _new_run("victim-run")
+            await store.create_run(victim)
+            (first,) = await store.create_run(_new_run())
+            claim = await store.claim(first, "w", 30)
+            assert claim is not None
+            join = Message(first.trace_id, first.seq + 1, first.key, 0, JOIN)
+            child = NewRun("victim-run", victim.frames, encode(0), Message("victim-run", 0, victim.frames[0].key),
+                           parent=Parent(first.trace_id, join.seq, 0))
+            with pytest.raises(RunExistsError, match="victim-run"):
+                await store.commit(claim, [], {}, Fork("zip", [child], join))
+            info = await store.get_run("victim-run")
+            assert info is not None and info.status is RunStatus.RUNNING and info.seq == 1, "left as it was"
+            parent = await store.get_run(first.trace_id)
+            assert parent is not None and parent.status is RunStatus.RUNNING and parent.seq == first.seq
+            assert await store.commit(claim, [], {}, _advance(claim, 1)) is not None, "the lease is still held"
             await store.close()
 
         _run(body())
