@@ -17,6 +17,7 @@ from .client import (
     global_init_for_test,
     shutdown,
 )
+from ._codec import register_model
 from ._durable import shared
 from .context import ContextStack, RunInfo, RunStatus, StepRecord, StepStatus
 from .errors import (
@@ -96,6 +97,7 @@ __all__ = [
     "current_runtime",
     "gather",
     "global_init_for_test",
+    "register_model",
     "shared",
     "shutdown",
 ]

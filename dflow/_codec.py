@@ -1,16 +1,21 @@
 """Encoding of values that cross a step boundary, and of transport messages.
 
 Values are msgpack data or pydantic models. A model travels as an extension record
-holding its import path and its JSON-mode dump, and is rebuilt with ``model_validate``
+holding its class's name and its JSON-mode dump, and is rebuilt with ``model_validate``
 on the way back, so the next step sees an instance of the same class.
+
+A value never makes a process import anything: a model is rebuilt only when its class is
+registered in the decoding process, by ``dflow.register_model``, by being named in the type
+hints of a step function (``def f(order: Order) -> Invoice``), or by having been encoded
+there. Otherwise decoding fails, naming the class and how to register it.
 """
 
 from __future__ import annotations
 
-import importlib
 import threading
+import typing
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import msgpack
 
@@ -18,6 +23,7 @@ from ._ids import is_run_id
 from .errors import SerializationError
 
 _EXT_MODEL = 1
+T = TypeVar("T")
 
 try:  # pydantic is a core dependency, but keep the codec importable without it
     from pydantic import BaseModel as _BaseModel
@@ -28,10 +34,52 @@ except ImportError:  # pragma: no cover
 _INT_RANGE = "-2**63 .. 2**64-1"
 
 
+_models: dict[str, type[Any]] = {}  #: registered pydantic model classes, by name
+
+
+def _model_name(cls: type[Any]) -> str:
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def register_model(cls: type[T]) -> type[T]:
+    """Let values of the pydantic model ``cls`` be rebuilt in this process. Use it as a
+    class decorator, or call it in a module that the workers import; classes named in
+    the type hints of step functions, and classes this process encodes, need no call.
+    Returns ``cls``."""
+    if _BaseModel is None or not (isinstance(cls, type) and issubclass(cls, _BaseModel)):
+        raise TypeError(f"register_model takes a pydantic BaseModel subclass, got {cls!r}")
+    _models[_model_name(cls)] = cls
+    return cls
+
+
+def register_hinted_models(fn: Any) -> None:
+    """Register the pydantic models named in ``fn``'s type hints (inside ``list[...]``,
+    ``Optional[...]`` and other generics too)."""
+    if _BaseModel is None:  # pragma: no cover
+        return
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:  # unresolvable forward references, or no annotations at all
+        hints = {k: v for k, v in getattr(fn, "__annotations__", {}).items() if not isinstance(v, str)}
+    seen: set[int] = set()
+    stack = list(hints.values())
+    while stack:
+        t = stack.pop()
+        if id(t) in seen or len(seen) > 200:
+            continue
+        seen.add(id(t))
+        if isinstance(t, type) and issubclass(t, _BaseModel) and t is not _BaseModel:
+            _models.setdefault(_model_name(t), t)
+        stack.extend(typing.get_args(t))
+
+
 def _default(obj: Any) -> Any:
     if _BaseModel is not None and isinstance(obj, _BaseModel):
         cls = type(obj)
-        body = [f"{cls.__module__}:{cls.__qualname__}", obj.model_dump(mode="json")]
+        name = _model_name(cls)
+        if _models.get(name) is not cls:  # this process has the class: it can rebuild its values
+            _models[name] = cls
+        body = [name, obj.model_dump(mode="json")]
         return msgpack.ExtType(_EXT_MODEL, msgpack.packb(body, use_bin_type=True))
     if isinstance(obj, int):  # msgpack hands over the integers it has no room for
         raise OverflowError(f"the integer {_clip(obj)} is outside msgpack's 64-bit range ({_INT_RANGE}); "
@@ -44,26 +92,21 @@ def _clip(n: int) -> str:
     return text if len(text) <= 40 else text[:18] + "…" + text[-18:]
 
 
-_model_classes: dict[str, Any] = {}
-
-
 def _ext_hook(code: int, data: bytes) -> Any:
     if code != _EXT_MODEL:
         raise SerializationError(f"unknown msgpack extension type {code}")
-    path, dumped = msgpack.unpackb(data, raw=False)
-    cls = _model_classes.get(path)
+    try:
+        name, dumped = msgpack.unpackb(data, raw=False)
+    except Exception as exc:
+        raise SerializationError(f"a pydantic model value is malformed ({exc})") from None
+    cls = _models.get(name) if isinstance(name, str) else None
     if cls is None:
-        module, _, qualname = path.partition(":")
-        try:
-            obj: Any = importlib.import_module(module)
-            for part in qualname.split("."):
-                obj = getattr(obj, part)
-        except (ImportError, AttributeError) as exc:
-            raise SerializationError(
-                f"cannot rebuild pydantic model {path}: {exc}; the class must be importable "
-                "at module level on every worker"
-            ) from exc
-        cls = _model_classes[path] = obj
+        shown = name if isinstance(name, str) and len(name) <= 200 else repr(name)[:200]
+        raise SerializationError(
+            f"cannot rebuild a value of the pydantic model {shown}: that class is not registered in this "
+            "process. Name it in a step function's type hints, or call dflow.register_model(TheClass) in a "
+            "module the workers import"
+        )
     return cls.model_validate(dumped)
 
 
@@ -138,12 +181,52 @@ def pack_key(value: Any) -> bytes | None:
         return None
 
 
+class Limits:
+    """Bounds on what decoding a stored value may cost: its size (``max_bytes``, set from
+    the runtime's ``max_value_bytes``), and for a value over ``dense_from`` bytes, one list
+    or map per ``bytes_per_container`` bytes at most. A value written by dflow stays within
+    them; a hand-made one of many tiny containers would take some 70 times its size in
+    memory once decoded (text and numbers take at most about 20 times)."""
+
+    max_bytes = 8 * 1024 * 1024 + 1024
+    dense_from = 1024 * 1024
+    bytes_per_container = 8
+
+
+limits = Limits()
+
+
+class _TooDense(Exception):
+    pass
+
+
 def decode(data: bytes) -> Any:
-    """Decode bytes made by ``encode``."""
+    """Decode bytes made by ``encode``, within ``limits``."""
+    size = len(data)
+    if size > limits.max_bytes:
+        raise SerializationError(
+            f"a stored value of {size} bytes is over the limit of {limits.max_bytes} bytes; it is not decoded"
+        )
     try:
-        return msgpack.unpackb(data, raw=False, ext_hook=_ext_hook, timestamp=3, strict_map_key=False)
+        if size <= limits.dense_from:
+            return msgpack.unpackb(data, raw=False, ext_hook=_ext_hook, timestamp=3, strict_map_key=False)
+        budget = [size // limits.bytes_per_container]
+
+        def count(container: Any) -> Any:
+            budget[0] -= 1
+            if budget[0] < 0:
+                raise _TooDense
+            return container
+
+        return msgpack.unpackb(data, raw=False, ext_hook=_ext_hook, timestamp=3, strict_map_key=False,
+                               list_hook=count, object_hook=count)
     except SerializationError:
         raise
+    except _TooDense:
+        raise SerializationError(
+            f"a stored value of {size} bytes holds more than one list or map per {limits.bytes_per_container} "
+            "bytes: decoding it would take many times its size in memory; it is not decoded"
+        ) from None
     except Exception as exc:
         raise SerializationError(f"cannot decode a stored value: {exc}") from exc
 
@@ -168,7 +251,9 @@ def _count(x: Any) -> bool:
     return type(x) is int and 0 <= x < 2**53  # a Lua number holds it exactly
 
 
-MAX_MESSAGE = 8192  #: bytes of a step message at most (a trace id, a key and three numbers)
+MAX_MESSAGE = 16384  #: bytes of a step message at most (a trace id, a key and three numbers)
+MAX_KEY = 3000  #: characters of a step key at most (the runtime refuses flows nested deeper), so a
+# message of the longest run id and key (UTF-8: up to 4 bytes a character) fits in MAX_MESSAGE
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,7 @@ __all__ = ["MAX_ID", "branch_id", "check_trace_id", "is_run_id"]
 MAX_ID = 128  #: characters of a user's trace id
 MAX_RUN_ID = 1024  #: characters of any run id, branches of branches included
 _USER = re.compile(r"[A-Za-z0-9_.:@-]{1,128}")
-_RUN = re.compile(r"[A-Za-z0-9_.:@/-]{1,1024}")
+_RUN = re.compile(r"[A-Za-z0-9_.:@-]{1,128}(?:/[0-9]+-[0-9]+)*")
 ALLOWED = "letters, digits and _ . : @ -"
 
 
@@ -38,7 +38,7 @@ def check_trace_id(trace_id: object, what: str = "trace id") -> str:
 
 def is_run_id(trace_id: object) -> bool:
     """Whether ``trace_id`` can name a run: a user's id or a branch's."""
-    return isinstance(trace_id, str) and _RUN.fullmatch(trace_id) is not None
+    return isinstance(trace_id, str) and len(trace_id) <= MAX_RUN_ID and _RUN.fullmatch(trace_id) is not None
 
 
 def branch_id(parent: str, seq: int, index: int) -> str:

@@ -11,10 +11,18 @@ from .store import Store
 
 
 _NODE = re.compile("[>/]")
+# Control characters (terminal escapes among them) and the marks that reorder text.
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2066-\u2069\ufeff]")
+
+
+def safe(text: object) -> str:
+    """``text`` fit for a terminal: control characters and reordering marks escaped
+    (``\x1b``), so that stored data cannot move the cursor, recolour or hide output."""
+    return _UNSAFE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), str(text))
 
 
 def _short(value: Any, width: int = 40) -> str:
-    text = value if isinstance(value, str) and width > 40 else repr(value)
+    text = safe(value if isinstance(value, str) and width > 40 else repr(value))
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
@@ -26,16 +34,16 @@ def _value(raw: bytes | None) -> Any:
 
 
 def _line(rec: StepRecord) -> str:
-    node = _NODE.split(rec.key, 1)[0]
+    node = safe(_NODE.split(rec.key, 1)[0])
     parts = [f"{node:<18}", f"{rec.status.value:<9}"]
     if rec.attempt:
         parts.append(f"attempt {rec.attempt}")
     if rec.status is not StepStatus.ENTRY:
         parts.append(f"{rec.duration * 1000:7.2f} ms")
     if rec.worker:
-        parts.append(f"@{rec.worker}")
+        parts.append(f"@{safe(rec.worker)}")
     if rec.error:
-        parts.append(f"{rec.error.get('type')}: {_short(str(rec.error.get('message')), 60)}")
+        parts.append(f"{safe(rec.error.get('type'))}: {_short(str(rec.error.get('message')), 60)}")
     elif rec.status is StepStatus.FORKED:
         parts.append(f"{len(_value(rec.raw_output) or [])} branches")
     elif rec.raw_output is not None:
@@ -48,18 +56,18 @@ async def render(store: Store, trace_id: str, indent: str = "", depth: int = 0) 
     """The step tree of run ``trace_id`` and of its zip/any branch runs."""
     info = await store.get_run(trace_id)
     if info is None:
-        return f"{indent}run {trace_id}: not found (never started, or expired)"
-    head = f"{indent}run {trace_id}  {info.status.value}"
+        return f"{indent}run {safe(trace_id)}: not found (never started, or expired)"
+    head = f"{indent}run {safe(trace_id)}  {info.status.value}"
     if info.waiting_for:
-        head += f" (waiting for {info.waiting_for!r})"
+        head += f" (waiting for {safe(repr(info.waiting_for))})"
     if info.extra.get("parked"):
-        head += f"  PARKED x{info.extra.get('park_count')}: {info.extra['parked']}"
+        head += f"  PARKED x{info.extra.get('park_count')}: {safe(info.extra['parked'])}"
     if info.status.finished:
         head += f"  {(info.updated - info.created) * 1000:.1f} ms"
         if info.error:
-            head += f"  {info.error.get('type')}: {_short(str(info.error.get('message')), 80)}"
+            head += f"  {safe(info.error.get('type'))}: {_short(str(info.error.get('message')), 80)}"
         else:
-            head += f"  → {_short(info.result, 60)}"
+            head += f"  → {_short(_value(info.raw_result), 60)}"
     lines = [head]
     steps = await store.get_steps(trace_id)
     for i, rec in enumerate(steps):

@@ -9,30 +9,65 @@ sasl_plain_username=..&sasl_plain_password=..`` for Kafka.
 
 from __future__ import annotations
 
+import re
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import quote, unquote, urlencode, urlsplit, urlunsplit
 
 from .errors import ConfigurationError
 from .store import Store
 from .transport import Transport
 
-_TRANSPORT_KEYS = {"stream", "group", "consumer", "dead_letters", "redeliver_after", "prefetch"}
+_TRANSPORT_KEYS = {"stream", "group", "consumer", "dead_letters", "redeliver_after", "prefetch", "dead_letters_max"}
 _STORE_KEYS = {"prefix", "ttl", "redispatch_after", "blob_ttl", "legacy_frames"}
 _FLOATS = {"redeliver_after", "ttl", "redispatch_after", "blob_ttl"}
-_INTS = {"prefetch", "partitions"}
+_INTS = {"prefetch", "partitions", "dead_letters_max"}
 _BOOLS = {"legacy_frames"}
+
+
+_SECRET_NAME = re.compile(r"pass|secret|token|key|credential|auth", re.IGNORECASE)
+
+
+def redact_url(url: str) -> str:
+    """``url`` fit to print or log: the password of its userinfo and every query value
+    whose name sounds secret (``sasl_plain_password``, ``ssl_password``, ``token``...)
+    replaced by ``***``."""
+    try:
+        parts = urlsplit(str(url))
+        netloc = parts.netloc
+        if "@" in netloc:
+            userinfo, _, hosts = netloc.rpartition("@")
+            user = userinfo.split(":", 1)[0]
+            netloc = f"{user}:***@{hosts}" if ":" in userinfo else f"***@{hosts}" if not user else netloc
+        query = "&".join(
+            f"{k}=***" if _SECRET_NAME.search(unquote(k)) else (f"{k}={v}" if sep else k)
+            for k, sep, v in (item.partition("=") for item in parts.query.split("&") if item)
+        )
+        return urlunsplit(parts._replace(netloc=netloc, query=query))
+    except Exception:  # not even a URL: show nothing of it
+        return "<a URL that could not be read>"
+
+
+def query_items(query: str) -> list[tuple[str, str]]:
+    """The settings of a URL's query, percent-decoded and otherwise as written: ``+`` stays
+    a plus (a password may hold one), values stay strings."""
+    out = []
+    for item in query.split("&"):
+        if item:
+            k, _, v = item.partition("=")
+            out.append((unquote(k), unquote(v)))
+    return out
 
 
 def _split(url: str, ours: set[str]) -> tuple[str, dict[str, Any]]:
     parts = urlsplit(url)
     mine: dict[str, Any] = {}
     rest = []
-    for k, v in parse_qsl(parts.query, keep_blank_values=True):
+    for k, v in query_items(parts.query):
         if k in ours:
             mine[k] = _setting(k, v)
         else:
             rest.append((k, v))
-    return urlunsplit(parts._replace(query=urlencode(rest))), mine
+    return urlunsplit(parts._replace(query=urlencode(rest, quote_via=quote))), mine
 
 
 def _setting(name: str, text: str) -> Any:
@@ -70,7 +105,7 @@ def transport_from_url(url: str, **options: Any) -> Transport:
     if scheme == "kafka":
         return _adapter("KafkaTransport").from_url(url, **options)  # type: ignore[no-any-return]
     raise ConfigurationError(
-        f"unknown transport URL {url!r}: use redis://, rediss:// or kafka:// (local mode needs no URL)"
+        f"unknown transport URL {redact_url(url)!r}: use redis://, rediss:// or kafka:// (local mode needs no URL)"
     )
 
 
@@ -80,4 +115,4 @@ def store_from_url(url: str, **options: Any) -> Store:
     if scheme in ("redis", "rediss", "unix"):
         base, mine = _split(url, _STORE_KEYS)
         return _adapter("RedisStore")(base, **{**mine, **options})  # type: ignore[no-any-return]
-    raise ConfigurationError(f"unknown store URL {url!r}: use redis:// or rediss://")
+    raise ConfigurationError(f"unknown store URL {redact_url(url)!r}: use redis:// or rediss://")

@@ -1,6 +1,6 @@
 """The ``dflow`` command: run workers, inspect runs.
 
-    dflow worker MODULE [MODULE ...] --transport URL --store URL [--concurrency N]
+    dflow worker MODULE [MODULE ...] --transport URL --store URL [--concurrency N] [--app-dir DIR]
     dflow inspect TRACE_ID --store URL
     dflow ls --store URL [--limit N]
 
@@ -20,7 +20,8 @@ import sys
 import time
 from collections.abc import Sequence
 
-from .errors import ConfigurationError, DFlowError
+from ._tree import safe
+from .errors import ConfigurationError, DFlowError, InvalidTraceIdError
 
 log = logging.getLogger("dflow.worker")
 
@@ -36,6 +37,9 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--lease", type=float, default=60.0, help="seconds before a silent step is taken over")
     w.add_argument("--grace", type=float, default=30.0, help="seconds to finish running steps on SIGTERM")
     w.add_argument("--log-level", default=os.environ.get("DFLOW_LOG_LEVEL", "INFO"))
+    w.add_argument("--app-dir", default=None, metavar="DIR",
+                   help="look for MODULEs in DIR before installed packages (default: the current directory, "
+                        "after installed packages, so that a file there cannot shadow one)")
     i = sub.add_parser("inspect", help="print a run's step tree")
     i.add_argument("trace_id")
     i.add_argument("--store", default=os.environ.get("DFLOW_STORE"))
@@ -53,13 +57,16 @@ def _need(value: str | None, flag: str, env: str) -> str:
 
 async def _worker(args: argparse.Namespace) -> int:
     from . import client
-    from ._urls import store_from_url, transport_from_url
+    from ._urls import redact_url, store_from_url, transport_from_url
     from .runtime import Runtime
 
     from ._signing import Keys
 
     Keys(os.environ.get("DFLOW_SECRET"))  # a worker signs and checks flows: refuse to start without a key
-    sys.path.insert(0, os.getcwd())
+    if args.app_dir is not None:
+        sys.path.insert(0, os.path.abspath(args.app_dir))
+    else:
+        sys.path.append(os.getcwd())
     for module in args.modules:
         importlib.import_module(module)
     store = store_from_url(_need(args.store, "--store", "DFLOW_STORE"))
@@ -67,12 +74,12 @@ async def _worker(args: argparse.Namespace) -> int:
     try:
         await store.ping()
     except DFlowError as exc:
-        print(f"dflow worker: cannot reach the store {args.store}: {exc}", file=sys.stderr)
+        print(f"dflow worker: cannot reach the store {redact_url(args.store)}: {exc}", file=sys.stderr)
         return 2
     try:
         await transport.ping()
     except DFlowError as exc:
-        print(f"dflow worker: cannot reach the transport {args.transport}: {exc}", file=sys.stderr)
+        print(f"dflow worker: cannot reach the transport {redact_url(args.transport)}: {exc}", file=sys.stderr)
         return 2
     runtime = Runtime(transport, store, concurrency=args.concurrency, lease=args.lease)
     stop = asyncio.Event()
@@ -94,6 +101,10 @@ async def _inspect(args: argparse.Namespace) -> int:
     from ._tree import render
     from ._urls import store_from_url
 
+    from ._ids import check_trace_id, is_run_id
+
+    if not is_run_id(args.trace_id):
+        check_trace_id(args.trace_id)  # says what is wrong with it
     store = store_from_url(_need(args.store, "--store", "DFLOW_STORE"))
     try:
         print(await render(store, args.trace_id))
@@ -110,6 +121,7 @@ async def _ls(args: argparse.Namespace) -> int:
         runs = await store.list_runs(args.limit)
     finally:
         await store.close()
+    # STEP: the run's step sequence number, how many steps it has taken (its position)
     print(f"{'TRACE ID':<40} {'STATUS':<8} {'STEP':>5} {'STARTED':<19} {'AGE':>8}  NOTE")
     now = time.time()
     for r in runs:
@@ -119,7 +131,8 @@ async def _ls(args: argparse.Namespace) -> int:
         elif r.error:
             note = f"{r.error.get('type')}: {r.error.get('message')}"
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.created))
-        print(f"{r.trace_id:<40} {r.status.value:<8} {r.seq:>5} {started:<19} {now - r.created:>7.0f}s  {note[:80]}")
+        print(f"{safe(r.trace_id):<40} {r.status.value:<8} {r.seq:>5} {started:<19} {now - r.created:>7.0f}s  "
+              f"{safe(note[:80])}")
     return 0
 
 
@@ -131,8 +144,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = {"worker": _worker, "inspect": _inspect, "ls": _ls}[args.command]
     try:
         return asyncio.run(command(args))
-    except (ConfigurationError, ImportError) as exc:
-        print(f"dflow {args.command}: {exc}", file=sys.stderr)
+    except (ConfigurationError, InvalidTraceIdError, ImportError) as exc:
+        print(f"dflow {args.command}: {safe(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # pragma: no cover
         return 130

@@ -13,9 +13,10 @@ import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import IntEnum
-from types import FunctionType
+from types import FunctionType, MethodType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from ._codec import register_hinted_models
 from .errors import BuildError, DuplicateIdError, MissingIdError
 from .policy import RetryPolicy
 
@@ -73,21 +74,26 @@ _ctx_arg_by_code: dict[Any, bool] = {}
 
 
 def _takes_ctx(fn: Callable[..., Any], what: str) -> bool:
-    """True when ``fn`` is called as ``fn(ctx, value)``, False for ``fn(value)``."""
-    code = getattr(fn, "__code__", None)
+    """True when ``fn`` is called as ``fn(ctx, value)``, False for ``fn(value)``. Also
+    registers the pydantic models its type hints name, so their values can be rebuilt."""
+    t = type(fn)
+    plain = fn.__func__ if t is MethodType else fn  # type: ignore[attr-defined]
     if (
-        code is not None
-        and type(fn) is FunctionType
-        and not hasattr(fn, "__wrapped__")  # functools.wraps: the signature is the wrapped one's
-        and not hasattr(fn, "__signature__")
+        type(plain) is FunctionType
+        and not hasattr(plain, "__wrapped__")  # functools.wraps: the signature is the wrapped one's
+        and not hasattr(plain, "__signature__")
     ):  # same def statement, same answer
-        known = _ctx_arg_by_code.get(code)
+        key = (plain.__code__, t is MethodType)
+        known = _ctx_arg_by_code.get(key)
         if known is None:
-            known = _ctx_arg_by_code[code] = _inspect_ctx_arg(fn, what)
+            known = _ctx_arg_by_code[key] = _inspect_ctx_arg(fn, what)
+            register_hinted_models(plain)
             if len(_ctx_arg_by_code) > 100_000:
                 _ctx_arg_by_code.clear()
         return known
-    return _inspect_ctx_arg(fn, what)
+    known = _inspect_ctx_arg(fn, what)
+    register_hinted_models(fn)
+    return known
 
 
 def _inspect_ctx_arg(fn: Callable[..., Any], what: str) -> bool:
@@ -284,7 +290,8 @@ class DFlow(Generic[T]):
         """Retry the last node up to ``attempts`` times in all when it raises one of ``on``.
 
         The n-th retry waits ``backoff * 2**(n-1)`` seconds (at most ``max_backoff``), with
-        jitter; the wait is a timer in the store, not a sleeping worker.
+        jitter, or longer when the error carries a ``retry_after`` (seconds; a rate-limited
+        model call does); the wait is a timer in the store, not a sleeping worker.
         """
         return self._with(_retry=RetryPolicy.build(attempts, backoff, max_backoff, jitter, on))
 

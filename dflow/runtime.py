@@ -19,7 +19,8 @@ from typing import Any
 
 import msgpack
 
-from ._codec import CONTINUE, FAIL, JOIN, NONE, RUN, Message, decode, encode
+from . import _codec
+from ._codec import CONTINUE, FAIL, JOIN, MAX_KEY, NONE, RUN, Message, decode, encode
 from .context import ContextStack, StepRecord, StepStatus
 from ._ids import branch_id
 from .errors import (
@@ -75,6 +76,7 @@ def _next(trace_id: str, seq: int, frames: tuple[Frame, ...], out: bytes) -> Tra
 
 
 _ARRAY_HEADER = msgpack.Packer()
+MAX_DEPTH = 1000  # flows nested inside flat_map steps that have not returned yet, at most
 _TAKE_LIMIT = 32  # steps one consumer runs in a row from commits before it reads the transport
 _RETRY_PAUSE = 0.2  # seconds a consumer waits after a step it could not process
 _MAP, _FLAT_MAP = int(Kind.MAP), int(Kind.FLAT_MAP)
@@ -86,6 +88,8 @@ class Runtime:
     ``concurrency`` steps run at once (async steps interleave; sync steps run on the loop
     unless marked ``in_thread``). ``lease`` is how long a claimed step may run before
     another worker may take it over; the runtime renews the leases of steps still running.
+    ``max_value_bytes`` bounds each value a step writes (its result, each ``ctx.put``);
+    ``max_branches`` the branches of one ``zip``/``any`` (a zip of zips has no such bound).
     """
 
     def __init__(
@@ -98,6 +102,7 @@ class Runtime:
         lease: float = 60.0,
         poll_interval: float = 0.05,
         max_value_bytes: int = 8 * 1024 * 1024,
+        max_branches: int = 1000,
     ) -> None:
         self.transport = transport
         self.store = store
@@ -106,6 +111,9 @@ class Runtime:
         self.lease = lease
         self.poll_interval = poll_interval
         self.max_value_bytes = max_value_bytes
+        self.max_branches = max_branches
+        # what steps may write can be read back in this process
+        _codec.limits.max_bytes = max(_codec.limits.max_bytes, max_value_bytes + 1024)
         self._debug = log.isEnabledFor(logging.DEBUG)
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._inflight: dict[str, tuple[float, Claim]] = {}
@@ -508,12 +516,24 @@ class Runtime:
             _check_transparent(here, chain)
         else:
             suffix = nest_suffix(top.chain.keys[top.pos], top.suffix)
+            if len(suffix) + len(chain.keys[0]) > MAX_KEY:
+                raise BuildError(
+                    f"the flow returned by flat_map step {msg.key[:80]!r}... nests too deep: its step keys would be "
+                    f"{len(suffix) + len(chain.keys[0])} characters long, over the limit of {MAX_KEY}. Recursion "
+                    "that is not a tail call builds a stack: end the flow with the recursive flat_map"
+                )
         if here._on_error is not None:  # our handler must see the inner errors
             base = (*frames[:-1], Frame(top.chain, top.pos, top.suffix, returning=True))
         elif after < len(top.chain.nodes):  # come back here after the inner chain
             base = (*frames[:-1], Frame(top.chain, after, top.suffix))
         else:  # tail call: the inner chain returns straight to our continuation
             base = frames[:-1]
+        if len(base) >= MAX_DEPTH:
+            raise BuildError(
+                f"the flow returned by flat_map step {msg.key[:80]!r} nests {len(base) + 1} flows deep, over the limit "
+                f"of {MAX_DEPTH}: recursion that is not a tail call keeps a stack. End the flow with the recursive "
+                "flat_map (a loop), or recurse less deeply"
+            )
         new = (*base, Frame(chain, 0, suffix))
         head = chain.nodes[0]
         if head._kind == Kind.JUST:  # a constant head needs no step of its own
@@ -526,6 +546,11 @@ class Runtime:
         msg = claim.message
         node_id = node._id
         assert node_id is not None
+        if len(node._branches) > self.max_branches:
+            raise BuildError(
+                f"{node._describe()} has {len(node._branches)} branches, over the limit of {self.max_branches}: "
+                "split them into a zip of zips, or raise the runtime's max_branches"
+            )
         rest = msg.key[len(node_id):]  # ">next>..." after this node
         data = ctx._child_data()
         children = []
@@ -611,7 +636,11 @@ class Runtime:
         if policy is not None and msg.kind == RUN and policy.should_retry(exc, msg.attempt):
             rec.status = StepStatus.RETRYING
             again = Message(msg.trace_id, msg.seq, msg.key, msg.attempt + 1, RUN)
-            return Advance(claim.frames, claim.value, again, at=time.time() + policy.delay(msg.attempt)), [rec], {}
+            wait = policy.delay(msg.attempt)
+            told = getattr(exc, "retry_after", None)  # a server said when to come back (HTTP 429)
+            if isinstance(told, (int, float)) and not isinstance(told, bool) and told > wait:
+                wait = min(float(told), 3600.0)
+            return Advance(claim.frames, claim.value, again, at=time.time() + wait), [rec], {}
         records = [rec]
         frames = claim.frames
         error: BaseException = exc

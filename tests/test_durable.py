@@ -262,3 +262,13 @@ def test_captured_values_and_globals_are_keyed_by_content() -> None:
     after, blob = codec.ref(boxed())
     assert after != before
     assert ChainCodec(KEY).load(after, blob).nodes[1]._fn(1) == 6
+
+
+def test_a_blob_with_more_branches_than_the_cache_loads() -> None:
+    # Once, past 10,000 branches the parent was evicted by its own branches ("no branch ''").
+    flow = DFlow.zip([DFlow.just(i).map(inc).id("b") for i in range(30)]).id("z")
+    codec = ChainCodec(KEY, cache_size=10)
+    ref, blob = codec.ref(compile_flow(flow))
+    fresh = ChainCodec(KEY, cache_size=10)
+    assert fresh.load(ref, blob).keys == ("z",)
+    assert fresh.load(f"{ref}/0.29", blob).nodes[1]._fn(1) == 2

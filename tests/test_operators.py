@@ -575,3 +575,22 @@ def test_decorated_functions_keep_their_own_signature() -> None:
 def test_idle_consumers_do_not_pile_up_waiters(local: Any) -> None:
     time.sleep(1.0)  # 16 idle consumers, each waking every 0.25 s
     assert len(local.transport.broker.waiters) <= local.concurrency
+
+
+class RateLimited(Exception):
+    def __init__(self, retry_after: float) -> None:
+        super().__init__("slow down")
+        self.retry_after = retry_after
+
+
+def test_a_retry_waits_as_long_as_the_error_asks() -> None:
+    times = recorder()
+
+    def limited(x: int) -> int:
+        times.append(time.monotonic())
+        if len(times) == 1:
+            raise RateLimited(0.4)
+        return x
+
+    run(lambda x: DFlow.just(x).map(limited).id("limited").retry(2, backoff=0.01), 1)
+    assert times[1] - times[0] >= 0.4

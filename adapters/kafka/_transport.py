@@ -15,7 +15,7 @@ import queue
 import socket
 import threading
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import unquote, urlsplit
 
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 from kafka.admin import NewTopic
@@ -23,6 +23,7 @@ from kafka.consumer.subscription_state import ConsumerRebalanceListener
 from kafka.errors import KafkaError, TopicAlreadyExistsError
 from kafka.structs import OffsetAndMetadata, TopicPartition
 
+from dflow._urls import query_items, redact_url
 from dflow.errors import ConfigurationError, TransportError
 from dflow.transport import Delivery, Transport
 
@@ -42,12 +43,32 @@ _CONSUMER_DEFAULTS: dict[str, Any] = {
     "auto_offset_reset": "earliest",
 }
 _PRODUCER_DEFAULTS: dict[str, Any] = {"acks": "all", "linger_ms": 0, "retries": 5}
-# Client settings that apply to producer, consumer and admin alike (security, timeouts).
-_COMMON = {
-    "security_protocol", "ssl_cafile", "ssl_certfile", "ssl_keyfile", "ssl_password", "ssl_check_hostname",
-    "sasl_mechanism", "sasl_plain_username", "sasl_plain_password", "sasl_kerberos_service_name",
-    "sasl_oauth_token_provider", "client_id", "request_timeout_ms", "api_version", "connections_max_idle_ms",
-}
+# Which settings each client of kafka-python knows: every setting goes to each client that
+# knows it (security settings reach the producer, the consumer and the admin client alike).
+_CONSUMER_KEYS = frozenset(KafkaConsumer.DEFAULT_CONFIG)
+_PRODUCER_KEYS = frozenset(KafkaProducer.DEFAULT_CONFIG)
+_ADMIN_KEYS = frozenset(KafkaAdminClient.DEFAULT_CONFIG)
+_OURS = {"topic": str, "group": str, "partitions": int, "prefetch": int}
+_SASL = ("SASL_PLAINTEXT", "SASL_SSL")
+
+
+def _typed(name: str, text: str) -> Any:
+    """A URL setting as the type kafka-python expects of it: numbers and flags for the
+    settings whose default is one, the text as written for everything else."""
+    kind = _OURS.get(name)
+    if kind is None:
+        default = next((d[name] for d in (KafkaConsumer.DEFAULT_CONFIG, KafkaProducer.DEFAULT_CONFIG,
+                                          KafkaAdminClient.DEFAULT_CONFIG) if name in d), None)
+        kind = type(default) if isinstance(default, (bool, int, float)) else str
+    try:
+        if kind is bool:
+            flag = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}.get(text.lower())
+            if flag is None:
+                raise ValueError(text)
+            return flag
+        return kind(text)
+    except ValueError:
+        raise ConfigurationError(f"the Kafka URL setting {name}={text!r} is not a {kind.__name__}") from None
 
 
 class _Partition:
@@ -87,30 +108,45 @@ class KafkaTransport(Transport):
         self.group = group
         self.partitions = partitions
         self.prefetch = prefetch
-        self.common = {k: v for k, v in options.items() if k in _COMMON}
-        self.consumer_options = {**_CONSUMER_DEFAULTS, **options}
-        self.producer_options = {**_PRODUCER_DEFAULTS, **self.common}
-        for k, v in options.items():
-            if k in KafkaProducer.DEFAULT_CONFIG and k not in KafkaConsumer.DEFAULT_CONFIG:
-                self.producer_options[k] = v
-                self.consumer_options.pop(k, None)
+        unknown = sorted(k for k in options if k not in _CONSUMER_KEYS | _PRODUCER_KEYS | _ADMIN_KEYS)
+        if unknown:
+            raise ConfigurationError(f"unknown Kafka settings: {', '.join(unknown)} (see kafka-python's client options)")
+        protocol = str(options.get("security_protocol", "PLAINTEXT"))
+        if options.get("sasl_plain_username") is not None and protocol not in _SASL:
+            raise ConfigurationError(
+                f"a SASL user is given but security_protocol is {protocol}, which would not use it: set "
+                "security_protocol=SASL_SSL (or SASL_PLAINTEXT) and sasl_mechanism"
+            )
+        self.admin_options = {k: v for k, v in options.items() if k in _ADMIN_KEYS}
+        self.consumer_options = {**_CONSUMER_DEFAULTS, **{k: v for k, v in options.items() if k in _CONSUMER_KEYS}}
+        self.producer_options = {**_PRODUCER_DEFAULTS, **{k: v for k, v in options.items() if k in _PRODUCER_KEYS}}
         self._producer: KafkaProducer | None = None
         self._reader: _Reader | None = None
         self._lock = threading.Lock()
 
     @classmethod
     def from_url(cls, url: str, **overrides: Any) -> KafkaTransport:
-        """``kafka://host:9092[,host2:9092]?topic=..&group=..&security_protocol=SASL_SSL&...``"""
+        """``kafka://[user:password@]host:9092[,host2:9092]?topic=..&group=..&security_protocol=
+        SASL_SSL&sasl_mechanism=PLAIN&...``: the userinfo is the SASL user (percent-encoded);
+        values are taken as written (a ``+`` stays one), as numbers or flags only for the
+        settings that are numbers or flags."""
         parts = urlsplit(url)
         if parts.scheme != "kafka" or not parts.netloc:
-            raise ConfigurationError(f"not a Kafka URL: {url!r}; use kafka://host:port[,host:port]?topic=...")
-        hosts = parts.netloc.split("@")[-1]
+            raise ConfigurationError(
+                f"not a Kafka URL: {redact_url(url)!r}; use kafka://host:port[,host:port]?topic=..."
+            )
+        userinfo, _, hosts = parts.netloc.rpartition("@")
         opts: dict[str, Any] = {}
-        for k, v in parse_qsl(parts.query):
-            opts[k] = int(v) if v.isdigit() else {"true": True, "false": False}.get(v.lower(), v)
-        if "@" in parts.netloc and parts.username:
-            opts.setdefault("sasl_plain_username", parts.username)
-            opts.setdefault("sasl_plain_password", parts.password or "")
+        for k, v in query_items(parts.query):
+            if k in opts:
+                raise ConfigurationError(f"the Kafka URL sets {k} twice")
+            opts[k] = _typed(k, v)
+        if userinfo:
+            user, _, password = userinfo.partition(":")
+            for key, value in (("sasl_plain_username", unquote(user)), ("sasl_plain_password", unquote(password))):
+                if key in opts and opts[key] != value:
+                    raise ConfigurationError(f"the Kafka URL's userinfo and its {key} setting disagree; give one")
+                opts[key] = value
         return cls(hosts.split(","), **{**opts, **overrides})
 
     # -- producing ---------------------------------------------------------------------
@@ -216,7 +252,9 @@ class KafkaTransport(Transport):
             if not reachable:
                 raise TransportError(f"cannot reach Kafka at {', '.join(servers)}: connection refused or timed out")
             try:
-                admin = KafkaAdminClient(bootstrap_servers=self.bootstrap, request_timeout_ms=5000, **self.common)
+                admin = KafkaAdminClient(
+                    bootstrap_servers=self.bootstrap, **{"request_timeout_ms": 5000, **self.admin_options}
+                )
             except KafkaError as exc:
                 raise TransportError(f"cannot reach Kafka at {self.bootstrap}: {exc}") from exc
             try:
@@ -339,11 +377,13 @@ class _Reader(threading.Thread, ConsumerRebalanceListener):
     def run(self) -> None:
         t = self.t
         try:
-            self.consumer = KafkaConsumer(
-                bootstrap_servers=t.bootstrap, group_id=t.group, enable_auto_commit=False,
-                client_id=f"dflow-{socket.gethostname()}-{os.getpid()}", max_poll_records=t.prefetch,
+            settings = {
+                "client_id": f"dflow-{socket.gethostname()}-{os.getpid()}", "max_poll_records": t.prefetch,
                 **t.consumer_options,
-            )
+                # dflow's own: offsets are committed after the step is, for the group named
+                "bootstrap_servers": t.bootstrap, "group_id": t.group, "enable_auto_commit": False,
+            }
+            self.consumer = KafkaConsumer(**settings)
             self.consumer.subscribe([t.topic], listener=self)
         except Exception as exc:  # noqa: BLE001 - reported to receive()
             self.error = exc

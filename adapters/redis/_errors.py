@@ -9,6 +9,7 @@ from typing import Any
 import redis.asyncio as aioredis
 import redis.exceptions as rex
 
+from dflow._urls import redact_url
 from dflow.errors import ConfigurationError, DFlowError, StoreError, TransportError
 
 
@@ -16,13 +17,21 @@ def connect(url: str, **options: Any) -> aioredis.Redis:
     """An asyncio client for ``redis://`` or ``rediss://`` (TLS) URLs; user, password and db
     come from the URL, everything else from ``options``."""
     if not url.startswith(("redis://", "rediss://", "unix://")):
-        raise ConfigurationError(f"not a Redis URL: {url!r}; use redis://host:port/db or rediss:// for TLS")
+        raise ConfigurationError(
+            f"not a Redis URL: {redact_url(url)!r}; use redis://host:port/db or rediss:// for TLS"
+        )
+    if url.startswith("rediss://"):  # TLS checks the server's name too, whatever the client's default
+        options.setdefault("ssl_check_hostname", True)
     options.setdefault("health_check_interval", 30)
     options.setdefault("socket_keepalive", True)
     size = options.pop("max_connections", 64)
     wait = options.pop("pool_timeout", 30)
     # A blocking pool: under load, callers wait for a connection instead of failing.
-    pool = aioredis.BlockingConnectionPool.from_url(url, max_connections=size, timeout=wait, **options)
+    try:
+        pool = aioredis.BlockingConnectionPool.from_url(url, max_connections=size, timeout=wait, **options)
+        pool.connection_class(**pool.connection_kwargs)  # settings it does not take fail here, not later
+    except (TypeError, ValueError) as exc:
+        raise ConfigurationError(f"the Redis URL {redact_url(url)!r} has a setting the client refuses: {exc}") from None
     return aioredis.Redis(connection_pool=pool)
 
 

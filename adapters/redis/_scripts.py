@@ -282,12 +282,25 @@ local function utf8_ok(s)
   return true
 end
 
+-- A run id, as dflow._ids.is_run_id: a user's id, then /seq-index for each level of branches.
+local function run_id_ok(s)
+  if #s > 1024 then return false end
+  local head, rest = string.match(s, '^([A-Za-z0-9_.:@%-]+)(.*)$')
+  if not head or #head > 128 then return false end
+  while rest ~= '' do
+    local tail = string.match(rest, '^/%d+%-%d+(.*)$')
+    if not tail then return false end
+    rest = tail
+  end
+  return true
+end
+
 local function as_step(body)
   if #body > 16384 or string.byte(body, 1) ~= 0x95 then return nil end
   local ok, f = pcall(cmsgpack.unpack, body)
   if not ok or type(f) ~= 'table' or #f ~= 5 then return nil end
   if type(f[1]) ~= 'string' or type(f[3]) ~= 'string' or f[3] == '' then return nil end
-  if #f[1] > 1024 or not string.find(f[1], '^[A-Za-z0-9_.:@/%-]+$') or not utf8_ok(f[3]) then return nil end
+  if not run_id_ok(f[1]) or not utf8_ok(f[3]) then return nil end
   for _, k in ipairs({2, 4, 5}) do
     if type(f[k]) ~= 'number' or f[k] ~= math.floor(f[k]) or f[k] < 0 or f[k] >= 9007199254740992 then
       return nil

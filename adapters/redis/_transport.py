@@ -24,7 +24,8 @@ class RedisStreamsTransport(Transport):
     Messages a consumer took and did not acknowledge for ``redeliver_after`` seconds (it
     died) are claimed by the others (``XAUTOCLAIM``). Acknowledged messages are deleted
     from the stream. Undecodable messages go to the ``dead_letters`` stream with a reason.
-    Reads fetch up to ``prefetch`` messages at a time.
+    Reads fetch up to ``prefetch`` messages at a time. The dead-letter stream keeps about
+    the newest ``dead_letters_max`` entries.
     """
 
     def __init__(
@@ -37,6 +38,7 @@ class RedisStreamsTransport(Transport):
         dead_letters: str | None = None,
         redeliver_after: float = 30.0,
         prefetch: int = 16,
+        dead_letters_max: int = 10_000,
         **options: Any,
     ) -> None:
         self.url = url
@@ -46,6 +48,7 @@ class RedisStreamsTransport(Transport):
         self.dead_stream = dead_letters or f"{stream}:dead"
         self.redeliver_after = redeliver_after
         self.prefetch = prefetch
+        self.dead_letters_max = dead_letters_max
         self.redis = connect(url, **options)
         self._buffer: deque[Delivery] = deque()
         self._lock = asyncio.Lock()
@@ -136,7 +139,8 @@ class RedisStreamsTransport(Transport):
     async def dead_letter(self, delivery: Delivery, reason: str) -> None:
         with transport_errors():
             async with self.redis.pipeline(transaction=True) as pipe:
-                pipe.xadd(self.dead_stream, {b"m": delivery.body, b"reason": reason.encode(), b"at": str(time.time())})
+                pipe.xadd(self.dead_stream, {b"m": delivery.body, b"reason": reason.encode(), b"at": str(time.time())},
+                          maxlen=self.dead_letters_max, approximate=False)
                 pipe.xack(self.stream, self.group, delivery.tag)
                 pipe.xdel(self.stream, delivery.tag)
                 await pipe.execute()

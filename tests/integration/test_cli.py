@@ -58,3 +58,34 @@ def test_inspect_and_ls(redis_url: str, prefix: str) -> None:
     assert missing.returncode == 1 and "not found" in missing.stdout
     listing = dflow_cmd("ls", "--store", store_url)
     assert listing.returncode == 0 and run.trace_id in listing.stdout and "done" in listing.stdout
+
+
+def test_urls_in_errors_never_show_their_password() -> None:
+    out = dflow_cmd("worker", "tests.integration.flows", "--transport", "redis://ann:hunter2@127.0.0.1:1/0",
+                    "--store", "redis://ann:hunter2@127.0.0.1:1/0?ssl_password=alsosecret")
+    assert out.returncode == 2
+    assert "hunter2" not in out.stderr + out.stdout and "alsosecret" not in out.stderr + out.stdout
+    assert "redis://ann:***@127.0.0.1:1/0" in out.stderr
+
+
+def test_inspect_shows_what_it_cannot_decode_and_escapes_what_it_prints(redis_url: str, prefix: str) -> None:
+    import msgpack
+    import redis
+
+    store_url = f"{redis_url}?prefix={prefix}"
+    r = redis.Redis.from_url(redis_url)
+    trace = "forged-run"
+    evil_result = msgpack.packb(msgpack.ExtType(1, msgpack.packb(["nowhere:Nothing", {}])))
+    r.hset(f"{prefix}:r:{trace}", mapping={"status": "done", "seq": 1, "created": 0, "updated": 0,
+                                           "result": evil_result})
+    r.rpush(f"{prefix}:s:{trace}", msgpack.packb(["evil\x1b[31m", 1, "done", 0, "w\x1b]0;x\x07", 0.0, 0.0, None,
+                                                  evil_result, None, None]))
+    r.zadd(f"{prefix}:runs", {trace: 0})
+    out = dflow_cmd("inspect", trace, "--store", store_url)
+    assert out.returncode == 0, out.stderr
+    assert "undecodable" in out.stdout and "\x1b" not in out.stdout and "\x07" not in out.stdout
+    listing = dflow_cmd("ls", "--store", store_url)
+    assert listing.returncode == 0 and trace in listing.stdout
+    bad = dflow_cmd("inspect", "run\x1b[2J", "--store", store_url)
+    assert bad.returncode == 2 and "may only contain" in bad.stderr and "\x1b" not in bad.stderr
+    r.close()

@@ -1,0 +1,113 @@
+"""Attacks on a Redis deployment by someone who can write to the stream or the store but
+does not hold DFLOW_SECRET: each one fails cleanly, and changes nothing it should not."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import msgpack
+import pytest
+import redis
+
+import dflow
+from dflow import ContextStack, DFlow
+from dflow._codec import CONTINUE, Message
+from dflow._urls import store_from_url, transport_from_url
+
+from .conftest import SECRET
+
+called: dict[str, int] = {}
+
+
+def waiting_flow(ctx: ContextStack, who: str) -> DFlow[Any]:
+    """A flow built at run time, different for each run (it captures ``who``)."""
+    return DFlow.from_call("go").map(lambda v: f"{who} ran with {v}").id("after")
+
+
+# a pipeline anyone could try to point a run at
+admin_pipeline = DFlow.from_call("admin").map(lambda v: "admin step ran").id("grant").init("admin")
+
+
+@pytest.fixture
+def local_redis(redis_url: str, prefix: str) -> Iterator[redis.Redis]:
+    store = f"{redis_url}?prefix={prefix}"
+    dflow.configure(transport_from_url(f"{redis_url}?stream={prefix}:steps&dead_letters_max=5"),
+                    store_from_url(store, secret=SECRET), concurrency=8, poll_interval=0.02)
+    r = redis.Redis.from_url(redis_url)
+    yield r
+    dflow.shutdown()
+    r.close()
+
+
+def _wait_waiting(run: dflow.Run) -> None:
+    deadline = time.monotonic() + 10
+    while run.status() is not dflow.RunStatus.WAITING:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+
+
+def test_a_run_cannot_be_pointed_at_another_runs_code(local_redis: redis.Redis, prefix: str) -> None:
+    r = local_redis
+    a = DFlow.direct_run("alice", waiting_flow)
+    b = DFlow.direct_run("bob", waiting_flow)
+    _wait_waiting(a)
+    _wait_waiting(b)
+    r.hset(f"{prefix}:r:{a.trace_id}", "frames", r.hget(f"{prefix}:r:{b.trace_id}", "frames"))
+    DFlow.call("go", 1, a.trace_id)
+    with pytest.raises(dflow.RunFailedError, match="PayloadRejectedError.*frames record of run"):
+        a.result(10)
+    DFlow.call("go", 2, b.trace_id)
+    assert b.result(10) == "bob ran with 2", "the run whose frames were copied is untouched"
+
+
+def test_an_unsigned_frames_record_pointing_at_a_pipeline_is_refused(local_redis: redis.Redis, prefix: str) -> None:
+    r = local_redis
+    a = DFlow.direct_run("alice", waiting_flow)
+    _wait_waiting(a)
+    forged = msgpack.packb([["p:admin>grant", 1, "", False]], use_bin_type=True)
+    r.hset(f"{prefix}:r:{a.trace_id}", "frames", forged)
+    DFlow.call("go", 1, a.trace_id)
+    with pytest.raises(dflow.RunFailedError, match="PayloadRejectedError.*frames record"):
+        a.result(10)
+
+
+def test_forged_continue_on_the_stream_does_not_skip_a_step(local_redis: redis.Redis, prefix: str) -> None:
+    r = local_redis
+    run = DFlow.direct_run(3, lambda x: DFlow.delay(x, 0.6).map(lambda v: v * 2).id("double"))
+    deadline = time.monotonic() + 5
+    while run.status() is not dflow.RunStatus.SLEEPING:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    info = run.info()
+    early = Message(run.trace_id, info.seq, "delay>double", 0, CONTINUE)
+    r.xadd(f"{prefix}:steps", {b"m": early.encode()})
+    t0 = time.monotonic()
+    assert run.result(10) == 6
+    assert time.monotonic() - t0 > 0.3, "the delay was not cut short"
+    reasons = [f[b"reason"].decode() for _, f in r.xrange(f"{prefix}:steps:dead")]
+    assert any("before its due time" in why for why in reasons)
+
+
+def test_garbage_in_the_store_indexes_does_not_stall_timers(local_redis: redis.Redis, prefix: str) -> None:
+    r = local_redis
+    r.zadd(f"{prefix}:outbox", {b"\xc1 not msgpack": 0, msgpack.packb({"a": 1}): 0})
+    r.zadd(f"{prefix}:leases", {"no-such-run": 0})
+    r.hset(f"{prefix}:r:lease-victim", mapping={"lease_until": 0, "lease_msg": b"\xc1", "attempt": 0})
+    r.zadd(f"{prefix}:leases", {"lease-victim": 0})
+    run = DFlow.direct_run(1, lambda x: DFlow.delay(x, 0.2).map(lambda v: v + 1).id("inc"))
+    assert run.result(10) == 2
+    assert r.zcard(f"{prefix}:outbox") == 0, "the unreadable entries were dropped"
+
+
+def test_the_dead_letter_stream_is_bounded(local_redis: redis.Redis, prefix: str) -> None:
+    r = local_redis
+    for i in range(30):
+        r.xadd(f"{prefix}:steps", {b"m": f"garbage {i}".encode()})
+    deadline = time.monotonic() + 10
+    while r.xlen(f"{prefix}:steps") or r.xinfo_groups(f"{prefix}:steps")[0]["pending"]:
+        assert time.monotonic() < deadline, "every message was handled"
+        time.sleep(0.05)
+    dead = [f[b"m"] for _, f in r.xrange(f"{prefix}:steps:dead")]
+    assert len(dead) == 5 and all(m.startswith(b"garbage ") for m in dead), "only the newest few are kept"
