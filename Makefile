@@ -1,23 +1,28 @@
-# Every target sets up what it needs: a virtualenv in .venv with the project installed.
+# Every target sets up what it needs, and only that: a virtualenv in .venv with the project
+# installed (the core for the demo; everything the tests use for the tests).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
 .PHONY: demo test bench clean
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.core: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e .
+	touch $@
+
+$(VENV)/.all: $(VENV)/.core
 	$(PY) -m pip install --quiet -e '.[all]'
 	touch $@
 
-demo: $(VENV)/.installed  ## run a flow in local mode and print its step tree
+demo: $(VENV)/.core  ## run a flow in local mode and print its step tree
 	$(PY) examples/demo.py
 
-test: $(VENV)/.installed  ## run the whole test suite
+test: $(VENV)/.all  ## run the whole test suite
 	$(PY) -m pytest
 
-bench: $(VENV)/.installed  ## run the benchmarks and keep their results in benchmarks/results/
+bench: $(VENV)/.all  ## run the benchmarks and keep their results in benchmarks/results/
 	$(PY) benchmarks/bench_local.py
 	$(PY) -m pip install --quiet 'celery[redis]' 'dramatiq[redis]'
 	$(PY) benchmarks/bench_distributed.py

@@ -58,7 +58,7 @@ from dflow._urls import store_from_url, transport_from_url  # noqa: E402
 RESULTS = Path(__file__).parent / "results"
 SCRATCH = Path(tempfile.gettempdir()) / "dflow-bench"
 LOGS = SCRATCH / "logs"
-SECRET = "bench-secret"
+SECRET = "bench-secret-of-at-least-32-bytes-000"
 DFLOW_DB, BROKER_DB, RESULT_DB = 12, 13, 14
 KAFKA_SETTINGS = ("partitions=4&session_timeout_ms=2000&heartbeat_interval_ms=200&fetch_max_wait_ms=100"
                   "&metadata_max_age_ms=1000")

@@ -102,4 +102,4 @@ __all__ = [
     "shutdown",
 ]
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -243,19 +243,20 @@ class ChainCodec:
     ) -> None:
         self.keys = Keys(secret)
         self.max_blob_bytes = max_blob_bytes
-        # By the chain object itself, held weakly: a chain built at run time is dropped
-        # once its run moved on, and its entry with it.
-        self._refs: weakref.WeakKeyDictionary[Chain, tuple[str, bytes | None]] = weakref.WeakKeyDictionary()
-        self._shapes: OrderedDict[tuple[Any, ...], tuple[str, bytes]] = OrderedDict()
+        # By the chain's id, holding the chain weakly: a chain built at run time is dropped
+        # once its run moved on, and its entry with it (a plain dict: this is on every step).
+        self._refs: dict[int, tuple[weakref.ref[Chain], tuple[str, bytes | None]]] = {}
+        # shape -> (reference, blob, the chain it was made from: it keeps the ids in the shape valid)
+        self._shapes: OrderedDict[tuple[Any, ...], tuple[str, bytes, Chain]] = OrderedDict()
         self._loaded: OrderedDict[str, Chain] = OrderedDict()
         self._cache_size = cache_size
 
     def ref(self, chain: Chain) -> tuple[str, bytes | None]:
         """The reference of ``chain`` and, for a chain built at run time, its signed blob.
         Raises ``BuildError`` naming the captured variable that cannot be pickled."""
-        hit = self._refs.get(chain)
-        if hit is not None:
-            return hit
+        hit = self._refs.get(id(chain))
+        if hit is not None and hit[0]() is chain:
+            return hit[1]
         from ._registry import ref_of
 
         static = ref_of(chain)
@@ -266,7 +267,7 @@ class ChainCodec:
             known = self._shapes.get(shape) if shape is not None else None
             if known is not None:  # an earlier chain of this shape (a loop's next turn)
                 self._shapes.move_to_end(shape)  # type: ignore[arg-type]
-                out = known
+                out = known[:2]
             else:
                 try:
                     payload = _dumps(chain)
@@ -279,11 +280,16 @@ class ChainCodec:
                 out = (ref, blob)
                 self._remember(ref, chain, blob)
                 if shape is not None:
-                    self._shapes[shape] = (ref, blob)
+                    self._shapes[shape] = (ref, blob, chain)
                     if len(self._shapes) > self._cache_size:
                         self._shapes.popitem(last=False)
-        self._refs[chain] = out
+        self._keep(chain, out)
         return out
+
+    def _keep(self, chain: Chain, out: tuple[str, bytes | None]) -> None:
+        key = id(chain)
+        refs = self._refs
+        self._refs[key] = (weakref.ref(chain, lambda _, key=key: refs.pop(key, None)), out)
 
     def cached(self, ref: str) -> Chain | None:
         """The chain for ``ref`` if this process has it (static, built here, or loaded)."""
@@ -367,9 +373,9 @@ class ChainCodec:
         for r, c in entries:
             self._loaded[r] = c
             if r == ref and blob is None:
-                self._refs[c] = (r, None)
+                self._keep(c, (r, None))
             elif "/" in r and ref_of(c) is None:
-                self._refs[c] = (r, blob)
+                self._keep(c, (r, blob))
 
 
 def _walk(ref: str, chain: Chain, out: list[tuple[str, Chain]]) -> None:

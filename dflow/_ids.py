@@ -38,6 +38,8 @@ def check_trace_id(trace_id: object, what: str = "trace id") -> str:
 
 def is_run_id(trace_id: object) -> bool:
     """Whether ``trace_id`` can name a run: a user's id or a branch's."""
+    if type(trace_id) is str and len(trace_id) <= MAX_ID and trace_id.isascii() and trace_id.isalnum():
+        return bool(trace_id)  # the common case (a uuid's hex), without the pattern
     return isinstance(trace_id, str) and len(trace_id) <= MAX_RUN_ID and _RUN.fullmatch(trace_id) is not None
 
 

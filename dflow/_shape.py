@@ -17,6 +17,7 @@ import types
 from collections import OrderedDict
 from typing import Any
 
+from ._codec import pack_key
 from .flow import Chain, Kind, compile_flow
 
 __all__ = ["global_names", "shape"]
@@ -31,29 +32,42 @@ class _Unkeyable(Exception):
 
 
 def shape(chain: Chain, *, consumed_head: bool = True) -> tuple[Any, ...] | None:
-    """A key equal for two chains that pickle alike (see the module), or ``None``."""
+    """A key equal for two chains that pickle alike (see the module), or ``None``.
+
+    Code objects appear in it by id (comparing them by value costs as much as pickling
+    them): whoever keeps a key must keep the chain it was made from alive alongside it, so
+    that those ids are not reused by other code."""
     try:
         return _chain_key(chain, consumed_head, [_BUDGET, set()])
     except (_Unkeyable, RecursionError):
         return None
 
 
-def _chain_key(chain: Chain, consumed_head: bool, budget: list[Any]) -> tuple[Any, ...]:
-    from ._codec import pack_key
+_SIMPLE = frozenset((str, int, float, bool, type(None)))
 
+
+def _chain_key(chain: Chain, consumed_head: bool, budget: list[Any]) -> tuple[Any, ...]:
     out: list[Any] = [chain.keys]
     nodes = chain.nodes
+    skip_head = consumed_head and len(nodes) > 1 and nodes[0]._kind == Kind.JUST
     for i, n in enumerate(nodes):
-        if consumed_head and i == 0 and len(nodes) > 1 and n._kind == Kind.JUST:
-            value: Any = None  # left out of the stored form
+        d = n.__dict__
+        value = d["_value"]
+        if i == 0 and skip_head:
+            value = None  # left out of the stored form
+        elif type(value) in _SIMPLE:
+            value = (type(value), value)
         else:
-            value = pack_key(n._value)  # a step sees its node's value only encoded
-            if value is None and n._value is not None:
+            packed = pack_key(value)  # a step sees its node's value only encoded
+            if packed is None:
                 raise _Unkeyable
-        branches = tuple(_chain_key(compile_flow(b), False, budget) for b in n._branches)
+            value = packed
+        fn, err, branches = d["_fn"], d["_on_error"], d["_branches"]
         out.append((
-            n._kind, _fn_key(n._fn, budget), n._ctx_arg, value, n._name, _fn_key(n._on_error, budget),
-            n._err_ctx_arg, n._retry, n._timeout, n._thread, n._transparent, branches,
+            d["_kind"], None if fn is None else _fn_key(fn, budget), d["_ctx_arg"], value, d["_name"],
+            None if err is None else _fn_key(err, budget), d["_err_ctx_arg"], d["_retry"], d["_timeout"],
+            d["_thread"], n._transparent,
+            tuple(_chain_key(compile_flow(b), False, budget) for b in branches) if branches else (),
         ))
     return tuple(out)
 
@@ -67,26 +81,30 @@ def _spend(budget: list[Any]) -> None:
 def _fn_key(fn: Any, budget: list[Any]) -> Any:
     """Functions: by identity when they travel by reference (importable), else by what
     cloudpickle stores of them."""
-    _spend(budget)
-    if fn is None or type(fn) in (types.BuiltinFunctionType, type):
+    budget[0] -= 1
+    if budget[0] < 0:
+        raise _Unkeyable
+    t = type(fn)
+    if t is types.FunctionType:
+        memo = _memo.get(id(fn))
+        if memo is not None and memo[0] is fn and memo[1] == _snapshot(fn):
+            return memo[2]
+        if _importable(fn):
+            return fn
+    elif fn is None or t is types.BuiltinFunctionType or t is type:
         return fn if fn is None or _importable(fn) else _unkeyable()
-    if type(fn) is types.MethodType:
+    elif t is types.MethodType:
         return ("method", _fn_key(fn.__func__, budget), _value_key(fn.__self__, budget))
-    if type(fn) is not types.FunctionType:
+    else:
         return _value_key(fn, budget)  # a callable object: only when it travels by name
-    memo = _memo.get(id(fn))
-    if memo is not None and memo[0] is fn and memo[1] == _snapshot(fn):
-        return memo[2]
-    if _importable(fn):
-        return fn
     code = fn.__code__
     if id(fn) in budget[1]:  # it refers to itself (a recursive flat_map function)
-        return ("self", code)
+        return ("self", id(code))
     budget[1].add(id(fn))
     names = _names(code)
     g = fn.__globals__
     key = (
-        "fn", code, fn.__name__, fn.__qualname__, fn.__module__, fn.__doc__,
+        "fn", id(code), fn.__name__, fn.__qualname__, fn.__module__, fn.__doc__,
         _value_key(fn.__defaults__, budget), _value_key(fn.__kwdefaults__, budget),
         _value_key(fn.__dict__, budget), _value_key(fn.__annotations__, budget),
         tuple(_value_key(_cell(c), budget) for c in fn.__closure__ or ()),

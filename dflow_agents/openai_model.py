@@ -28,7 +28,7 @@ def _import_openai() -> Any:
         import openai
     except ImportError:  # pragma: no cover - depends on the installation
         raise ModelConfigError(
-            "OpenAIChatModel needs the openai package: pip install 'dflow[agents]'"
+            "OpenAIChatModel needs the openai package: pip install 'dflow-runtime[agents]'"
         ) from None
     return openai
 

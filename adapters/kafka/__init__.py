@@ -1,4 +1,4 @@
-"""Kafka adapter: ``KafkaTransport`` (``pip install 'dflow[kafka]'``)."""
+"""Kafka adapter: ``KafkaTransport`` (``pip install 'dflow-runtime[kafka]'``)."""
 
 from __future__ import annotations
 

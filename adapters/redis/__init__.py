@@ -1,4 +1,4 @@
-"""Redis adapters: ``RedisStore`` and ``RedisStreamsTransport`` (``pip install 'dflow[redis]'``)."""
+"""Redis adapters: ``RedisStore`` and ``RedisStreamsTransport`` (``pip install 'dflow-runtime[redis]'``)."""
 
 from __future__ import annotations
 

@@ -90,3 +90,21 @@ chain10 = DFlow.from_call("chain10")
 for _i in range(10):
     chain10 = chain10.map(counted(chain_step)).id(f"c{_i}")
 chain10 = chain10.init("chain10")
+
+
+class LibraryCancelled(BaseException):
+    """A library's own cancellation class (not an Exception)."""
+
+
+def raise_base(kind: str) -> str:
+    """Raise what a step must never let stop its worker."""
+    exc: BaseException = {
+        "custom": LibraryCancelled("the library gave up"),
+        "keyboard-interrupt": KeyboardInterrupt("ctrl-c in a step"),
+        "generator-exit": GeneratorExit("closed"),
+        "system-exit": SystemExit(3),
+    }[kind]
+    raise exc
+
+
+escapes = DFlow.from_call("escape").map(raise_base).id("raise").init("escapes")

@@ -273,3 +273,28 @@ def test_unknown_step_is_parked_then_served_by_a_worker_that_knows_it(cluster: C
         assert run.result(60) == 42
     finally:
         knows.stop()
+
+
+@pytest.fixture
+def redis_cluster(redis_url: str, prefix: str) -> Iterator[Cluster]:
+    c = Cluster(redis_url, prefix, f"{redis_url}?stream={prefix}:steps&redeliver_after=2")
+    yield c
+    c.close()
+
+
+@pytest.mark.timeout(120)
+def test_base_exceptions_in_steps_fail_the_step_not_the_worker(redis_cluster: Cluster) -> None:
+    c = redis_cluster
+    c.workers.concurrency = 2  # fewer consumers than failing steps: each must survive its failure
+    c.workers.start(1)
+    c.approve_forever()
+    kinds = ["custom", "keyboard-interrupt", "generator-exit", "system-exit"] * 3
+    failing = [flows.escapes.entry("escape").call(k) for k in kinds]
+    for kind, run in zip(kinds, failing):
+        with pytest.raises(dflow.RunFailedError) as info:
+            run.result(30)
+        expected = {"custom": "LibraryCancelled", "keyboard-interrupt": "KeyboardInterrupt",
+                    "generator-exit": "GeneratorExit", "system-exit": "SystemExit"}[kind]
+        assert info.value.error["type"].endswith(expected)
+    assert len(c.workers.alive()) == 1, c.workers.output()
+    check_all(c, start_orders(10), timeout=60)  # the consumers still serve
