@@ -379,7 +379,7 @@ def dflow_fanout(c: DflowCluster, flows: Any, reps: int, width: int = 100) -> di
         commits.append(run.info().updated - t0)
     steps = run.context().steps
     forked = next(s for s in steps if s.status.value == "forked")
-    child = dflow.Run(f"{run.trace_id}.{forked.seq}-0").context().steps
+    child = dflow.Run(f"{run.trace_id}/{forked.seq}-0").context().steps
     return {
         "reps": reps, "width": width,
         "median_s": med(walls), "p95_s": percentile(walls, 0.95),

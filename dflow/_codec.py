@@ -200,9 +200,19 @@ class _TooDense(Exception):
     pass
 
 
+_unpackb = msgpack.unpackb
+
+
 def decode(data: bytes) -> Any:
     """Decode bytes made by ``encode``, within ``limits``."""
     size = len(data)
+    if size <= 4096:  # most values: nothing to check
+        try:
+            return _unpackb(data, raw=False, ext_hook=_ext_hook, timestamp=3, strict_map_key=False)
+        except SerializationError:
+            raise
+        except Exception as exc:
+            raise SerializationError(f"cannot decode a stored value: {exc}") from exc
     if size > limits.max_bytes:
         raise SerializationError(
             f"a stored value of {size} bytes is over the limit of {limits.max_bytes} bytes; it is not decoded"

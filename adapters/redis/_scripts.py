@@ -359,10 +359,10 @@ if ARGV[7] == '2' then redis.call('DEL', P..':j:'..t, P..':js:'..t, P..':ja:'..t
 local kind = ARGV[i]; i = i + 1
 local out = {}
 if kind == 'advance' then
-  -- frames, value, msg, seq, attempt, key, at, message kind, blobs
+  -- frames, value, msg, seq, attempt, key, at, message kind, blobs ('=' when unchanged)
   redis.call('HSET', rk, 'status', 'running', 'frames', ARGV[i], 'value', ARGV[i + 1], 'seq', ARGV[i + 3],
              'attempt', ARGV[i + 4], 'key', ARGV[i + 5], 'kind', ARGV[i + 7])
-  set_blobs(P, rk, ARGV[i + 8])
+  if ARGV[i + 8] ~= '=' then set_blobs(P, rk, ARGV[i + 8]) end  -- '=': the same blobs as before
   local at = tonumber(ARGV[i + 6])
   if at > now then
     redis.call('ZADD', P..':timers', at, ARGV[i + 2])

@@ -102,6 +102,9 @@ class RedisStore(Store):
             for name in ("CREATE", "CLAIM", "COMMIT", "RESUME", "INIT_DONE", "EXTEND", "PARK", "DUE")
         }
         self._written: OrderedDict[str, None] = OrderedDict()
+        # frames records this process signed lately, by run: the fused path takes the next step
+        # of the run it just committed, so most come back here
+        self._sealed: OrderedDict[tuple[str, bytes], bytes] = OrderedDict()
         self._tokens = 0
         self._token_base = f"{os.getpid()}-{id(self):x}-"
         # Set by ``dispatch_via``: the stream, group and consumer this store dispatches onto.
@@ -136,22 +139,44 @@ class RedisStore(Store):
     def prepare_chain(self, chain: Chain) -> None:
         self.codec.ref(chain)
 
-    def _frames(self, trace_id: str, frames: tuple[Frame, ...], blobs: dict[str, bytes]) -> bytes:
-        """The frames record of run ``trace_id``, signed for it; the blobs it needs that
-        this process has not written yet go into ``blobs``."""
+    def _frames(self, trace_id: str, frames: tuple[Frame, ...], blobs: dict[str, bytes]) -> tuple[bytes, str]:
+        """The frames record of run ``trace_id``, signed for it, and the blobs it references
+        (space-separated); those this process has not written yet go into ``blobs``."""
         out = []
+        refs: list[str] = []
+        codec = self.codec
         for f in frames:
-            ref, blob = self.codec.ref(f.chain)
-            if blob is not None:  # for a branch, its parent's blob
-                key = self.codec.blob_of(ref)
-                if key not in self._written:
+            ref, blob = codec.ref(f.chain)
+            if ref[:2] == "h:":  # for a branch, its parent's blob
+                key = codec.blob_of(ref)
+                if key not in refs:
+                    refs.append(key)
+                if blob is not None and key not in self._written:
                     blobs[key] = blob
             out.append((ref, f.pos, f.suffix, f.returning))
-        return self.codec.seal_frames(trace_id, _pack(out))
+        payload = _pack(out)
+        record = codec.seal_frames(trace_id, payload)
+        self._sealed[(trace_id, record)] = payload  # signed here for this run: no need to check it again
+        if len(self._sealed) > 4096:
+            self._sealed.popitem(last=False)
+        return record, " ".join(sorted(refs))
+
+    def _blob_refs(self, frames: tuple[Frame, ...]) -> str:
+        """The blobs ``frames`` reference, as ``_frames`` lists them."""
+        refs: list[str] = []
+        for f in frames:
+            ref = self.codec.ref(f.chain)[0]
+            if ref[:2] == "h:":
+                key = self.codec.blob_of(ref)
+                if key not in refs:
+                    refs.append(key)
+        return " ".join(sorted(refs))
 
     async def _load_frames(self, trace_id: str, raw: bytes) -> tuple[Frame, ...]:
+        payload = self._sealed.pop((trace_id, raw), None)
         try:
-            payload = self.codec.open_frames(trace_id, raw)
+            if payload is None:
+                payload = self.codec.open_frames(trace_id, raw)
         except PayloadRejectedError:
             if not (self.legacy_frames and raw[:1] in _ARRAYS):
                 raise
@@ -192,12 +217,6 @@ class RedisStore(Store):
 
     # -- Store -----------------------------------------------------------------------
 
-    def _frames_and_blobs(self, trace_id: str, frames: tuple[Frame, ...], blobs: dict[str, bytes]) -> tuple[bytes, str]:
-        """The signed frames record, and the blobs it references (space-separated)."""
-        record = self._frames(trace_id, frames, blobs)
-        refs = sorted({self.codec.blob_of(r) for r in (self.codec.ref(f.chain)[0] for f in frames) if r[:2] == "h:"})
-        return record, " ".join(refs)
-
     async def _write(self, name: str, build: Any) -> Any:
         """Run script ``name`` with the arguments ``build(blobs)`` returns, writing first
         the blobs it collects; when the script reports blobs missing (this process thought
@@ -217,7 +236,7 @@ class RedisStore(Store):
         parent = run.parent
 
         def build(blobs: dict[str, bytes]) -> list[Any]:
-            frames, refs = self._frames_and_blobs(run.trace_id, run.frames, blobs)
+            frames, refs = self._frames(run.trace_id, run.frames, blobs)
             return [
                 self.prefix, run.trace_id, time.time(), self.redispatch_after, int(self.ttl * 1000), self._stream,
                 int(self.blob_ttl * 1000), refs, frames, run.value,
@@ -309,8 +328,11 @@ class RedisStore(Store):
             fields: list[Any]
             if isinstance(transition, Advance):
                 m = transition.message
-                frames, blob_refs = self._frames_and_blobs(m.trace_id, transition.frames, blobs)
-                refs.update(blob_refs.split())
+                frames, blob_refs = self._frames(m.trace_id, transition.frames, blobs)
+                if blob_refs:
+                    refs.update(blob_refs.split())
+                if blob_refs == self._blob_refs(claim.frames):
+                    blob_refs = "="  # the run references the same blobs as before: nothing to count
                 fields = ["advance", frames, transition.value, m.encode(), m.seq, m.attempt, m.key,
                           transition.at or 0, m.kind, blob_refs]
             elif isinstance(transition, Wait):
@@ -320,7 +342,7 @@ class RedisStore(Store):
                 fields = ["fork", transition.kind, j.encode(), j.seq, j.key, len(transition.children)]
                 for child in transition.children:
                     assert child.message is not None and child.parent is not None
-                    frames, blob_refs = self._frames_and_blobs(child.trace_id, child.frames, blobs)
+                    frames, blob_refs = self._frames(child.trace_id, child.frames, blobs)
                     refs.update(blob_refs.split())
                     fields += [child.trace_id, frames, child.value, child.message.encode(), child.message.key,
                                child.parent.index, blob_refs]
