@@ -53,7 +53,6 @@ if str(ROOT) not in sys.path:
 import redis  # noqa: E402
 
 import dflow  # noqa: E402
-from dflow._urls import store_from_url, transport_from_url  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 SCRATCH = Path(tempfile.gettempdir()) / "dflow-bench"
@@ -284,7 +283,7 @@ class DflowCluster:
         self.workers.append(PROCS.start(f"dflow-{self.name}", cmd, {"DFLOW_SECRET": SECRET}, "serving"))
 
     def connect(self) -> None:
-        dflow.configure(transport_from_url(self.transport), store_from_url(self.store, secret=SECRET), consume=False)
+        dflow.configure(self.transport, self.store, secret=SECRET, consume=False)
 
     def close(self) -> None:
         with contextlib.suppress(Exception):

@@ -10,7 +10,6 @@ from .client import (
     Entry,
     Pipeline,
     Run,
-    adirect_run,
     configure,
     current_runtime,
     gather,
@@ -44,7 +43,7 @@ from .errors import (
     UnknownStepError,
     ValueTooLargeError,
 )
-from .flow import DFlow, InitParam
+from .flow import DFlow, InitParam, adirect_run
 from .memory import MemoryBroker, MemoryStore, MemoryTransport
 from .policy import RetryPolicy
 from .runtime import Runtime

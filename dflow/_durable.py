@@ -26,7 +26,7 @@ from ._shape import global_names as _global_names
 from ._shape import shape as _chain_shape
 from ._signing import Keys
 from .errors import BuildError, PayloadRejectedError, UnknownStepError
-from .flow import Chain, compile_flow
+from ._model import Chain, compile_flow
 
 __all__ = ["ChainCodec", "shared"]
 
@@ -132,7 +132,7 @@ def _dumps(obj: Any) -> bytes:
 
 def _diagnose(chain: Chain, exc: Exception) -> str:
     """Name the captured variable that cannot be pickled."""
-    from .flow import Kind, _site_text
+    from ._model import Kind, _site_text
 
     for node in _all_nodes(chain):
         where = f"{node._describe()} at {_site_text(node._site)}"
@@ -204,7 +204,7 @@ _FRAMES = b"dflow frames"
 
 def _too_big(chain: Chain, size: int, limit: int) -> str:
     """Name the biggest value the flow carries, which made it too big to store."""
-    from .flow import _site_text
+    from ._model import _site_text
 
     biggest: tuple[int, str] = (0, "")
     for node in _all_nodes(chain):
@@ -278,7 +278,7 @@ class ChainCodec:
                 ref = "h:" + hashlib.sha256(payload).hexdigest()
                 blob = self.keys.sign(_BLOB, payload)
                 out = (ref, blob)
-                self._remember(ref, chain, blob)
+                self._remember(ref, chain, blob, loaded=False)
                 if shape is not None:
                     self._shapes[shape] = (ref, blob, chain)
                     if len(self._shapes) > self._cache_size:
@@ -291,8 +291,22 @@ class ChainCodec:
         refs = self._refs
         self._refs[key] = (weakref.ref(chain, lambda _, key=key: refs.pop(key, None)), out)
 
+    def runnable(self, chain: Chain) -> Chain:
+        """The chain a run continues with: a pipeline's own, or for a chain built at run
+        time the copy loaded from its signed blob, as any worker would load it (so what
+        it captured behaves the same wherever the run goes on)."""
+        ref, blob = self.ref(chain)
+        if ref[:2] != "h:":
+            return chain
+        hit = self._loaded.get(ref)
+        if hit is not None:
+            return hit
+        if blob is None:  # a loaded copy itself, gone from the cache
+            return chain
+        return self.load(ref, blob)
+
     def cached(self, ref: str) -> Chain | None:
-        """The chain for ``ref`` if this process has it (static, built here, or loaded)."""
+        """The chain for ``ref`` if this process has it: a pipeline's, or one loaded."""
         if ref.startswith("p:"):
             from ._registry import chain_by_ref
 
@@ -357,21 +371,22 @@ class ChainCodec:
             raise PayloadRejectedError(f"the stored flow {head} has no branch {ref[len(head):]!r}")
         return found
 
-    def _remember(self, ref: str, chain: Chain, blob: bytes | None) -> None:
-        """Keep ``chain`` under ``ref``, and each of its zip/any branches under
+    def _remember(self, ref: str, chain: Chain, blob: bytes | None, *, loaded: bool = True) -> None:
+        """Know ``chain`` by ``ref``, and each of its zip/any branches by
         ``ref/<pos>.<branch>``: a branch travels inside its parent's ``blob``, which goes
         with its reference so that a store writes it if it has not yet (``None`` for a
         chain loaded from the store; branches of registered pipelines keep their static
-        references)."""
+        references). A ``loaded`` chain (and its branches) is also kept for ``cached``."""
         from ._registry import ref_of
 
         entries: list[tuple[str, Chain]] = []
         _walk(ref, chain, entries)
-        # Make room first: the entries of one blob stay together even past the cache size.
-        while self._loaded and len(self._loaded) + len(entries) > self._cache_size:
-            self._loaded.popitem(last=False)
+        if loaded:  # make room first: the entries of one blob stay together even past the cache size
+            while self._loaded and len(self._loaded) + len(entries) > self._cache_size:
+                self._loaded.popitem(last=False)
         for r, c in entries:
-            self._loaded[r] = c
+            if loaded:
+                self._loaded[r] = c
             if r == ref and blob is None:
                 self._keep(c, (r, None))
             elif "/" in r and ref_of(c) is None:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .client import Pipeline
-    from .flow import Chain
+    from ._model import Chain
 
 log = logging.getLogger("dflow")
 

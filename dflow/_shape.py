@@ -18,7 +18,7 @@ from collections import OrderedDict
 from typing import Any
 
 from ._codec import pack_key
-from .flow import Chain, Kind, compile_flow
+from ._model import Chain, Kind, compile_flow
 
 __all__ = ["global_names", "shape"]
 

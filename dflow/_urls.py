@@ -18,10 +18,10 @@ from .store import Store
 from .transport import Transport
 
 _TRANSPORT_KEYS = {"stream", "group", "consumer", "dead_letters", "redeliver_after", "prefetch", "dead_letters_max"}
-_STORE_KEYS = {"prefix", "ttl", "redispatch_after", "blob_ttl", "legacy_frames"}
+_STORE_KEYS = {"prefix", "ttl", "redispatch_after", "blob_ttl"}
 _FLOATS = {"redeliver_after", "ttl", "redispatch_after", "blob_ttl"}
 _INTS = {"prefetch", "partitions", "dead_letters_max"}
-_BOOLS = {"legacy_frames"}
+_BOOLS: set[str] = set()
 
 
 _SECRET_NAME = re.compile(r"pass|secret|token|key|credential|auth", re.IGNORECASE)
@@ -109,10 +109,17 @@ def transport_from_url(url: str, **options: Any) -> Transport:
     )
 
 
-def store_from_url(url: str, **options: Any) -> Store:
-    """A store for ``url``; ``options`` override the URL's settings."""
+def store_from_url(url: str, *, transport: Transport | None = None, **options: Any) -> Store:
+    """A store for ``url``; ``options`` override the URL's settings. With ``transport`` (the
+    one the runtime consumes), a Redis store on the same server and database as a Redis
+    Streams transport writes step messages to it itself (one script call a step)."""
     scheme = urlsplit(url).scheme
     if scheme in ("redis", "rediss", "unix"):
         base, mine = _split(url, _STORE_KEYS)
+        if transport is not None and "transport" not in options:
+            import adapters.redis._store as redis_store
+
+            if redis_store.fusable(base, transport):
+                options["transport"] = transport
         return _adapter("RedisStore")(base, **{**mine, **options})  # type: ignore[no-any-return]
     raise ConfigurationError(f"unknown store URL {redact_url(url)!r}: use redis:// or rediss://")

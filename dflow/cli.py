@@ -34,9 +34,14 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--transport", default=os.environ.get("DFLOW_TRANSPORT"), help="redis://... or kafka://...")
     w.add_argument("--store", default=os.environ.get("DFLOW_STORE"), help="redis://...")
     w.add_argument("--concurrency", type=int, default=64, help="steps run at once (default 64)")
-    w.add_argument("--lease", type=float, default=60.0, help="seconds before a silent step is taken over")
-    w.add_argument("--grace", type=float, default=30.0, help="seconds to finish running steps on SIGTERM")
+    w.add_argument("--lease", type=float, default=60.0,
+                   help="seconds before a silent step is taken over (default 60)")
+    w.add_argument("--grace", type=float, default=30.0,
+                   help="seconds to finish running steps on SIGTERM (default 30)")
     w.add_argument("--log-level", default=os.environ.get("DFLOW_LOG_LEVEL", "INFO"))
+    w.add_argument("--legacy-frames", action="store_true",
+                   help="also run the steps of runs started by dflow 0.1, whose frames are unsigned (only while "
+                        "such runs are in flight)")
     w.add_argument("--app-dir", default=None, metavar="DIR",
                    help="look for MODULEs in DIR before installed packages (default: the current directory, "
                         "after installed packages, so that a file there cannot shadow one)")
@@ -69,8 +74,8 @@ async def _worker(args: argparse.Namespace) -> int:
         sys.path.append(os.getcwd())
     for module in args.modules:
         importlib.import_module(module)
-    store = store_from_url(_need(args.store, "--store", "DFLOW_STORE"))
     transport = transport_from_url(_need(args.transport, "--transport", "DFLOW_TRANSPORT"))
+    store = store_from_url(_need(args.store, "--store", "DFLOW_STORE"), transport=transport)
     try:
         await store.ping()
     except DFlowError as exc:
@@ -81,7 +86,8 @@ async def _worker(args: argparse.Namespace) -> int:
     except DFlowError as exc:
         print(f"dflow worker: cannot reach the transport {redact_url(args.transport)}: {exc}", file=sys.stderr)
         return 2
-    runtime = Runtime(transport, store, concurrency=args.concurrency, lease=args.lease)
+    runtime = Runtime(transport, store, concurrency=args.concurrency, lease=args.lease,
+                      legacy_frames=args.legacy_frames)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

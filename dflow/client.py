@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import os
 import concurrent.futures
 import threading
 import time
 import uuid
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from . import _durable
@@ -29,17 +31,16 @@ from .errors import (
     RunNotFoundError,
     UnknownEntryError,
 )
-from .flow import DFlow, InitParam, Kind, compile_flow
+from ._model import Frame, Kind, Node, compile_flow
 from .memory import MemoryStore, MemoryTransport
 from .runtime import Runtime
-from .store import Frame, NewRun, Store
+from .store import Store, wait_finished
 from .transport import Transport
 
 __all__ = [
     "Entry",
     "Pipeline",
     "Run",
-    "adirect_run",
     "configure",
     "current_runtime",
     "gather",
@@ -205,20 +206,24 @@ def configure(
     concurrency: int = 64,
     lease: float = 60.0,
     poll_interval: float = 0.05,
+    secret: str | bytes | None = None,
+    legacy_frames: bool = False,
 ) -> Runtime:
     """Make ``transport`` and ``store`` this process's runtime, on a background loop.
 
     ``transport`` and ``store`` are objects or URLs (``redis://``, ``rediss://``,
-    ``kafka://``; see ``dflow worker --help``). With ``consume=False`` the process only
-    starts and resumes runs (a web app, say) and leaves the steps to workers. Replaces
-    (and stops) any runtime configured before.
+    ``kafka://``; see ``dflow worker --help``); a store URL on the same Redis server and
+    database as a Redis Streams transport makes a store that writes to the stream itself.
+    With ``consume=False`` the process only starts and resumes runs (a web app, say) and
+    leaves the steps to workers. ``secret`` signs the flows exchanged (default:
+    ``DFLOW_SECRET``). Replaces (and stops) any runtime configured before.
     """
     global _host
     if isinstance(transport, str) or isinstance(store, str):
         from ._urls import store_from_url, transport_from_url
 
         transport = transport_from_url(transport) if isinstance(transport, str) else transport
-        store = store_from_url(store) if isinstance(store, str) else store
+        store = store_from_url(store, transport=transport) if isinstance(store, str) else store
     with _host_lock:
         old, _host = _host, None
         if old is not None:
@@ -226,7 +231,8 @@ def configure(
         thread = _LoopThread("dflow-runtime")
 
         async def make() -> Runtime:
-            rt = Runtime(transport, store, concurrency=concurrency, lease=lease, poll_interval=poll_interval)
+            rt = Runtime(transport, store, concurrency=concurrency, lease=lease, poll_interval=poll_interval,
+                         secret=secret, legacy_frames=legacy_frames)
             await rt.start(consume=consume)
             return rt
 
@@ -255,8 +261,10 @@ def global_init_for_test(*, concurrency: int = 16, ttl: float = 3600.0) -> Runti
 
     Finished runs are kept ``ttl`` seconds for ``Run.result()`` and inspection.
     """
+    transport = MemoryTransport()
     return configure(
-        MemoryTransport(), MemoryStore(ttl=ttl), concurrency=concurrency, poll_interval=0.005
+        transport, MemoryStore(ttl=ttl, transport=transport), concurrency=concurrency, poll_interval=0.005,
+        secret=os.urandom(32),
     )
 
 
@@ -313,13 +321,13 @@ class Run:
         """Await the run's result. ``RunFailedError`` when it failed, ``RunTimeoutError``
         when ``timeout`` seconds pass first (the run goes on)."""
         host = _current()
-        info = await host.arun(host.runtime.store.wait_finished(self.trace_id, timeout))
+        info = await host.arun(wait_finished(host.runtime.store, self.trace_id, timeout))
         return _outcome(info)
 
     def result(self, timeout: float | None = None) -> Any:
         """Block until the run's result (see ``wait``)."""
         host = _current()
-        info = host.run(host.runtime.store.wait_finished(self.trace_id, timeout))
+        info = host.run(wait_finished(host.runtime.store, self.trace_id, timeout))
         return _outcome(info)
 
     def info(self) -> RunInfo:
@@ -371,41 +379,53 @@ def _outcome(info: RunInfo) -> Any:
     return info.result
 
 
-def _trace_of(param: Any) -> tuple[Any, str]:
-    if isinstance(param, InitParam):
-        return param.param, _new_trace(param.trace_id)
-    return param, uuid.uuid4().hex
-
-
-def _new_trace(trace_id: str | None) -> str:
+def new_trace(trace_id: str | None) -> str:
     """The trace id of a new run: ``trace_id`` once checked, or a fresh UUID."""
     return uuid.uuid4().hex if trace_id is None else check_trace_id(trace_id)
 
 
-def _entry_run(trace_id: str, chain_frames: tuple[Frame, ...], value: bytes, key: str) -> NewRun:
+@dataclass(slots=True)
+class Start:
+    """A run to start: at ``frames`` (``None`` for one finished at creation, with
+    ``result``), with ``value``, its first step's ``message`` and its first ``records``."""
+
+    trace_id: str
+    frames: tuple[Frame, ...] | None
+    value: bytes
+    message: Message | None
+    records: list[StepRecord] = field(default_factory=list)
+    result: bytes | None = None
+
+
+def entry_run(trace_id: str, chain_frames: tuple[Frame, ...], value: bytes, key: str) -> Start:
     """A run that starts after its entry node, which outputs ``value``."""
     top = chain_frames[-1]
     record = StepRecord(key, 0, StepStatus.ENTRY, raw_output=value)
     if top.pos + 1 >= len(top.chain.nodes):
-        return NewRun(trace_id, (), value, None, records=[record], result=value)
+        return Start(trace_id, None, value, None, [record], result=value)
     frames = (Frame(top.chain, top.pos + 1, top.suffix),)
-    return NewRun(trace_id, frames, value, Message(trace_id, 1, frames[-1].key), records=[record])
+    return Start(trace_id, frames, value, Message(trace_id, 1, frames[-1].key), [record])
 
 
-def _start(run: NewRun) -> Run:
+def _starting(host: _Host, run: Start) -> Coroutine[Any, Any, None]:
+    return host.runtime.start_run(run.trace_id, run.frames, run.value, run.message, records=run.records,
+                                  result=run.result)
+
+
+def start(run: Start) -> Run:
     host = _current()
     if host.thread.on_loop():
         raise DFlowError(
             "starting a run with the sync call() inside a step would block the runtime's loop; make "
             "the step async def and use await pipeline.acall(...) / await dflow.adirect_run(...)"
         )
-    host.run(host.runtime.start_run(run))
+    host.run(_starting(host, run))
     return Run(run.trace_id)
 
 
-async def _astart(run: NewRun) -> Run:
+async def astart(run: Start) -> Run:
     host = _current()
-    await host.arun(host.runtime.start_run(run))
+    await host.arun(_starting(host, run))
     return Run(run.trace_id)
 
 
@@ -421,18 +441,18 @@ class Entry:
     def __repr__(self) -> str:
         return f"Entry({self.pipeline.name!r}, {self.call_type!r})"
 
-    def _new_run(self, param: Any, trace_id: str | None) -> NewRun:
-        trace = _new_trace(trace_id)
+    def _new_run(self, param: Any, trace_id: str | None) -> Start:
+        trace = new_trace(trace_id)
         frame = Frame(self.pipeline._chain, 0)
-        return _entry_run(trace, (frame,), encode(param, f"the parameter of entry {self.call_type!r}"), frame.key)
+        return entry_run(trace, (frame,), encode(param, f"the parameter of entry {self.call_type!r}"), frame.key)
 
     def call(self, param: Any = None, trace_id: str | None = None) -> Run:
         """Start a run with ``param``; ``RunExistsError`` if ``trace_id`` is taken."""
-        return _start(self._new_run(param, trace_id))
+        return start(self._new_run(param, trace_id))
 
     async def acall(self, param: Any = None, trace_id: str | None = None) -> Run:
         """Async ``call``."""
-        return await _astart(self._new_run(param, trace_id))
+        return await astart(self._new_run(param, trace_id))
 
 
 class Pipeline:
@@ -444,7 +464,7 @@ class Pipeline:
         raise TypeError("pipelines are made by DFlow.init()")
 
     @classmethod
-    def _create(cls, flow: DFlow[Any], name: str | None) -> Pipeline:
+    def _create(cls, flow: Node, name: str | None) -> Pipeline:
         chain = compile_flow(flow)
         self = object.__new__(cls)
         self._chain = chain
@@ -479,7 +499,7 @@ class Pipeline:
                 f"pipeline {self.name!r} has no entry {call_type!r}; its entries: {have}"
             ) from None
 
-    def _new_run(self, param: Any, trace_id: str | None) -> NewRun:
+    def _new_run(self, param: Any, trace_id: str | None) -> Start:
         if self._entries:
             (entry,) = self._entries.values()
             return entry._new_run(param, trace_id)
@@ -488,40 +508,20 @@ class Pipeline:
                 f"pipeline {self.name!r} starts with {self._chain.nodes[0]._describe()}, which takes no "
                 "parameter; start it with call() or make its head a from_call"
             )
-        trace = _new_trace(trace_id)
+        trace = new_trace(trace_id)
         frame = Frame(self._chain, 0)
-        return NewRun(trace, (frame,), encode(None), Message(trace, 0, frame.key))
+        return Start(trace, (frame,), encode(None), Message(trace, 0, frame.key))
 
     def call(self, param: Any = None, trace_id: str | None = None) -> Run:
         """Start a run through the pipeline's only entry (or its ``just`` head)."""
-        return _start(self._new_run(param, trace_id))
+        return start(self._new_run(param, trace_id))
 
     async def acall(self, param: Any = None, trace_id: str | None = None) -> Run:
         """Async ``call``."""
-        return await _astart(self._new_run(param, trace_id))
+        return await astart(self._new_run(param, trace_id))
 
 
 _durable._by_name.add(Pipeline)  # a pipeline captured in a flow travels by name
-
-_DIRECT = "direct_run"
-
-
-def _direct_new_run(param: Any, builder: Callable[..., DFlow[Any]]) -> NewRun:
-    value, trace_id = _trace_of(param)
-    flow = DFlow.from_call(_DIRECT).flat_map(builder).id(f"{_DIRECT}.build")
-    flow.__dict__["_transparent"] = True  # the built flow's keys are the run's own
-    frame = Frame(compile_flow(flow), 0)
-    return _entry_run(trace_id, (frame,), encode(value, "the parameter of direct_run"), frame.key)
-
-
-def direct_run(param: Any, builder: Callable[..., DFlow[Any]]) -> Run:
-    """Start a run of the flow ``builder(value)`` returns (see ``DFlow.direct_run``)."""
-    return _start(_direct_new_run(param, builder))
-
-
-async def adirect_run(param: Any, builder: Callable[..., DFlow[Any]]) -> Run:
-    """Async ``direct_run``."""
-    return await _astart(_direct_new_run(param, builder))
 
 
 def call(call_type: str, payload: Any, trace_id: str) -> None:

@@ -8,39 +8,26 @@ is called, or ``DFlow.direct_run`` starts a run. Modifiers (``id``, ``name``,
 from __future__ import annotations
 
 import inspect
-import os
-import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from enum import IntEnum
 from types import FunctionType, MethodType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from ._codec import register_hinted_models
-from .errors import BuildError, DuplicateIdError, MissingIdError
+from . import client
+from ._codec import encode, register_hinted_models
+from ._model import CONSUMED, Chain, Kind, Node, _chain_from, _fn_name, _site_text, compile_flow  # noqa: F401
+from .errors import BuildError
 from .policy import RetryPolicy
+from ._model import Frame
 
 if TYPE_CHECKING:
     from .client import Pipeline, Run
     from .runtime import Runtime
 
-__all__ = ["DFlow", "InitParam"]
+__all__ = ["DFlow", "InitParam", "adirect_run"]
 
 T = TypeVar("T")
 U = TypeVar("U")
-
-
-class Kind(IntEnum):
-    JUST = 0
-    MAP = 1
-    FLAT_MAP = 2
-    FROM_CALL = 3
-    DELAY = 4
-    ZIP = 5
-    ANY = 6
-
-
-_KIND_NAMES = {k: k.name.lower() for k in Kind}
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,25 +36,6 @@ class InitParam(Generic[T]):
 
     param: T
     trace_id: str | None = None
-
-
-_HERE = os.path.dirname(__file__) + os.sep
-
-
-def _caller_site() -> tuple[str, int]:
-    """(file, line) of the user code that called the operator (outside dflow's own
-    modules); formatted only for errors."""
-    frame = sys._getframe(2)
-    here = _HERE
-    while frame is not None and frame.f_code.co_filename.startswith(here):
-        frame = frame.f_back  # type: ignore[assignment]
-    if frame is None:  # pragma: no cover
-        return ("?", 0)
-    return (frame.f_code.co_filename, frame.f_lineno)
-
-
-def _site_text(site: tuple[str, int]) -> str:
-    return f"{os.path.basename(site[0])}:{site[1]}"
 
 
 _ctx_arg_by_code: dict[Any, bool] = {}
@@ -122,79 +90,12 @@ def _inspect_ctx_arg(fn: Callable[..., Any], what: str) -> bool:
     return False
 
 
-def _fn_name(fn: Any) -> str:
-    return getattr(fn, "__name__", None) or type(fn).__qualname__
-
-
-class DFlow(Generic[T]):
+class DFlow(Node, Generic[T]):
     """An immutable chain of nodes ending in a value of type ``T``.
 
     Build one with ``DFlow.just``, ``DFlow.from_call``, ``DFlow.delay``, ``DFlow.zip`` or
     ``DFlow.any``, extend it with ``map`` and ``flat_map``, and name every step with ``id``.
     """
-
-    # Attributes live in the instance dict, written directly (bypassing the refusing
-    # __setattr__): building nodes is on the hot path of every flat_map step.
-    _kind: Kind
-    _source: DFlow[Any] | None
-    _fn: Callable[..., Any] | None
-    _ctx_arg: bool
-    _value: Any
-    _id: str | None
-    _name: str | None
-    _on_error: Callable[..., Any] | None
-    _err_ctx_arg: bool
-    _retry: RetryPolicy | None
-    _timeout: float | None
-    _thread: bool
-    _branches: tuple[DFlow[Any], ...]
-    _site: tuple[str, int]
-    _compiled: Chain | None
-    #: a flat_map whose flow takes its place in step keys (only dflow's own direct_run
-    #: builder); a class attribute, so that nodes pickled before it existed load with it
-    _transparent: bool = False
-
-    def __init__(self) -> None:  # pragma: no cover - use the constructors
-        raise TypeError("build flows with DFlow.just, DFlow.from_call, DFlow.delay, DFlow.zip or DFlow.any")
-
-    @classmethod
-    def _node(
-        cls,
-        kind: Kind,
-        *,
-        source: DFlow[Any] | None = None,
-        fn: Callable[..., Any] | None = None,
-        ctx_arg: bool = False,
-        value: Any = None,
-        id: str | None = None,
-        branches: tuple[DFlow[Any], ...] = (),
-    ) -> DFlow[Any]:
-        self = object.__new__(cls)
-        d = self.__dict__
-        d.update(_DEFAULTS)
-        d["_kind"] = kind
-        d["_source"] = source
-        d["_fn"] = fn
-        d["_ctx_arg"] = ctx_arg
-        d["_value"] = value
-        d["_id"] = id
-        d["_branches"] = branches
-        d["_site"] = _caller_site()
-        return self
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise AttributeError("DFlow is immutable; operators return new flows")
-
-    def __delattr__(self, name: str) -> None:
-        raise AttributeError("DFlow is immutable; operators return new flows")
-
-    def _with(self, **changes: Any) -> DFlow[T]:
-        new = object.__new__(type(self))
-        d = new.__dict__
-        d.update(self.__dict__)
-        d.update(changes)
-        d["_compiled"] = None
-        return new
 
     # -- sources ---------------------------------------------------------------------
 
@@ -323,16 +224,12 @@ class DFlow(Generic[T]):
 
     def init(self, name: str | None = None) -> Pipeline:
         """Check the flow (every id present, none repeated) and return its ``Pipeline``."""
-        from .client import Pipeline
-
-        return Pipeline._create(self, name)
+        return client.Pipeline._create(self, name)
 
     @staticmethod
     def direct_run(param: Any, builder: Callable[..., DFlow[Any]]) -> Run:
         """Start a run that calls ``builder(value)`` or ``builder(ctx, value)`` and runs the
         flow it returns. ``param`` is the value, or an ``InitParam`` with a trace id."""
-        from .client import direct_run
-
         return direct_run(param, builder)
 
     @staticmethod
@@ -342,16 +239,12 @@ class DFlow(Generic[T]):
         Raises ``NotWaitingError`` when the run waits for something else or has finished.
         From inside a step on the runtime's event loop, prefer ``await DFlow.acall(...)``.
         """
-        from .client import call
-
-        call(call_type, payload, trace_id)
+        client.call(call_type, payload, trace_id)
 
     @staticmethod
     async def acall(call_type: str, payload: Any, trace_id: str) -> None:
         """Async ``DFlow.call``."""
-        from .client import acall
-
-        await acall(call_type, payload, trace_id)
+        await client.acall(call_type, payload, trace_id)
 
     @staticmethod
     def global_init_for_test(*, concurrency: int = 16, ttl: float = 3600.0) -> Runtime:
@@ -359,38 +252,7 @@ class DFlow(Generic[T]):
 
         ``concurrency`` steps run at once; finished runs are kept ``ttl`` seconds.
         """
-        from .client import global_init_for_test
-
-        return global_init_for_test(concurrency=concurrency, ttl=ttl)
-
-    # -- introspection ---------------------------------------------------------------
-
-    def __repr__(self) -> str:
-        chain = []
-        node: DFlow[Any] | None = self
-        while node is not None:
-            chain.append(node._describe())
-            node = node._source
-        return "DFlow(" + " -> ".join(reversed(chain)) + ")"
-
-    def _describe(self) -> str:
-        kind = _KIND_NAMES[self._kind]
-        what = _fn_name(self._fn) if self._fn is not None and self._kind in (Kind.MAP, Kind.FLAT_MAP) else ""
-        if self._kind == Kind.FROM_CALL:
-            what = repr(self._value)
-        label = f"{kind}({what})"
-        return f"{label}.id({self._id!r})" if self._id else label
-
-
-_DEFAULTS: dict[str, Any] = {
-    "_name": None,
-    "_on_error": None,
-    "_err_ctx_arg": False,
-    "_retry": None,
-    "_timeout": None,
-    "_thread": False,
-    "_compiled": None,
-}
+        return client.global_init_for_test(concurrency=concurrency, ttl=ttl)
 
 
 def _branches_of(op: str, flows: tuple[Any, ...]) -> tuple[DFlow[Any], ...]:
@@ -407,153 +269,27 @@ def _branches_of(op: str, flows: tuple[Any, ...]) -> tuple[DFlow[Any], ...]:
     return tuple(out)
 
 
-# -- compiled chains -------------------------------------------------------------------
+# -- running a flow built at run time ------------------------------------------------------
 
-_key_cache: dict[tuple[str, ...], tuple[str, ...]] = {}
-
-
-def _suffix_keys(ids: tuple[str, ...]) -> tuple[str, ...]:
-    keys = _key_cache.get(ids)
-    if keys is None:
-        acc: list[str] = []
-        tail = ""
-        for i in reversed(ids):
-            tail = i + ">" + tail if tail else i
-            acc.append(tail)
-        keys = tuple(reversed(acc))
-        if len(_key_cache) > 50_000:
-            _key_cache.clear()
-        _key_cache[ids] = keys
-    return keys
+_DIRECT = "direct_run"
 
 
-class Chain:
-    """A flow laid out from its source to its last node, checked, with its step keys.
-
-    ``keys[i]`` is the id of node ``i`` followed by the ids of every node after it.
-    """
-
-    __slots__ = ("nodes", "keys", "__weakref__")
-
-    def __init__(self, nodes: tuple[DFlow[Any], ...], keys: tuple[str, ...]) -> None:
-        self.nodes = nodes
-        self.keys = keys
-
-    def __repr__(self) -> str:
-        return f"Chain({self.keys[0]!r})"
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return self.reduced(consumed_head=False)
-
-    def reduced(self, *, consumed_head: bool) -> tuple[Any, ...]:
-        """A compact pickled form: each node's settings without the links (rebuilt from
-        the order), defaults or call sites, and branches as chains. With ``consumed_head``
-        the value of a ``just`` at the head of a longer chain is left out: for a chain that
-        travels on its own (built by flat_map, or a branch forked) the step that started it
-        has consumed that value already and the node never runs; so chains that differ only
-        there (an agent's next turn) are one blob."""
-        nodes = self.nodes
-        states = [_node_state(n) for n in nodes]
-        if consumed_head and len(nodes) > 1 and nodes[0]._kind == Kind.JUST:
-            states[0] = (int(Kind.JUST), None, CONSUMED, nodes[0]._id, None)
-        return (_chain_from, (tuple(states), self.keys))
+def _direct_new_run(param: Any, builder: Callable[..., DFlow[Any]]) -> client.Start:
+    if isinstance(param, InitParam):
+        value, trace_id = param.param, client.new_trace(param.trace_id)
+    else:
+        value, trace_id = param, client.new_trace(None)
+    flow = DFlow.from_call(_DIRECT).flat_map(builder).id(f"{_DIRECT}.build")
+    flow.__dict__["_transparent"] = True  # the built flow's keys are the run's own
+    frame = Frame(compile_flow(flow), 0)
+    return client.entry_run(trace_id, (frame,), encode(value, "the parameter of direct_run"), frame.key)
 
 
-class _Consumed:
-    """The value of a chain's head ``just`` after it was consumed (see ``Chain.reduced``)."""
-
-    __slots__ = ()
-
-    def __reduce__(self) -> str:
-        return "CONSUMED"
-
-    def __repr__(self) -> str:
-        return "<consumed>"
+def direct_run(param: Any, builder: Callable[..., DFlow[Any]]) -> Run:
+    """Start a run of the flow ``builder(value)`` returns (see ``DFlow.direct_run``)."""
+    return client.start(_direct_new_run(param, builder))
 
 
-CONSUMED = _Consumed()
-
-
-def _node_state(n: DFlow[Any]) -> tuple[Any, ...]:
-    """(kind, fn, value, id, extras): what ``_chain_from`` needs to rebuild ``n``."""
-    d = n.__dict__
-    extras = {k: v for k, v in d.items() if k in _EXTRAS and v != _DEFAULTS[k]}
-    if n._ctx_arg:
-        extras["_ctx_arg"] = True
-    if n._branches:
-        extras["_branches"] = tuple(compile_flow(b) for b in n._branches)
-    if n._transparent:
-        extras["_transparent"] = True
-    return (int(n._kind), n._fn, n._value, n._id, extras or None)
-
-
-_EXTRAS = frozenset(("_name", "_on_error", "_err_ctx_arg", "_retry", "_timeout", "_thread"))
-
-
-def _chain_from(states: tuple[tuple[Any, ...], ...], keys: tuple[str, ...]) -> Chain:
-    """Rebuild a chain pickled by ``Chain.__reduce__``."""
-    nodes: list[DFlow[Any]] = []
-    source: DFlow[Any] | None = None
-    for kind, fn, value, id, extras in states:
-        node = object.__new__(DFlow)
-        d = node.__dict__
-        d.update(_DEFAULTS)
-        d.update(_kind=Kind(kind), _source=source, _fn=fn, _ctx_arg=False, _value=value, _id=id, _branches=(),
-                 _site=("", 0))
-        if extras:
-            branches = extras.pop("_branches", None)
-            d.update(extras)
-            if branches:
-                d["_branches"] = tuple(b.nodes[-1] for b in branches)
-        nodes.append(node)
-        source = node
-    chain = Chain(tuple(nodes), keys)
-    nodes[-1].__dict__["_compiled"] = chain
-    return chain
-
-
-def compile_flow(flow: Any, what: str = "flow") -> Chain:
-    """Lay out and check ``flow``; raise ``BuildError`` naming every faulty node."""
-    if not isinstance(flow, DFlow):
-        raise BuildError(f"{what} must be a DFlow, got {type(flow).__qualname__}")
-    chain = flow._compiled
-    if chain is not None:
-        return chain
-    nodes: list[DFlow[Any]] = []
-    node: DFlow[Any] | None = flow
-    while node is not None:
-        nodes.append(node)
-        node = node._source
-    nodes.reverse()
-    ids = tuple(n._id for n in nodes)
-    if None in ids:
-        missing = ", ".join(f"{n._describe()} at {_site_text(n._site)}" for n in nodes if n._id is None)
-        raise MissingIdError(
-            f"every node that runs as a step needs an id; these have none: {missing}. "
-            "Name each with .id('...') right after it."
-        )
-    if len(set(ids)) != len(ids):
-        _check_unique(nodes)
-    chain = Chain(tuple(nodes), _suffix_keys(ids))  # type: ignore[arg-type]
-    for n in nodes:
-        # A branch's keys end in ">zip[i]>..." (its join's id and index), so they cannot
-        # meet the keys of this chain: its ids need only be unique within the branch.
-        for branch in n._branches:
-            compile_flow(branch, f"branch of {n._describe()}")
-    flow.__dict__["_compiled"] = chain
-    return chain
-
-
-def _check_unique(nodes: list[DFlow[Any]]) -> None:
-    seen: dict[str, DFlow[Any]] = {}
-    for n in nodes:
-        if n._id is None:
-            continue
-        other = seen.get(n._id)
-        if other is not None and other is not n:
-            raise DuplicateIdError(
-                f"id {n._id!r} is used twice on one path: {other._describe()} at {_site_text(other._site)} "
-                f"and {n._describe()} at {_site_text(n._site)}. Step keys are built from ids, so ids on a path "
-                "must be unique."
-            )
-        seen[n._id] = n
+async def adirect_run(param: Any, builder: Callable[..., DFlow[Any]]) -> Run:
+    """Async ``DFlow.direct_run``: start a run of the flow ``builder(value)`` returns."""
+    return await client.astart(_direct_new_run(param, builder))

@@ -1,8 +1,12 @@
-"""In-process ``Store`` and ``Transport``: local mode, and the reference for adapters.
+"""In-process ``Store`` (and, from ``_broker``, ``Transport``): local mode, and the
+reference for adapters.
 
-Both keep the contracts of the real adapters (leases, outbox, timers, redelivery of
-unacknowledged messages) so that local mode is faithful, not "eager". They belong to one
-event loop and are not thread-safe; the runtime calls them from its loop only.
+The store keeps the contracts of the real adapters (leases, expected transitions, outbox,
+timers, blobs kept while referenced, redelivery), so that local mode is faithful, not
+"eager". Built with a ``MemoryTransport`` it is *fused*, as the Redis store is with a stream
+on its server: a commit puts the next step's message on the transport, acknowledges the
+delivery it finishes and may take the worker's next step, in one call; local mode runs
+that path. It belongs to one event loop and is not thread-safe.
 """
 
 from __future__ import annotations
@@ -10,33 +14,41 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
-import os
 import time
 from collections import OrderedDict, deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ._broker import MemoryBroker, MemoryTransport
 from ._codec import CONTINUE, FAIL, JOIN, RUN, Message
-from ._durable import ChainCodec
-from .flow import Chain
 from .context import RunInfo, RunStatus, StepRecord
-from .errors import NotWaitingError, RefusedMessageError, RunExistsError, RunNotFoundError, RunTimeoutError
+from .errors import (
+    NotWaitingError,
+    RefusedMessageError,
+    RunExistsError,
+    RunNotFoundError,
+    RunTimeoutError,
+    SerializationError,
+    StoreError,
+)
 from .store import (
     Advance,
+    BlobsMissingError,
     BranchResult,
     Claim,
+    Committed,
     Fail,
     Finish,
     Fork,
-    Frame,
+    Frames,
     NewRun,
     Parent,
     Store,
+    Taken,
     Transition,
     Wait,
 )
-from .transport import Delivery, Transport
 
 __all__ = ["MemoryBroker", "MemoryStore", "MemoryTransport"]
 
@@ -46,9 +58,6 @@ CANCELLED = {
     "message": "cancelled: its zip/any join closed without it (a winner was found, or a branch failed)",
     "step": "",
 }
-
-
-_COPIES = 1000  # loaded chains kept: a chain is loaded again when it comes back after that
 
 
 @dataclass(slots=True)
@@ -77,13 +86,14 @@ class _Run:
     seq: int
     attempt: int
     key: str
-    frames: tuple[Frame, ...]
+    frames: bytes | None
     value: bytes
     data: dict[str, bytes]
     records: list[StepRecord]
     parent: Parent | None
     created: float
     updated: float
+    blobs: tuple[str, ...] = ()
     waiting_for: str | None = None
     init_pending: bool = False
     lease: _Lease | None = None
@@ -114,56 +124,74 @@ class _Run:
 
 
 class MemoryStore(Store):
-    """``Store`` in a dict. ``ttl``: seconds a finished run is kept; ``redispatch_after``:
-    seconds after which a committed but unclaimed next message is handed out again.
+    """``Store`` in a dict. ``ttl``: seconds a finished run is kept; ``blob_ttl``: seconds
+    a flow blob no live run references is kept; ``redispatch_after``: seconds after which a
+    committed but unclaimed next message is handed out again (outbox; not fused).
+    ``transport``: a ``MemoryTransport`` to put step messages on itself (fused)."""
 
-    Chains built at run time are pickled, signed, verified and loaded back, as a store
-    that crosses processes does, so that a flow that could not travel to a worker fails in
-    local mode too; the copy is what runs. Content-addressed: a loop pays the load once
-    per distinct chain (and, like a worker, the pickling once per chain it builds).
-    """
-
-    def __init__(self, *, ttl: float = 3600.0, redispatch_after: float = 30.0) -> None:
+    def __init__(
+        self,
+        *,
+        ttl: float = 3600.0,
+        blob_ttl: float = 3600.0,
+        redispatch_after: float = 30.0,
+        transport: MemoryTransport | None = None,
+    ) -> None:
         self.ttl = ttl
+        self.blob_ttl = blob_ttl
         self.redispatch_after = redispatch_after
-        self.codec = ChainCodec(os.urandom(32), cache_size=_COPIES)
-        self._copies: OrderedDict[str, Chain] = OrderedDict()
+        self.transport = transport
+        self.fused = transport is not None
         self._runs: dict[str, _Run] = {}
         self._leased: dict[str, _Run] = {}
         self._outbox: OrderedDict[str, tuple[float, Message]] = OrderedDict()
         self._timers: list[tuple[float, int, Message]] = []
         self._expiry: deque[tuple[float, str]] = deque()
+        self._blobs: dict[str, bytes] = {}
+        self._blob_runs: dict[str, int] = {}  # live runs referencing each blob
+        self._blob_expiry: deque[tuple[float, str]] = deque()
         self._waiters: dict[str, list[asyncio.Future[RunInfo]]] = {}
         self._tokens = itertools.count(1)
         self._timer_seq = itertools.count()
 
     # -- helpers ---------------------------------------------------------------------
 
-    def prepare_chain(self, chain: Chain) -> None:
-        self.codec.ref(chain)
+    def _emit(self, msg: Message, now: float, out: list[Message]) -> None:
+        if self.transport is not None:
+            self.transport.broker.put(msg.encode())
+        else:
+            self._outbox[msg.ident] = (now + self.redispatch_after, msg)
+            out.append(msg)
 
-    def _portable(self, frames: tuple[Frame, ...]) -> tuple[Frame, ...]:
-        """``frames`` with each chain built at run time replaced by its copy loaded from
-        its signed blob, as a worker of a distributed store would run it."""
-        out = None
-        codec = self.codec
-        for i, f in enumerate(frames):
-            ref, blob = codec.ref(f.chain)
-            if blob is None:  # a pipeline's chain, or a loaded copy already
+    def _check_blobs(self, frames: list[Frames | None]) -> None:
+        """Store the new blobs, then refuse (changing nothing else) a write that names one
+        the store has not: the writer believed it stored."""
+        missing = []
+        for f in frames:
+            if f is None:
                 continue
-            copy = self._copies.get(ref)
-            if copy is None:
-                copy = self._copies[ref] = codec.load(ref, blob)
-                if len(self._copies) > _COPIES:
-                    self._copies.popitem(last=False)
-            if out is None:
-                out = list(frames)
-            out[i] = Frame(copy, f.pos, f.suffix, f.returning)
-        return frames if out is None else tuple(out)
+            for ref, blob in f.new_blobs.items():
+                self._blobs.setdefault(ref, blob)
+            missing += [r for r in f.blobs if r not in self._blobs]
+        if missing:
+            raise BlobsMissingError(missing)
 
-    def _emit(self, msg: Message, now: float) -> Message:
-        self._outbox[msg.ident] = (now + self.redispatch_after, msg)
-        return msg
+    def _set_blobs(self, run: _Run, refs: tuple[str, ...], now: float) -> None:
+        if refs == run.blobs:
+            return
+        counts = self._blob_runs
+        for r in refs:
+            if r not in run.blobs:
+                counts[r] = counts.get(r, 0) + 1
+        for r in run.blobs:
+            if r not in refs:
+                n = counts.get(r, 0) - 1
+                if n <= 0:
+                    counts.pop(r, None)
+                    self._blob_expiry.append((now + self.blob_ttl, r))
+                else:
+                    counts[r] = n
+        run.blobs = refs
 
     def _new(self, run: NewRun, now: float) -> _Run:
         msg = run.message
@@ -173,7 +201,7 @@ class MemoryStore(Store):
             seq=msg.seq if msg is not None else 0,
             attempt=0,
             key=msg.key if msg is not None else "",
-            frames=self._portable(run.frames),
+            frames=run.frames.record if run.frames is not None else None,
             value=run.value,
             data=dict(run.data),
             records=list(run.records),
@@ -183,12 +211,16 @@ class MemoryStore(Store):
             changed=set() if run.parent is not None else None,
             kind=msg.kind if msg is not None else RUN,
         )
+        if run.frames is not None:
+            self._set_blobs(r, run.frames.blobs, now)
         self._runs[run.trace_id] = r
         return r
 
     def _finished(self, run: _Run, now: float, out: list[Message]) -> None:
         run.lease = None
-        run.frames = ()
+        run.frames = None
+        run.due = None
+        self._set_blobs(run, (), now)
         self._expiry.append((now + self.ttl, run.trace_id))
         for fut in self._waiters.pop(run.trace_id, ()):
             if not fut.done():
@@ -214,7 +246,7 @@ class MemoryStore(Store):
             j.closed = True
             parent.status = RunStatus.RUNNING
             parent.updated = now
-            out.append(self._emit(j.message, now))
+            self._emit(j.message, now, out)
             for i, trace_id in enumerate(j.children):  # the others are no longer wanted
                 other = self._runs.get(trace_id)
                 if i not in j.arrived and other is not None and not other.status.finished:
@@ -225,11 +257,18 @@ class MemoryStore(Store):
                     self._leased.pop(trace_id, None)
                     self._finished(other, now, out)
 
+    def _leased_by(self, claim: Claim) -> _Run | None:
+        run = self._runs.get(claim.message.trace_id)
+        if run is None or run.lease is None or run.lease.token != claim.token:
+            return None
+        return run
+
     # -- Store -----------------------------------------------------------------------
 
     async def create_run(self, run: NewRun) -> list[Message]:
         if run.trace_id in self._runs:
             raise RunExistsError(f"a run with trace id {run.trace_id!r} already exists", trace_id=run.trace_id)
+        self._check_blobs([run.frames])
         now = time.time()
         r = self._new(run, now)
         out: list[Message] = []
@@ -237,10 +276,13 @@ class MemoryStore(Store):
             r.result = run.result
             self._finished(r, now, out)
         else:
-            out.append(self._emit(run.message, now))
+            self._emit(run.message, now, out)
         return out
 
     async def claim(self, message: Message, worker: str, lease: float) -> Claim | None:
+        return self._claim(message, lease)
+
+    def _claim(self, message: Message, lease: float) -> Claim | None:
         run = self._runs.get(message.trace_id)
         if (
             run is None
@@ -276,7 +318,7 @@ class MemoryStore(Store):
         run.lease = _Lease(token, now + lease, lease, message)
         self._leased[run.trace_id] = run
         branches = run.join.slots if message.kind == JOIN and run.join is not None else None
-        return Claim(message, token, run.frames, run.value, run.data, init_only, branches)
+        return Claim(message, token, run.frames, run.value, run.data, init_only, branches, run.blobs)
 
     async def commit(
         self,
@@ -284,11 +326,22 @@ class MemoryStore(Store):
         records: list[StepRecord],
         changes: Mapping[str, bytes | None],
         transition: Transition,
-    ) -> list[Message] | None:
-        run = self._runs.get(claim.message.trace_id)
-        if run is None or run.lease is None or run.lease.token != claim.token:
-            return None
-        if isinstance(transition, Fork):  # checked before anything changes
+        *,
+        receipt: Any = None,
+        take_lease: float | None = None,
+    ) -> Committed:
+        acked = False
+        if receipt is not None and self.transport is not None:
+            self.transport.settle(receipt)
+            acked = True
+        run = self._leased_by(claim)
+        if run is None:
+            return Committed(False, acknowledged=acked)
+        # Checked before anything changes.
+        if isinstance(transition, Advance):
+            self._check_blobs([transition.frames])
+        elif isinstance(transition, Fork):
+            self._check_blobs([c.frames for c in transition.children])
             for child in transition.children:
                 if child.trace_id in self._runs:
                     raise RunExistsError(
@@ -297,6 +350,7 @@ class MemoryStore(Store):
                     )
         now = time.time()
         lease = run.lease
+        assert lease is not None
         run.lease = None
         run.parked = None
         run.due = None
@@ -317,7 +371,9 @@ class MemoryStore(Store):
         out: list[Message] = []
         if isinstance(transition, Advance):
             msg = transition.message
-            run.frames = self._portable(transition.frames)
+            if transition.frames is not None:
+                run.frames = transition.frames.record
+                self._set_blobs(run, transition.frames.blobs, now)
             run.value = transition.value
             run.seq, run.attempt, run.key, run.kind = msg.seq, msg.attempt, msg.key, msg.kind
             if transition.at is not None and transition.at > now:
@@ -326,7 +382,7 @@ class MemoryStore(Store):
                 heapq.heappush(self._timers, (transition.at, next(self._timer_seq), msg))
             else:
                 run.status = RunStatus.RUNNING
-                out.append(self._emit(msg, now))
+                self._emit(msg, now, out)
         elif isinstance(transition, Wait):
             run.status = RunStatus.WAITING
             run.waiting_for = transition.call_type
@@ -342,7 +398,7 @@ class MemoryStore(Store):
             for child in transition.children:
                 self._new(child, now)
                 assert child.message is not None
-                out.append(self._emit(child.message, now))
+                self._emit(child.message, now, out)
         elif isinstance(transition, Finish):
             run.status = RunStatus.DONE
             run.result = transition.result
@@ -353,19 +409,42 @@ class MemoryStore(Store):
             self._finished(run, now, out)
         else:  # pragma: no cover
             raise TypeError(f"unknown transition {transition!r}")
-        return out
+        taken = self._take(take_lease) if take_lease is not None and self.transport is not None else None
+        return Committed(True, out, acked, taken)
+
+    def _take(self, lease: float) -> Taken | None:
+        """Read and claim the worker's next step, as the Redis store's commit script does:
+        a stale message is dropped; anything else but a step goes back to the worker."""
+        transport = self.transport
+        assert transport is not None
+        for _ in range(8):
+            d = transport.take()
+            if d is None:
+                return None
+            try:
+                msg = Message.decode(d.body)
+            except SerializationError:
+                return Taken(d.body, d.tag, None)
+            try:
+                claim = self._claim(msg, lease)
+            except RefusedMessageError:
+                return Taken(d.body, d.tag, None)  # the worker's own claim refuses it too
+            if claim is not None:
+                return Taken(d.body, d.tag, claim)
+            transport.settle(d.tag)  # stale: its step was committed or is leased
+        return None
 
     async def extend(self, claims: list[Claim], lease: float) -> None:
         now = time.time()
         for c in claims:
-            run = self._runs.get(c.message.trace_id)
-            if run is not None and run.lease is not None and run.lease.token == c.token:
+            run = self._leased_by(c)
+            if run is not None and run.lease is not None:
                 run.lease.until = now + lease
                 run.lease.length = lease
 
     async def park(self, claim: Claim, reason: str, *, base: float = 0.5, cap: float = 30.0) -> int:
-        run = self._runs.get(claim.message.trace_id)
-        if run is None or run.lease is None or run.lease.token != claim.token:
+        run = self._leased_by(claim)
+        if run is None:
             return 0
         run.lease = None
         self._leased.pop(run.trace_id, None)
@@ -390,7 +469,7 @@ class MemoryStore(Store):
         if run is None:
             raise RunNotFoundError(f"no run with trace id {trace_id!r} (never started, or expired)", trace_id=trace_id)
         if run.status is not RunStatus.WAITING or run.waiting_for != call_type or (seq is not None and seq != run.seq):
-            raise NotWaitingError(_not_waiting(run.info(), call_type), trace_id=trace_id)
+            raise NotWaitingError(not_waiting(run.info(), call_type), trace_id=trace_id)
         now = time.time()
         run.seq += 1
         run.attempt = 0
@@ -403,13 +482,17 @@ class MemoryStore(Store):
         run.lease = None
         self._leased.pop(trace_id, None)
         run.updated = now
-        return [self._emit(Message(trace_id, run.seq, run.key, 0, run.kind), now)]
+        out: list[Message] = []
+        self._emit(Message(trace_id, run.seq, run.key, 0, run.kind), now, out)
+        return out
 
     async def due(self, now: float, limit: int = 1000) -> tuple[list[Message], float | None]:
         out: list[Message] = []
         timers = self._timers
-        while timers and timers[0][0] <= now and len(out) < limit:
-            out.append(self._emit(heapq.heappop(timers)[2], now))
+        emitted = 0
+        while timers and timers[0][0] <= now and emitted < limit:
+            self._emit(heapq.heappop(timers)[2], now, out)
+            emitted += 1
         outbox = self._outbox
         while outbox and len(out) < limit:
             ident, (deadline, msg) = next(iter(outbox.items()))
@@ -433,7 +516,7 @@ class MemoryStore(Store):
                 del self._leased[trace_id]
                 run.lease = None
                 run.attempt += 1
-                out.append(self._emit(replace(lease.message, attempt=run.attempt), now))
+                self._emit(replace(lease.message, attempt=run.attempt), now, out)
             else:
                 next_due.append(lease.until)
         expiry = self._expiry
@@ -444,6 +527,11 @@ class MemoryStore(Store):
                 del self._runs[trace_id]
         if expiry:
             next_due.append(expiry[0][0])
+        blob_expiry = self._blob_expiry
+        while blob_expiry and blob_expiry[0][0] <= now:
+            _, ref = blob_expiry.popleft()
+            if ref not in self._blob_runs:  # no run took it up again meanwhile
+                self._blobs.pop(ref, None)
         return out, (min(next_due) if next_due else None)
 
     async def get_run(self, trace_id: str) -> RunInfo | None:
@@ -458,33 +546,46 @@ class MemoryStore(Store):
         run = self._runs.get(trace_id)
         return list(run.records) if run is not None else []
 
-    async def wait_finished(self, trace_id: str, timeout: float | None) -> RunInfo:
-        run = self._runs.get(trace_id)
-        if run is None:
-            raise RunNotFoundError(f"no run with trace id {trace_id!r} (never started, or expired)", trace_id=trace_id)
-        if run.status.finished:
-            return run.info()
-        fut: asyncio.Future[RunInfo] = asyncio.get_running_loop().create_future()
-        self._waiters.setdefault(trace_id, []).append(fut)
+    async def get_blob(self, ref: str) -> bytes | None:
+        return self._blobs.get(ref)
+
+    async def wait_many(self, trace_ids: list[str], timeout: float | None) -> list[RunInfo]:
+        futs: dict[str, asyncio.Future[RunInfo]] = {}
+        done: dict[str, RunInfo] = {}
+        loop = asyncio.get_running_loop()
+        for t in dict.fromkeys(trace_ids):
+            run = self._runs.get(t)
+            if run is None:
+                raise RunNotFoundError(f"no run with trace id {t!r} (never started, or expired)", trace_id=t)
+            if run.status.finished:
+                done[t] = run.info()
+            else:
+                fut = futs[t] = loop.create_future()
+                self._waiters.setdefault(t, []).append(fut)
         try:
-            return await asyncio.wait_for(fut, timeout)
-        except asyncio.TimeoutError:
-            raise RunTimeoutError(
-                f"run {trace_id!r} did not finish within {timeout}s (it is {run.status.value}); "
-                "the run goes on",
-                trace_id=trace_id,
-            ) from None
+            if futs:
+                _, pending = await asyncio.wait(futs.values(), timeout=timeout)
+                if pending:
+                    first = next(t for t, f in futs.items() if not f.done())
+                    run = self._runs.get(first)
+                    state = run.status.value if run is not None else "gone"
+                    what = (f"run {first!r} did not finish" if len(futs) + len(done) == 1 else
+                            f"{len(pending)} of {len(futs) + len(done)} runs did not finish, e.g. {first!r},")
+                    raise RunTimeoutError(f"{what} within {timeout}s (it is {state}); the run goes on",
+                                          trace_id=first)
+                for t, f in futs.items():
+                    done[t] = f.result()
         finally:
-            waiters = self._waiters.get(trace_id)
-            if waiters and fut in waiters:
-                waiters.remove(fut)
-                if not waiters:
-                    del self._waiters[trace_id]
+            for t, fut in futs.items():
+                waiters = self._waiters.get(t)
+                if waiters and fut in waiters:
+                    waiters.remove(fut)
+                    if not waiters:
+                        del self._waiters[t]
+        return [done[t] for t in trace_ids]
 
     async def close(self) -> None:
         """Wake every waiter: the store is going away."""
-        from .errors import StoreError
-
         waiters, self._waiters = self._waiters, {}
         for futs in waiters.values():
             for fut in futs:
@@ -500,7 +601,8 @@ class MemoryStore(Store):
         return out
 
 
-def _not_waiting(info: RunInfo, call_type: str) -> str:
+def not_waiting(info: RunInfo, call_type: str) -> str:
+    """Why run ``info`` takes no call of ``call_type`` now: the message of ``NotWaitingError``."""
     t = info.trace_id
     if info.status.finished:
         return f"run {t!r} has finished ({info.status.value}); it takes no more calls (got {call_type!r})"
@@ -513,113 +615,3 @@ def _not_waiting(info: RunInfo, call_type: str) -> str:
         f"the run has not reached from_call({call_type!r}) yet (start the outside job from on_init "
         "to avoid that race)"
     )
-
-
-# -- transport -----------------------------------------------------------------------
-
-
-class MemoryBroker:
-    """A queue shared by ``MemoryTransport`` consumers of one event loop. Messages
-    received but not acknowledged within ``redeliver_after`` seconds are delivered again,
-    as a real broker does with the messages of a dead consumer."""
-
-    def __init__(self, *, redeliver_after: float = 30.0) -> None:
-        self.redeliver_after = redeliver_after
-        self.queue: deque[bytes] = deque()
-        self.unacked: OrderedDict[int, tuple[float, bytes]] = OrderedDict()
-        self.dead_letters: list[tuple[bytes, str]] = []
-        self.waiters: deque[asyncio.Future[None]] = deque()
-        self._ids = itertools.count()
-
-    def put(self, body: bytes) -> None:
-        self.queue.append(body)
-        waiters = self.waiters
-        while waiters:
-            w = waiters.popleft()
-            if not w.done():
-                w.set_result(None)
-                break
-
-    def requeue_expired(self, now: float) -> None:
-        unacked = self.unacked
-        while unacked:
-            tag, (deadline, body) = next(iter(unacked.items()))
-            if deadline > now:
-                break
-            del unacked[tag]
-            self.put(body)
-
-
-class MemoryTransport(Transport):
-    """One consumer of a ``MemoryBroker`` (a fresh broker when none is given)."""
-
-    def __init__(self, broker: MemoryBroker | None = None) -> None:
-        self.broker = broker if broker is not None else MemoryBroker()
-        self._mine: set[int] = set()
-        self._closed = False
-
-    async def publish(self, body: bytes, key: str) -> None:
-        self.broker.put(body)
-
-    async def receive(self, max_messages: int = 1, timeout: float = 1.0) -> list[Delivery]:
-        b = self.broker
-        if not b.queue:
-            b.requeue_expired(time.monotonic())
-            if not b.queue and timeout > 0:
-                loop = asyncio.get_running_loop()
-                fut: asyncio.Future[None] = loop.create_future()
-                b.waiters.append(fut)
-                handle = loop.call_later(timeout, _wake, fut)
-                try:
-                    await fut
-                finally:
-                    handle.cancel()
-                    if not fut.done():
-                        fut.cancel()
-                    try:
-                        b.waiters.remove(fut)
-                    except ValueError:
-                        pass
-        out = []
-        deadline = time.monotonic() + b.redeliver_after
-        q = b.queue
-        while q and len(out) < max_messages:
-            body = q.popleft()
-            tag = next(b._ids)
-            b.unacked[tag] = (deadline, body)
-            self._mine.add(tag)
-            out.append(Delivery(body, tag))
-        if q and b.waiters:  # more work: let another idle consumer take it
-            w = b.waiters.popleft()
-            if not w.done():
-                w.set_result(None)
-        return out
-
-    async def ack(self, delivery: Delivery) -> None:
-        self.broker.unacked.pop(delivery.tag, None)
-        self._mine.discard(delivery.tag)
-
-    async def nack(self, delivery: Delivery) -> None:
-        if self.broker.unacked.pop(delivery.tag, None) is not None:
-            self.broker.put(delivery.body)
-        self._mine.discard(delivery.tag)
-
-    async def dead_letter(self, delivery: Delivery, reason: str) -> None:
-        self.broker.dead_letters.append((delivery.body, reason))
-        await self.ack(delivery)
-
-    async def close(self) -> None:
-        """Hand back what this consumer holds unacknowledged."""
-        if self._closed:
-            return
-        self._closed = True
-        for tag in list(self._mine):
-            item = self.broker.unacked.pop(tag, None)
-            if item is not None:
-                self.broker.put(item[1])
-        self._mine.clear()
-
-
-def _wake(fut: asyncio.Future[None]) -> None:
-    if not fut.done():
-        fut.set_result(None)

@@ -1,40 +1,55 @@
 """The step runtime: consume step messages, run them, commit results and the next step.
 
 Local mode and workers run this same code; only the ``Transport`` and ``Store`` differ.
+What a step does to its run is decided by the pure functions of ``_interpret``; this
+module runs the user's functions, serializes the run's frames (``_frames``), commits, and
+keeps the loops going: consuming, timers, lease renewal, shutdown.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import functools
-import inspect
 import itertools
 import logging
 import os
 import socket
 import time
-import traceback
+from collections.abc import Sequence
 from typing import Any
 
-import msgpack
-
 from . import _codec
-from ._codec import CONTINUE, FAIL, JOIN, MAX_KEY, NONE, RUN, Message, decode, encode
+from . import _interpret as interp
+from ._calls import call_step, contained_call, error_info, is_async, unwrap
+from ._codec import FAIL, JOIN, RUN, Message, decode, encode
+from ._durable import ChainCodec
+from ._frames import FrameCodec
+from ._model import Frame, Kind, Node, compile_flow
 from .context import ContextStack, StepRecord, StepStatus
-from ._ids import branch_id
 from .errors import (
-    BuildError,
+    DFlowError,
     RefusedMessageError,
     RunExistsError,
     SerializationError,
     StepFailedError,
-    StepTimeoutError,
+    StoreError,
     UnknownStepError,
     ValueTooLargeError,
 )
-from .flow import Chain, DFlow, Kind, compile_flow
-from .store import Advance, Claim, Fail, Finish, Fork, Frame, NewRun, Parent, Store, Transition, Wait
+from .store import (
+    Advance,
+    BlobsMissingError,
+    Claim,
+    Committed,
+    Fail,
+    Finish,
+    Fork,
+    NewRun,
+    Store,
+    Taken,
+    Transition,
+    Wait,
+)
 from .transport import Delivery, Transport
 
 __all__ = ["Runtime"]
@@ -42,41 +57,6 @@ __all__ = ["Runtime"]
 log = logging.getLogger("dflow.runtime")
 
 _worker_ids = itertools.count(1)
-
-
-def error_info(exc: BaseException, step: str) -> dict[str, Any]:
-    """What is recorded of an error: type, message, step key, traceback."""
-    if isinstance(exc, StepFailedError):
-        return {**exc.error, "step": exc.error.get("step", step)}
-    cls = type(exc)
-    name = cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
-    tb = "".join(traceback.format_exception(cls, exc, exc.__traceback__))
-    return {"type": name, "message": str(exc), "step": step, "traceback": tb[-4000:]}
-
-
-def _raise_recorded(error: dict[str, Any], context: str) -> None:
-    raise StepFailedError(f"{context}: {error.get('type')}: {error.get('message')}", error)
-
-
-def _next(trace_id: str, seq: int, frames: tuple[Frame, ...], out: bytes) -> Transition:
-    """The transition after the top frame's node produced ``out``."""
-    top = frames[-1]
-    pos = top.pos + 1
-    while pos >= len(top.chain.nodes):  # this chain is done: return to the frame below
-        frames = frames[:-1]
-        if not frames:
-            return Finish(out)
-        top = frames[-1]
-        pos = top.pos + 1 if top.returning else top.pos
-    return Advance(
-        (*frames[:-1], Frame(top.chain, pos, top.suffix)),
-        out,
-        Message(trace_id, seq + 1, top.chain.keys[pos] + top.suffix),
-    )
-
-
-_ARRAY_HEADER = msgpack.Packer()
-MAX_DEPTH = 1000  # flows nested inside flat_map steps that have not returned yet, at most
 _TAKE_LIMIT = 32  # steps one consumer runs in a row from commits before it reads the transport
 _RETRY_PAUSE = 0.2  # seconds a consumer waits after a step it could not process
 _MAP, _FLAT_MAP = int(Kind.MAP), int(Kind.FLAT_MAP)
@@ -90,6 +70,8 @@ class Runtime:
     another worker may take it over; the runtime renews the leases of steps still running.
     ``max_value_bytes`` bounds each value a step writes (its result, each ``ctx.put``);
     ``max_branches`` the branches of one ``zip``/``any`` (a zip of zips has no such bound).
+    ``secret`` signs the flows and frames this runtime stores (default: ``DFLOW_SECRET``);
+    ``legacy_frames`` also accepts the unsigned frames of runs started by dflow 0.1.
     """
 
     def __init__(
@@ -103,6 +85,8 @@ class Runtime:
         poll_interval: float = 0.05,
         max_value_bytes: int = 8 * 1024 * 1024,
         max_branches: int = 1000,
+        secret: str | bytes | Sequence[str | bytes] | None = None,
+        legacy_frames: bool = False,
     ) -> None:
         self.transport = transport
         self.store = store
@@ -114,6 +98,8 @@ class Runtime:
         self.max_branches = max_branches
         # what steps may write can be read back in this process
         _codec.limits.max_bytes = max(_codec.limits.max_bytes, max_value_bytes + 1024)
+        chains = ChainCodec(secret if secret is not None else os.environ.get("DFLOW_SECRET"))
+        self.frames = FrameCodec(chains, legacy=legacy_frames)
         self._debug = log.isEnabledFor(logging.DEBUG)
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._inflight: dict[str, tuple[float, Claim]] = {}
@@ -121,9 +107,6 @@ class Runtime:
         self._consumers: list[asyncio.Task[None]] = []
         self._busy: set[asyncio.Task[Any]] = set()
         self._stopping = False
-        # The store puts messages onto the transport itself, acknowledges deliveries in
-        # its commits, and can hand this worker its next step in the same round trip.
-        self._fused = store.dispatch_via(transport)
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -171,14 +154,32 @@ class Runtime:
         elif messages:
             await self.transport.publish_many([(m.encode(), _route(m)) for m in messages])
 
-    async def start_run(self, run: NewRun) -> None:
-        """Create a run and dispatch its first step."""
-        if len(run.value) > self.max_value_bytes:
+    async def start_run(
+        self,
+        trace_id: str,
+        frames: tuple[Frame, ...] | None,
+        value: bytes,
+        message: Message | None,
+        *,
+        records: list[StepRecord] | None = None,
+        result: bytes | None = None,
+    ) -> None:
+        """Create a run at ``frames`` (``None`` and a ``result`` for a run finished at
+        creation) and dispatch its first step, ``message``."""
+        if len(value) > self.max_value_bytes:
             raise ValueTooLargeError(
-                f"the parameter of run {run.trace_id!r} is {len(run.value)} bytes, over the limit of "
+                f"the parameter of run {trace_id!r} is {len(value)} bytes, over the limit of "
                 f"{self.max_value_bytes} bytes"
             )
-        await self.publish(await self.store.create_run(run))
+        for _ in range(3):
+            sealed = self.frames.dump(trace_id, frames)[0] if frames is not None else None
+            new = NewRun(trace_id, sealed, value, message, records=list(records or ()), result=result)
+            try:
+                await self.publish(await self.store.create_run(new))
+                return
+            except BlobsMissingError as exc:  # it expired unreferenced: send it again
+                self.frames.forget(exc.refs)
+        raise StoreError(f"the store keeps refusing the flow blobs of run {trace_id!r}")
 
     async def resume(
         self, trace_id: str, call_type: str, payload: bytes, *, failed: bool = False, seq: int | None = None
@@ -254,7 +255,7 @@ class Runtime:
                 log.debug("dflow: %s step %s of run %s", self.worker_id, msg.key, msg.trace_id)
             if taken is None:
                 return
-            d, claim = taken
+            d, claim = Delivery(taken.body, taken.tag), taken.claim
 
     async def _dead_letter(self, d: Delivery, reason: str) -> None:
         """Set an undecodable message aside; if even that fails, acknowledge it anyway: a
@@ -305,10 +306,10 @@ class Runtime:
 
     async def _process(
         self, msg: Message, delivery: Delivery | None, claim: Claim | None, *, take: bool = False
-    ) -> tuple[bool, tuple[Delivery, Claim | None] | None]:
+    ) -> tuple[bool, Taken | None]:
         """Run the step of ``msg`` (already claimed when ``claim`` is given). Returns whether
-        the store acknowledged ``delivery``, and the next step the store handed over (with
-        ``take``), if any."""
+        ``delivery`` was acknowledged (by the store, or as dead-lettered), and the next step
+        a fused store took for this worker (with ``take``), if any."""
         store = self.store
         if claim is None:
             try:
@@ -321,17 +322,17 @@ class Runtime:
                 return True, None
             if claim is None:
                 return False, None
-        if self._fused and delivery is not None:
-            claim.receipt = delivery.tag
+        receipt = delivery.tag if store.fused and delivery is not None else None
         self._inflight[claim.token] = (time.monotonic(), claim)
-        taken = None
         try:
-            if claim.problem is not None:
-                await self._unloadable(claim, claim.problem)
-                return claim.receipt is None and self._fused, None
-            frames = claim.frames
+            try:
+                frames = await self.frames.load(msg.trace_id, claim.frames, store.get_blob) if claim.frames else ()
+            except StoreError:
+                raise  # the store is unreachable: the message is handed back, the lease lapses
+            except DFlowError as exc:
+                return await self._unloadable(claim, exc, receipt)
             top = frames[-1]
-            node: DFlow[Any] = top.chain.nodes[top.pos]
+            node: Node = top.chain.nodes[top.pos]
             ctx = ContextStack(msg.trace_id, claim.data, seq=msg.seq, attempt=msg.attempt)
             if claim.init_only:
                 await self._on_init(node, ctx, msg)
@@ -340,8 +341,9 @@ class Runtime:
             t0 = time.perf_counter()
             records: list[StepRecord]
             try:
-                transition, status, out = await self._execute(node, ctx, claim, started)
+                outcome, status, out = await self._execute(node, ctx, claim, frames, started)
                 self._check_sizes(out, ctx._changes, msg.key)
+                transition = self._sealed(outcome, ctx)
                 records = [
                     StepRecord(
                         msg.key, msg.seq, status, msg.attempt, self.worker_id, started,
@@ -353,28 +355,65 @@ class Runtime:
             except BaseException as exc:
                 if not self._step_error(exc):
                     raise
-                transition, records, changes = await self._failure(node, claim, exc, started, t0)
+                transition, records, changes = await self._failure(node, claim, frames, exc, started, t0)
             init_pending = isinstance(transition, Wait) and transition.init_pending
+            take_lease = self.lease if take and store.fused and not self._stopping and not init_pending else None
             try:
-                if take and self._fused and not self._stopping and not init_pending:
-                    outgoing, taken = await store.commit_and_take(claim, records, changes, transition, self.lease)
-                else:
-                    outgoing = await store.commit(claim, records, changes, transition)
+                done = await self._commit(claim, records, changes, transition, receipt, take_lease)
             except RunExistsError as exc:  # a branch would overwrite another run: fail this one instead
                 err = error_info(exc, msg.key)
                 records = [StepRecord(msg.key, msg.seq, StepStatus.FAILED, msg.attempt, self.worker_id, started,
                                       time.perf_counter() - t0, None, None, err, node._name)]
-                transition = Fail(err)
-                outgoing = await store.commit(claim, records, {}, transition)
-            if outgoing is None:
+                done = await self._commit(claim, records, {}, Fail(err), receipt, None)
+            if not done.applied:
                 log.warning("dflow: lost the lease of step %s of run %s; its result was dropped", msg.key, msg.trace_id)
-            elif outgoing:
-                await self.publish(outgoing)
+            elif done.publish:
+                await self.publish(done.publish)
             if init_pending:
                 await self._on_init(node, ctx, msg)
-            return claim.receipt is None and self._fused, taken
+            return done.acknowledged, done.taken
         finally:
             del self._inflight[claim.token]
+
+    async def _commit(
+        self, claim: Claim, records: list[StepRecord], changes: Any, transition: Transition, receipt: Any,
+        take_lease: float | None,
+    ) -> Committed:
+        for _ in range(3):
+            try:
+                return await self.store.commit(claim, records, changes, transition, receipt=receipt,
+                                               take_lease=take_lease)
+            except BlobsMissingError as exc:  # they expired unreferenced: send them again
+                self.frames.forget(exc.refs)
+                transition = self._resealed(claim.message.trace_id, transition)
+        raise StoreError(f"the store keeps refusing the flow blobs of run {claim.message.trace_id!r}")
+
+    def _sealed(self, outcome: interp.Outcome, ctx: ContextStack) -> Transition:
+        """The store transition of ``outcome``: its frames serialized (which may raise
+        ``BuildError``, failing the step, for a flow that cannot be stored)."""
+        if isinstance(outcome, interp.Go):
+            frames = self.frames.dump(outcome.message.trace_id, outcome.frames)[0] if outcome.frames else None
+            return Advance(frames, outcome.value, outcome.message, outcome.at)
+        if isinstance(outcome, interp.Split):
+            data = ctx._child_data()
+            children = [
+                NewRun(b.trace_id, self.frames.dump(b.trace_id, b.frames)[0], b.value, b.message, data=dict(data),
+                       parent=b.parent)
+                for b in outcome.branches
+            ]
+            return Fork(outcome.kind, children, outcome.join)
+        return outcome
+
+    def _resealed(self, trace_id: str, transition: Transition) -> Transition:
+        """``transition`` with the blobs its frames need included again."""
+        if isinstance(transition, Advance) and transition.frames is not None:
+            frames = self.frames.reseal(transition.frames)
+            return Advance(frames, transition.value, transition.message, transition.at)
+        if isinstance(transition, Fork):
+            for child in transition.children:
+                if child.frames is not None:
+                    child.frames = self.frames.reseal(child.frames)
+        return transition
 
     def _step_error(self, exc: BaseException) -> bool:
         """Whether ``exc``, raised by user code, fails the step (rather than the worker).
@@ -389,19 +428,22 @@ class Runtime:
             return False  # not raised by a step: Python is closing this coroutine (its loop is gone)
         return True
 
-    async def _unloadable(self, claim: Claim, problem: Exception) -> None:
+    async def _unloadable(self, claim: Claim, problem: DFlowError, receipt: Any) -> tuple[bool, Taken | None]:
+        """The step's flow could not be loaded here: park it when another worker may have
+        what is missing, else fail the run."""
         msg = claim.message
         if isinstance(problem, UnknownStepError):
             count = await self.store.park(claim, str(problem))
             log.warning("dflow: parked step %s of run %s (%d times): %s", msg.key, msg.trace_id, count, problem)
-            return
+            return False, None
         log.error("dflow: run %s fails: %s", msg.trace_id, problem)
         err = error_info(problem, msg.key)
         rec = StepRecord(msg.key, msg.seq, StepStatus.FAILED, msg.attempt, self.worker_id, time.time(), 0.0,
                          None, None, err, None)
-        outgoing = await self.store.commit(claim, [rec], {}, Fail(err))
-        if outgoing:
-            await self.publish(outgoing)
+        done = await self._commit(claim, [rec], {}, Fail(err), receipt, None)
+        if done.publish:
+            await self.publish(done.publish)
+        return done.acknowledged, None
 
     def _check_sizes(self, out: bytes | None, changes: dict[str, bytes | None], key: str) -> None:
         limit = self.max_value_bytes
@@ -417,84 +459,45 @@ class Runtime:
                 )
 
     async def _execute(
-        self, node: DFlow[Any], ctx: ContextStack, claim: Claim, now: float
-    ) -> tuple[Transition, StepStatus, bytes | None]:
+        self, node: Node, ctx: ContextStack, claim: Claim, frames: tuple[Frame, ...], now: float
+    ) -> tuple[interp.Outcome, StepStatus, bytes | None]:
         msg = claim.message
-        frames = claim.frames
         kind = msg.kind
-        if kind == CONTINUE:
-            return _next(msg.trace_id, msg.seq, frames, claim.value), StepStatus.DONE, claim.value
-        if kind == FAIL:
-            _raise_recorded(decode(claim.value), f"on_init of from_call({node._value!r}) failed")
+        if kind == RUN:
+            nk = node._kind
+            if nk == _MAP:
+                result = await call_step(node, node._fn, node._ctx_arg, ctx, decode(claim.value), self._pool)
+                out = encode(result, "the result of step", msg.key)
+                return interp.after(msg.trace_id, msg.seq, frames, out), StepStatus.DONE, out
+            if nk == _FLAT_MAP:
+                inner = await call_step(node, node._fn, node._ctx_arg, ctx, decode(claim.value), self._pool)
+                chain = compile_flow(inner, f"the flow returned by flat_map step {msg.key!r}")
+                outcome = interp.enter(msg, frames, chain)
+                if chain.nodes[0]._kind != Kind.JUST:
+                    return outcome, StepStatus.DONE, None
+                return outcome, StepStatus.DONE, outcome.result if isinstance(outcome, Finish) else outcome.value
+            if nk == Kind.JUST:
+                out = encode(node._value, "the value of just at", msg.key)
+                return interp.after(msg.trace_id, msg.seq, frames, out), StepStatus.DONE, out
+            if nk == Kind.FROM_CALL:
+                return Wait(node._value, init_pending=node._fn is not None), StepStatus.WAITING, None
+            if nk == Kind.DELAY:
+                return interp.sleep(msg, frames, node, now), StepStatus.SLEEPING, None
+            if nk in (Kind.ZIP, Kind.ANY):
+                split = interp.split(msg, frames, node, self.max_branches)
+                return split, StepStatus.FORKED, encode([b.trace_id for b in split.branches])
+            raise AssertionError(f"unknown node kind {nk!r}")  # pragma: no cover
         if kind == JOIN:
-            out = self._join(node, ctx, claim)
-            return _next(msg.trace_id, msg.seq, frames, out), StepStatus.DONE, out
-        nk = node._kind
-        if nk == _MAP:
-            result = await self._call(node, node._fn, node._ctx_arg, ctx, decode(claim.value))
-            out = encode(result, "the result of step", msg.key)
-            return _next(msg.trace_id, msg.seq, frames, out), StepStatus.DONE, out
-        if nk == _FLAT_MAP:
-            return self._flat_map(
-                await self._call(node, node._fn, node._ctx_arg, ctx, decode(claim.value)), claim
+            out, changes = interp.join(node, claim.branches or [])
+            ctx._changes.update(changes)
+            return interp.after(msg.trace_id, msg.seq, frames, out), StepStatus.DONE, out
+        if kind == FAIL:
+            error = decode(claim.value)
+            raise StepFailedError(
+                f"on_init of from_call({node._value!r}) failed: {error.get('type')}: {error.get('message')}", error
             )
-        if nk == Kind.JUST:
-            out = encode(node._value, "the value of just at", msg.key)
-            return _next(msg.trace_id, msg.seq, frames, out), StepStatus.DONE, out
-        if nk == Kind.FROM_CALL:
-            return Wait(node._value, init_pending=node._fn is not None), StepStatus.WAITING, None
-        if nk == Kind.DELAY:
-            value, seconds = node._value
-            out = encode(value, "the value of delay at", msg.key)
-            wake = Message(msg.trace_id, msg.seq + 1, msg.key, 0, CONTINUE)
-            return Advance(frames, out, wake, at=now + seconds), StepStatus.SLEEPING, None
-        if nk in (Kind.ZIP, Kind.ANY):
-            fork = self._fork(node, ctx, claim)
-            return fork, StepStatus.FORKED, encode([c.trace_id for c in fork.children])
-        raise AssertionError(f"unknown node kind {nk!r}")  # pragma: no cover
-
-    async def _call(self, node: DFlow[Any], fn: Any, ctx_arg: bool, ctx: ContextStack, value: Any) -> Any:
-        args = (ctx, value) if ctx_arg else (value,)
-        timeout = node._timeout
-        if timeout is None and not node._thread:
-            result = fn(*args)
-            if hasattr(result, "__await__"):
-                result = await result
-            return result
-        loop = asyncio.get_running_loop()
-        if node._thread or not _is_async(fn):
-            started: asyncio.Future[None] = loop.create_future()
-
-            def in_thread() -> Any:
-                loop.call_soon_threadsafe(_set_done, started)
-                return _contained_call(fn, *args)
-
-            job: asyncio.Future[Any] = loop.run_in_executor(self._pool(), in_thread)
-            if timeout is not None:  # the time limit counts from when the function starts
-                await asyncio.wait([started, job], return_when=asyncio.FIRST_COMPLETED)
-        else:
-            job = asyncio.ensure_future(_contained(fn(*args)))
-        deadline = None if timeout is None else loop.time() + timeout
-        result = await self._bounded(job, deadline, ctx, node)
-        if hasattr(result, "__await__"):  # a plain function that returned an awaitable
-            result = await self._bounded(asyncio.ensure_future(_contained(result)), deadline, ctx, node)
-        return result
-
-    async def _bounded(
-        self, job: asyncio.Future[Any], deadline: float | None, ctx: ContextStack, node: DFlow[Any]
-    ) -> Any:
-        try:
-            if deadline is None:
-                return await job
-            return await asyncio.wait_for(job, max(0.0, deadline - asyncio.get_running_loop().time()))
-        except asyncio.TimeoutError:
-            if deadline is None or not job.cancelled():  # the function itself raised TimeoutError
-                raise
-            raise StepTimeoutError(
-                f"step {ctx_key(ctx, node)} ran longer than its timeout of {node._timeout}s"
-            ) from None
-        except _Escaped as esc:  # back in the step's own task: fail the step with it
-            raise esc.exc from None
+        # CONTINUE: the stored value is the node's output (a call arrived, a delay ended)
+        return interp.after(msg.trace_id, msg.seq, frames, claim.value), StepStatus.DONE, claim.value
 
     def _pool(self) -> concurrent.futures.ThreadPoolExecutor:
         if self._executor is None:
@@ -503,112 +506,16 @@ class Runtime:
             )
         return self._executor
 
-    def _flat_map(self, inner: Any, claim: Claim) -> tuple[Transition, StepStatus, bytes | None]:
-        msg = claim.message
-        chain = compile_flow(inner, f"the flow returned by flat_map step {msg.key!r}")
-        self.store.prepare_chain(chain)
-        frames = claim.frames
-        top = frames[-1]
-        after = top.pos + 1
-        here = top.chain.nodes[top.pos]
-        if here._transparent:  # direct_run's builder: its flow is the run's own
-            suffix = top.suffix
-            _check_transparent(here, chain)
-        else:
-            suffix = nest_suffix(top.chain.keys[top.pos], top.suffix)
-            if len(suffix) + len(chain.keys[0]) > MAX_KEY:
-                raise BuildError(
-                    f"the flow returned by flat_map step {msg.key[:80]!r}... nests too deep: its step keys would be "
-                    f"{len(suffix) + len(chain.keys[0])} characters long, over the limit of {MAX_KEY}. Recursion "
-                    "that is not a tail call builds a stack: end the flow with the recursive flat_map"
-                )
-        if here._on_error is not None:  # our handler must see the inner errors
-            base = (*frames[:-1], Frame(top.chain, top.pos, top.suffix, returning=True))
-        elif after < len(top.chain.nodes):  # come back here after the inner chain
-            base = (*frames[:-1], Frame(top.chain, after, top.suffix))
-        else:  # tail call: the inner chain returns straight to our continuation
-            base = frames[:-1]
-        if len(base) >= MAX_DEPTH:
-            raise BuildError(
-                f"the flow returned by flat_map step {msg.key[:80]!r} nests {len(base) + 1} flows deep, over the limit "
-                f"of {MAX_DEPTH}: recursion that is not a tail call keeps a stack. End the flow with the recursive "
-                "flat_map (a loop), or recurse less deeply"
-            )
-        new = (*base, Frame(chain, 0, suffix))
-        head = chain.nodes[0]
-        if head._kind == Kind.JUST:  # a constant head needs no step of its own
-            out = encode(head._value, "the value of just returned by flat_map step", msg.key)
-            return _next(msg.trace_id, msg.seq, new, out), StepStatus.DONE, out
-        nxt = Message(msg.trace_id, msg.seq + 1, chain.keys[0] + suffix)
-        return Advance(new, NONE, nxt), StepStatus.DONE, None
-
-    def _fork(self, node: DFlow[Any], ctx: ContextStack, claim: Claim) -> Fork:
-        msg = claim.message
-        node_id = node._id
-        assert node_id is not None
-        if len(node._branches) > self.max_branches:
-            raise BuildError(
-                f"{node._describe()} has {len(node._branches)} branches, over the limit of {self.max_branches}: "
-                "split them into a zip of zips, or raise the runtime's max_branches"
-            )
-        rest = msg.key[len(node_id):]  # ">next>..." after this node
-        data = ctx._child_data()
-        children = []
-        for i, branch in enumerate(node._branches):
-            chain: Chain = compile_flow(branch)
-            self.store.prepare_chain(chain)
-            trace_id = branch_id(msg.trace_id, msg.seq, i)
-            suffix = f">{node_id}[{i}]{rest}"
-            head, value = 0, NONE
-            if chain.nodes[0]._kind == Kind.JUST and len(chain.nodes) > 1:  # a constant head needs no step
-                head, value = 1, encode(chain.nodes[0]._value, "the value of just in branch", chain.keys[0])
-            children.append(
-                NewRun(
-                    trace_id=trace_id,
-                    frames=(Frame(chain, head, suffix),),
-                    value=value,
-                    message=Message(trace_id, 0, chain.keys[head] + suffix),
-                    data=dict(data),
-                    parent=Parent(msg.trace_id, msg.seq + 1, i),
-                )
-            )
-        kind = "zip" if node._kind == Kind.ZIP else "any"
-        return Fork(kind, children, Message(msg.trace_id, msg.seq + 1, msg.key, 0, JOIN))
-
-    def _join(self, node: DFlow[Any], ctx: ContextStack, claim: Claim) -> bytes:
-        branches = claim.branches or []
-        n = len(node._branches)
-        if node._kind == Kind.ZIP:
-            failed = [b for b in branches if not b.ok]
-            if failed:
-                b = failed[0]
-                _raise_recorded(b.error or {}, f"zip branch {b.index} of {n} failed")
-            ordered = sorted(branches, key=lambda b: b.index)
-            for b in ordered:
-                ctx._changes.update(b.changes)
-            return _ARRAY_HEADER.pack_array_header(len(ordered)) + b"".join(b.value or NONE for b in ordered)
-        for b in branches:
-            if b.ok:
-                ctx._changes.update(b.changes)
-                return b.value or NONE
-        first = branches[0].error if branches else {}
-        _raise_recorded(first or {}, f"all {n} branches of any failed; the first")
-        raise AssertionError  # pragma: no cover
-
-    async def _on_init(self, node: DFlow[Any], ctx: ContextStack, msg: Message) -> None:
+    async def _on_init(self, node: Node, ctx: ContextStack, msg: Message) -> None:
         ctx._readonly = "on_init runs after the wait is committed; what it puts would be lost"
         fn = node._fn
         assert fn is not None
         try:
-            if _is_async(fn):
+            if is_async(fn):
                 await fn(ctx)
             else:  # in a thread: a sync on_init may block, or make sync dflow calls
-                try:
-                    result = await asyncio.get_running_loop().run_in_executor(
-                        self._pool(), _contained_call, fn, ctx
-                    )
-                except _Escaped as esc:
-                    raise esc.exc from None
+                loop = asyncio.get_running_loop()
+                result = await unwrap(loop.run_in_executor(self._pool(), contained_call, fn, ctx))
                 if hasattr(result, "__await__"):
                     await result
         except BaseException as exc:
@@ -624,8 +531,11 @@ class Runtime:
         await self.store.init_done(msg.trace_id, msg.seq)
 
     async def _failure(
-        self, node: DFlow[Any], claim: Claim, exc: BaseException, started: float, t0: float
+        self, node: Node, claim: Claim, frames: tuple[Frame, ...], exc: BaseException, started: float, t0: float
     ) -> tuple[Transition, list[StepRecord], dict[str, bytes | None]]:
+        """What a failed step leads to: a retry under its policy, else the value of the
+        first error handler that does not fail itself (``interp.handlers``), else the run's
+        failure. Each handler that ran is recorded."""
         msg = claim.message
         err = error_info(exc, msg.key)
         policy = node._retry
@@ -640,113 +550,30 @@ class Runtime:
             told = getattr(exc, "retry_after", None)  # a server said when to come back (HTTP 429)
             if isinstance(told, (int, float)) and not isinstance(told, bool) and told > wait:
                 wait = min(float(told), 3600.0)
-            return Advance(claim.frames, claim.value, again, at=time.time() + wait), [rec], {}
+            return Advance(None, claim.value, again, at=time.time() + wait), [rec], {}
         records = [rec]
-        frames = claim.frames
         error: BaseException = exc
-        # Skip forward, across inner chains, to the nearest node with a handler.
-        level = len(frames) - 1
-        pos = frames[level].pos
-        while level >= 0:
-            frame = frames[level]
-            chain = frame.chain
-            while pos < len(chain.nodes):
-                handler_node = chain.nodes[pos]
-                if handler_node._on_error is not None:
-                    here = (*frames[:level], Frame(chain, pos, frame.suffix))
-                    ctx = ContextStack(msg.trace_id, claim.data, seq=msg.seq, attempt=msg.attempt)
-                    h0 = time.perf_counter()
-                    try:
-                        value = await self._call(
-                            handler_node, handler_node._on_error, handler_node._err_ctx_arg, ctx, error
-                        )
-                        out = encode(value, "the on_error_return value of step", here[-1].key)
-                    except BaseException as exc2:
-                        if not self._step_error(exc2):
-                            raise
-                        error = exc2
-                        err = error_info(exc2, here[-1].key)
-                        records.append(
-                            StepRecord(here[-1].key, msg.seq, StepStatus.FAILED, msg.attempt, self.worker_id,
-                                       time.time(), time.perf_counter() - h0, None, None, err, handler_node._name)
-                        )
-                        pos += 1
-                        continue
-                    records.append(
-                        StepRecord(here[-1].key, msg.seq, StepStatus.RECOVERED, msg.attempt, self.worker_id,
-                                   time.time(), time.perf_counter() - h0, None, out, None, handler_node._name)
-                    )
-                    return _next(msg.trace_id, msg.seq, here, out), records, ctx._changes
-                pos += 1
-            level -= 1
-            if level >= 0:
-                pos = frames[level].pos
+        for here, handler in interp.handlers(frames):
+            key = here[-1].key
+            ctx = ContextStack(msg.trace_id, claim.data, seq=msg.seq, attempt=msg.attempt)
+            h0 = time.perf_counter()
+            try:
+                value = await call_step(handler, handler._on_error, handler._err_ctx_arg, ctx, error, self._pool)
+                out = encode(value, "the on_error_return value of step", key)
+                transition = self._sealed(interp.after(msg.trace_id, msg.seq, here, out), ctx)
+            except BaseException as exc2:
+                if not self._step_error(exc2):
+                    raise
+                error = exc2
+                err = error_info(exc2, key)
+                records.append(StepRecord(key, msg.seq, StepStatus.FAILED, msg.attempt, self.worker_id, time.time(),
+                                          time.perf_counter() - h0, None, None, err, handler._name))
+                continue
+            records.append(StepRecord(key, msg.seq, StepStatus.RECOVERED, msg.attempt, self.worker_id, time.time(),
+                                      time.perf_counter() - h0, None, out, None, handler._name))
+            return transition, records, ctx._changes
         return Fail(err), records, {}
-
-
-def nest_suffix(segment: str, outer: str) -> str:
-    """The key suffix of the flow a ``flat_map`` step returns: ``/`` and that step's own
-    key (``segment``, its chain key, followed by ``outer``, its suffix). Keys are so unique
-    on a run's path: an inner node whose id equals the flat_map's is ``x/x>y``, the flat_map
-    itself ``x>y``. A flat_map already on the nesting path (a loop re-entering it) reuses
-    the suffix it had then, so that a loop settles on a fixed set of keys."""
-    if "/" in outer:
-        parts = outer.split("/")
-        for k in range(1, len(parts)):
-            if parts[k] == segment:
-                return "/" + "/".join(parts[k:])
-    return "/" + segment + outer
-
-
-def _check_transparent(node: DFlow[Any], chain: Chain) -> None:
-    for n in chain.nodes:
-        if n._id == node._id:
-            raise BuildError(f"id {n._id!r} is reserved for dflow's own step; name {n._describe()} otherwise")
-
-
-def ctx_key(ctx: ContextStack, node: DFlow[Any]) -> str:
-    return f"{node._id!r} of run {ctx.trace_id!r}"
 
 
 def _route(m: Message) -> str:
     return m.trace_id if m.attempt == 0 else f"{m.trace_id}/{m.attempt}"
-
-
-class _Escaped(Exception):
-    """Carries a ``BaseException`` (``KeyboardInterrupt``, ``SystemExit``, a library's own)
-    out of a task that runs a step's coroutine: asyncio re-raises those from a task into the
-    event loop itself, which would stop the loop, and with it every run of the process."""
-
-    def __init__(self, exc: BaseException) -> None:
-        super().__init__(repr(exc))
-        self.exc = exc
-
-
-def _contained_call(fn: Any, *args: Any) -> Any:
-    """``fn(*args)`` in a worker thread, with ``BaseException`` carried as for ``_contained``:
-    asyncio mishandles a ``GeneratorExit`` set on a future as if its awaiting coroutine
-    were being closed."""
-    try:
-        return fn(*args)
-    except Exception:
-        raise
-    except BaseException as exc:
-        raise _Escaped(exc) from None
-
-
-async def _contained(aw: Any) -> Any:
-    try:
-        return await aw
-    except (Exception, asyncio.CancelledError):
-        raise
-    except BaseException as exc:
-        raise _Escaped(exc) from None
-
-
-def _set_done(fut: asyncio.Future[None]) -> None:
-    if not fut.done():
-        fut.set_result(None)
-
-
-def _is_async(fn: Any) -> bool:
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))

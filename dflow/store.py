@@ -1,19 +1,25 @@
 """The ``Store`` seam: where runs, their data, step records, timers and joins live.
 
 A store makes every step transition atomic. The runtime *claims* a step (the store checks
-the message is current and takes a lease), runs it, and *commits* a transition: the step
-records, the data changes and the run's next state go in together, and the next step's
-message is both returned for publishing and kept as an outbox entry, so that a crash
-between commit and publish only delays it (``due`` hands it out again). A store that can
-write to the transport itself (``dispatch_via``) puts the message there in the same
-atomic write instead, and needs no outbox. A commit whose
-lease was lost (it expired and another worker re-ran the step) is refused: each step's
-result is committed exactly once.
+the message is the run's expected transition and takes a lease), runs it, and *commits*
+its outcome: the step records, the data changes and the run's next state go in together.
+
+A store keeps what the core hands it as bytes: values, and each run's *frames* (where the
+run stands in its flows), which the core serializes and signs before calling the store;
+a flow built at run time travels as a content-addressed *blob* that the store keeps while
+a live run references it. A store never loads code.
+
+Two ways to dispatch the next step, fixed when the store is built: a plain store returns
+the messages for the runtime to publish, and keeps them as an outbox until claimed (a crash
+between commit and publish only delays them; ``due`` hands them out again). A *fused*
+store (``fused = True``) writes to its transport itself, in the same atomic write as the
+commit; it also acknowledges the delivery the step came with and may take (claim) the
+worker's next step in that write. A commit whose lease was lost (it expired and another
+worker re-ran the step) is refused: each step's result is committed exactly once.
 """
 
 from __future__ import annotations
 
-import asyncio
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -21,45 +27,36 @@ from typing import Any, Literal
 
 from ._codec import Message
 from .context import RunInfo, StepRecord
-from .flow import Chain
-from .transport import Delivery, Transport
+from .errors import DFlowError
 
 __all__ = [
     "Advance",
+    "BlobsMissingError",
     "BranchResult",
     "Claim",
+    "Committed",
     "Fail",
     "Finish",
     "Fork",
-    "Frame",
+    "Frames",
     "NewRun",
     "Parent",
     "Store",
+    "Taken",
     "Transition",
     "Wait",
 ]
 
 
-@dataclass(frozen=True, slots=True)
-class Frame:
-    """A position in a chain. The top frame is the step to run; lower frames are where
-    runs of inner chains (built by ``flat_map``) return to. ``suffix`` is the key of
-    everything after this chain ("" or ">id>id...")."""
+@dataclass(slots=True)
+class Frames:
+    """A run's frames, serialized and signed by the core: ``record`` is what the store
+    keeps; ``blobs`` names the flow blobs it refers to (the store keeps each while a live
+    run refers to it); ``new_blobs`` are blobs to store unless stored already."""
 
-    chain: Chain
-    pos: int
-    suffix: str = ""
-    #: a ``flat_map`` with an ``on_error_return`` at ``pos`` waits here for its inner flow:
-    #: the inner flow's output becomes its output, and its errors reach its handler.
-    returning: bool = False
-
-    @property
-    def key(self) -> str:
-        return self.chain.keys[self.pos] + self.suffix
-
-    @property
-    def node(self) -> Any:
-        return self.chain.nodes[self.pos]
+    record: bytes
+    blobs: tuple[str, ...] = ()
+    new_blobs: dict[str, bytes] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,11 +70,11 @@ class Parent:
 
 @dataclass(slots=True)
 class NewRun:
-    """A run to create: its position, value, data and first message (``None`` when it
-    is finished at creation, with ``result``)."""
+    """A run to create: its frames, value, data and first message (``message`` is ``None``
+    for a run finished at creation, with ``result``)."""
 
     trace_id: str
-    frames: tuple[Frame, ...]
+    frames: Frames | None
     value: bytes
     message: Message | None
     data: dict[str, bytes] = field(default_factory=dict)
@@ -99,24 +96,25 @@ class BranchResult:
 
 @dataclass(slots=True)
 class Claim:
-    """A step the store handed to a worker under a lease identified by ``token``."""
+    """A step the store handed to a worker under a lease identified by ``token``, with the
+    run's frames record (``None`` for a run that has none), value and data."""
 
     message: Message
     token: str
-    frames: tuple[Frame, ...]
+    frames: bytes | None
     value: bytes
     data: Mapping[str, bytes]
     init_only: bool = False  #: the wait is registered; only ``on_init`` is left to run
     branches: list[BranchResult] | None = None  #: for JOIN messages, in arrival order
-    problem: Exception | None = None  #: the step's flow could not be loaded (unknown, rejected)
-    receipt: Any = None  #: the delivery, for a store that acknowledges it in ``commit``
+    blobs: tuple[str, ...] = ()  #: the flow blobs the run's frames refer to
 
 
 @dataclass(slots=True)
 class Advance:
-    """Move on: the next step is ``message``, dispatched now or at time ``at``."""
+    """Move on: the next step is ``message``, dispatched now or at time ``at``. ``frames``
+    is ``None`` when the run stays where it is (a retry, a delay)."""
 
-    frames: tuple[Frame, ...]
+    frames: Frames | None
     value: bytes
     message: Message
     at: float | None = None
@@ -157,17 +155,56 @@ class Fail:
 Transition = Advance | Wait | Fork | Finish | Fail
 
 
+@dataclass(slots=True)
+class Taken:
+    """The next message a fused store read for this worker within a commit: its ``claim``,
+    or ``None`` when the body is no step message (the runtime dead-letters it)."""
+
+    body: bytes
+    tag: Any
+    claim: Claim | None
+
+
+@dataclass(slots=True)
+class Committed:
+    """What a commit did. ``applied`` is ``False`` when the lease was lost (nothing was
+    applied); ``publish``, the messages for the runtime to publish (a fused store
+    published them itself); ``acknowledged``, whether it acknowledged the delivery given
+    as ``receipt``; ``taken``, the step it took for this worker."""
+
+    applied: bool
+    publish: list[Message] = field(default_factory=list)
+    acknowledged: bool = False
+    taken: Taken | None = None
+
+
+class BlobsMissingError(DFlowError):
+    """A write names flow blobs the store does not have (they expired while no run
+    referenced them, and the writer believed them stored): nothing was written; write
+    again with those blobs."""
+
+    def __init__(self, refs: list[str]) -> None:
+        super().__init__(f"the store lacks the flow blobs {', '.join(refs)}; send them again")
+        self.refs = refs
+
+
 class Store(ABC):
-    """Runs, their data and records, timers, leases and joins. All methods are atomic."""
+    """Runs, their data and records, timers, leases and joins. Every method is atomic."""
+
+    #: writes step messages to its transport itself, in its own atomic writes (see the module)
+    fused: bool = False
 
     @abstractmethod
     async def create_run(self, run: NewRun) -> list[Message]:
-        """Create ``run``; return the messages to publish. ``RunExistsError`` if it exists."""
+        """Create ``run``; return the messages to publish. ``RunExistsError`` if it exists,
+        ``BlobsMissingError`` when it names blobs neither stored nor given."""
 
     @abstractmethod
     async def claim(self, message: Message, worker: str, lease: float) -> Claim | None:
         """Lease the step ``message`` names for ``lease`` seconds. ``None`` when the message
-        is stale (the step was committed, or another attempt is current) or already leased."""
+        is stale (the step was committed, or another attempt is current) or already leased;
+        ``RefusedMessageError`` when it names the current step but not as the run expects
+        it (another kind, or a timer's message before its time)."""
 
     @abstractmethod
     async def commit(
@@ -176,30 +213,15 @@ class Store(ABC):
         records: list[StepRecord],
         changes: Mapping[str, bytes | None],
         transition: Transition,
-    ) -> list[Message] | None:
-        """Apply the step's outcome if ``claim`` still holds its lease; return the messages
-        to publish, or ``None`` when the lease was lost (nothing is applied)."""
-
-    async def commit_and_take(
-        self,
-        claim: Claim,
-        records: list[StepRecord],
-        changes: Mapping[str, bytes | None],
-        transition: Transition,
-        lease: float,
-    ) -> tuple[list[Message] | None, tuple[Delivery, Claim | None] | None]:
-        """``commit``, and when the store dispatches onto the transport itself, also receive
-        and claim (under ``lease``) the next step for this worker in the same atomic write.
-        The taken delivery comes with its claim, or with ``None`` when it is not a step
-        message. The default takes nothing."""
-        return await self.commit(claim, records, changes, transition), None
-
-    def dispatch_via(self, transport: Transport) -> bool:
-        """Offer to put step messages onto ``transport`` within the store's own atomic
-        writes. A store that accepts returns ``True``: its methods then return no messages
-        to publish, ``commit`` acknowledges ``claim.receipt``, and ``commit_and_take`` may
-        take the next step. The default declines: the runtime publishes and acknowledges."""
-        return False
+        *,
+        receipt: Any = None,
+        take_lease: float | None = None,
+    ) -> Committed:
+        """Apply the step's outcome if ``claim`` still holds its lease. A fused store also
+        acknowledges the delivery ``receipt`` (its transport tag) and, with ``take_lease``,
+        reads and claims the worker's next step. ``RunExistsError`` when a fork would
+        overwrite a run, ``BlobsMissingError`` as for ``create_run``; nothing is applied
+        then."""
 
     @abstractmethod
     async def extend(self, claims: list[Claim], lease: float) -> None:
@@ -210,10 +232,6 @@ class Store(ABC):
         """Release ``claim`` without running it, record ``reason`` on the run (visible in
         inspection), and deliver its message again after ``base * 2**(n-1)`` seconds (at most
         ``cap``), n being how often it was parked, which is returned."""
-
-    def prepare_chain(self, chain: Chain) -> None:
-        """Make ``chain`` (built at run time) ready to be stored; raise ``BuildError`` when it
-        cannot be. A store that keeps objects in memory has nothing to do."""
 
     @abstractmethod
     async def init_done(self, trace_id: str, seq: int) -> None:
@@ -246,12 +264,14 @@ class Store(ABC):
         """The run's step records, oldest first."""
 
     @abstractmethod
-    async def wait_finished(self, trace_id: str, timeout: float | None) -> RunInfo:
-        """Wait until the run is done or failed. ``RunNotFoundError``, ``RunTimeoutError``."""
+    async def get_blob(self, ref: str) -> bytes | None:
+        """The flow blob ``ref`` (a signed pickle the core checks), or ``None``."""
 
+    @abstractmethod
     async def wait_many(self, trace_ids: list[str], timeout: float | None) -> list[RunInfo]:
-        """``wait_finished`` for several runs, in order; stores may batch their polling."""
-        return list(await asyncio.gather(*(self.wait_finished(t, timeout) for t in trace_ids)))
+        """Wait until each run is done or failed; their records, in order.
+        ``RunNotFoundError`` for a run that does not exist, ``RunTimeoutError`` when
+        ``timeout`` seconds pass first."""
 
     @abstractmethod
     async def list_runs(self, limit: int = 50) -> list[RunInfo]:
@@ -262,3 +282,8 @@ class Store(ABC):
 
     async def close(self) -> None:
         """Release connections."""
+
+
+async def wait_finished(store: Store, trace_id: str, timeout: float | None) -> RunInfo:
+    """Wait for one run (see ``Store.wait_many``)."""
+    return (await store.wait_many([trace_id], timeout))[0]

@@ -7,13 +7,25 @@ from collections.abc import Callable
 import pytest
 
 from dflow import MemoryBroker, MemoryStore, MemoryTransport, Store, Transport
-from dflow.testing import StoreContract, TransportContract
+from dflow.testing import FusedStoreContract, StoreContract, TransportContract
 
 
 class TestMemoryStore(StoreContract):
     @pytest.fixture
     def make_store(self) -> Callable[..., Store]:
         return lambda **opts: MemoryStore(**opts)
+
+
+class TestFusedMemoryStore(FusedStoreContract):
+    """Local mode's store: it puts step messages on its transport itself."""
+
+    @pytest.fixture
+    def make_fused(self) -> Callable[..., tuple[Store, Transport]]:
+        def make(**opts: float) -> tuple[Store, Transport]:
+            transport = MemoryTransport()
+            return MemoryStore(transport=transport, **opts), transport
+
+        return make
 
 
 class TestMemoryTransport(TransportContract):

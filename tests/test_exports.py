@@ -10,8 +10,8 @@ import dflow
 
 PUBLIC_MODULES = ["client", "context", "errors", "flow", "memory", "policy", "runtime", "store", "transport"]
 # Seams for adapter authors, reached as dflow.store / dflow.transport, not re-exported.
-ADAPTER_SEAM = {"Advance", "BranchResult", "Claim", "Fail", "Finish", "Fork", "Frame", "NewRun", "Parent",
-                "Transition", "Wait"}
+ADAPTER_SEAM = {"Advance", "BlobsMissingError", "BranchResult", "Claim", "Committed", "Fail", "Finish", "Fork",
+                "Frames", "NewRun", "Parent", "Taken", "Transition", "Wait"}
 
 
 @pytest.mark.parametrize("package", ["dflow", "dflow.testing", "adapters", "dflow_agents"])

@@ -13,7 +13,7 @@ from pydantic import BaseModel
 
 import dflow
 from dflow import DFlow, InvalidTraceIdError, SerializationError
-from dflow._codec import decode, encode
+from dflow._codec import decode
 
 pytestmark = pytest.mark.usefixtures("local")
 

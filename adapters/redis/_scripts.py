@@ -188,7 +188,7 @@ _CLAIM_STEP = r"""
 local function claim_step(P, t, msg, seq, attempt, key, kind, now, lease, token)
   local rk = P..':r:'..t
   local r = redis.call('HMGET', rk, 'status', 'seq', 'attempt', 'key', 'init_pending', 'lease_until', 'frames',
-                       'value', 'kind', 'due')
+                       'value', 'kind', 'due', 'blobs')
   if not r[1] then return false end
   if r[2] ~= seq or r[3] ~= attempt or r[4] ~= key then return false end
   if r[9] and r[9] ~= kind then
@@ -212,7 +212,7 @@ local function claim_step(P, t, msg, seq, attempt, key, kind, now, lease, token)
   redis.call('ZADD', P..':leases', until_, t)
   local slots = false
   if kind == '2' then slots = redis.call('LRANGE', P..':js:'..t, 0, -1) end
-  return {r[7] or '', r[8] or '', init_only, redis.call('HGETALL', P..':d:'..t), slots}
+  return {r[7] or '', r[8] or '', init_only, redis.call('HGETALL', P..':d:'..t), slots, r[11] or ''}
 end
 """
 

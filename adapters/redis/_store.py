@@ -5,40 +5,52 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections import OrderedDict
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgpack
 import redis.asyncio as aioredis
 
 from dflow._codec import JOIN, Message
-from dflow._durable import ChainCodec
+from dflow._urls import redact_url
 from dflow.context import RunInfo, RunStatus, StepRecord, StepStatus
 from dflow.errors import (
-    DFlowError,
-    PayloadRejectedError,
-    RefusedMessageError,
+    ConfigurationError,
     NotWaitingError,
+    RefusedMessageError,
     RunExistsError,
     RunNotFoundError,
     RunTimeoutError,
-    StoreError,
 )
-from dflow.flow import Chain
-from dflow.store import Advance, BranchResult, Claim, Fail, Finish, Fork, Frame, NewRun, Store, Transition, Wait
-from dflow.transport import Delivery
+from dflow.memory import not_waiting
+from dflow.store import (
+    Advance,
+    BlobsMissingError,
+    BranchResult,
+    Claim,
+    Committed,
+    Fail,
+    Finish,
+    Fork,
+    NewRun,
+    Store,
+    Taken,
+    Transition,
+    Wait,
+)
 
 from . import _scripts
 from ._errors import connect, store_errors
 from ._watch import FinishWatch, Waiter
+
+if TYPE_CHECKING:
+    from ._transport import RedisStreamsTransport
 
 __all__ = ["RedisStore"]
 
 log = logging.getLogger("dflow.redis")
 
 _pack = msgpack.Packer(use_bin_type=True).pack
-_ARRAYS = {bytes([b]) for b in (*range(0x90, 0xA0), 0xDC, 0xDD)}  # how a msgpack array starts
 
 
 def _unpack(data: bytes) -> Any:
@@ -66,12 +78,10 @@ class RedisStore(Store):
 
     ``url``: ``redis://[user:password@]host:port/db`` or ``rediss://`` for TLS; other
     ``options`` go to ``redis.asyncio.Redis.from_url`` (``ssl_ca_certs``, ``ssl_certfile``,
-    ...). ``secret`` signs the flows built at run time (default: ``DFLOW_SECRET``).
-    ``ttl``: seconds a finished run is kept. ``prefix`` namespaces every key. A flow built
-    at run time is kept while a live run references it, then ``blob_ttl`` seconds more.
-    ``legacy_frames``: also accept the unsigned frames records of runs started by dflow
-    0.1, while a deployment with runs in flight upgrades (off by default: an unsigned record
-    could point a run at any step).
+    ...). ``ttl``: seconds a finished run is kept. ``prefix`` namespaces every key. A flow
+    built at run time is kept while a live run references it, then ``blob_ttl`` seconds
+    more. ``transport``: a ``RedisStreamsTransport`` on the same server and database, to
+    write step messages to inside the store's own scripts (fused: one script call a step).
     """
 
     _poll_pause = 0.1  # first pause before a waiter polls every run it waits for
@@ -80,12 +90,11 @@ class RedisStore(Store):
         self,
         url: str = "redis://127.0.0.1:6379/0",
         *,
-        secret: str | bytes | None = None,
         prefix: str = "dflow",
         ttl: float = 7 * 86400,
         redispatch_after: float = 30.0,
         blob_ttl: float = 3600.0,
-        legacy_frames: bool = False,
+        transport: RedisStreamsTransport | None = None,
         **options: Any,
     ) -> None:
         self.url = url
@@ -93,164 +102,67 @@ class RedisStore(Store):
         self.ttl = ttl
         self.redispatch_after = redispatch_after
         self.blob_ttl = blob_ttl
-        self.legacy_frames = legacy_frames
-        self._secret = secret if secret is not None else os.environ.get("DFLOW_SECRET")
-        self._codec: ChainCodec | None = ChainCodec(self._secret) if self._secret else None
         self.redis = connect(url, **options)
         self._scripts = {
             name: self.redis.register_script(getattr(_scripts, name))
             for name in ("CREATE", "CLAIM", "COMMIT", "RESUME", "INIT_DONE", "EXTEND", "PARK", "DUE")
         }
-        self._written: OrderedDict[str, None] = OrderedDict()
-        # frames records this process signed lately, by run: the fused path takes the next step
-        # of the run it just committed, so most come back here
-        self._sealed: OrderedDict[tuple[str, bytes], bytes] = OrderedDict()
         self._tokens = 0
         self._token_base = f"{os.getpid()}-{id(self):x}-"
-        # Set by ``dispatch_via``: the stream, group and consumer this store dispatches onto.
-        self._stream = ""
-        self._group = ""
-        self._consumer = ""
+        # The stream, group and consumer this store writes step messages to (fused), if any.
+        self._stream = self._group = self._consumer = ""
+        if transport is not None:
+            if not same_server(self.redis, transport.redis):
+                raise ConfigurationError(
+                    "a Redis store writes step messages itself only to a stream on its own server and database "
+                    f"as its own user; {redact_url(transport.url)!r} is not on {redact_url(url)!r}"
+                )
+            self._stream, self._group, self._consumer = transport.stream, transport.group, transport.consumer
+            self.fused = True
         self._watch: FinishWatch | None = None
 
-    def dispatch_via(self, transport: Any) -> bool:
-        """Dispatch onto ``transport`` inside the store's scripts when it is a Redis Streams
-        transport on the same server and database: the next step is added to the stream in
-        the commit that decides it, the delivery is acknowledged there too, and a commit can
-        claim the worker's next step in the same round trip."""
-        from ._transport import RedisStreamsTransport
-
-        if not isinstance(transport, RedisStreamsTransport) or not _same_server(self.redis, transport.redis):
-            self._stream, self._group, self._consumer = "", "", ""
-            return False
-        self._stream, self._group, self._consumer = transport.stream, transport.group, transport.consumer
-        return True
-
-    # -- encoding --------------------------------------------------------------------
-
-    @property
-    def codec(self) -> ChainCodec:
-        """Signs and checks the flows and frames this store keeps; made on first use, so
-        that reading runs (``dflow inspect``, ``dflow ls``) needs no secret."""
-        if self._codec is None:
-            self._codec = ChainCodec(self._secret)
-        return self._codec
-
-    def prepare_chain(self, chain: Chain) -> None:
-        self.codec.ref(chain)
-
-    def _frames(self, trace_id: str, frames: tuple[Frame, ...], blobs: dict[str, bytes]) -> tuple[bytes, str]:
-        """The frames record of run ``trace_id``, signed for it, and the blobs it references
-        (space-separated); those this process has not written yet go into ``blobs``."""
-        out = []
-        refs: list[str] = []
-        codec = self.codec
-        for f in frames:
-            ref, blob = codec.ref(f.chain)
-            if ref[:2] == "h:":  # for a branch, its parent's blob
-                key = codec.blob_of(ref)
-                if key not in refs:
-                    refs.append(key)
-                if blob is not None and key not in self._written:
-                    blobs[key] = blob
-            out.append((ref, f.pos, f.suffix, f.returning))
-        payload = _pack(out)
-        record = codec.seal_frames(trace_id, payload)
-        self._sealed[(trace_id, record)] = payload  # signed here for this run: no need to check it again
-        if len(self._sealed) > 4096:
-            self._sealed.popitem(last=False)
-        return record, " ".join(sorted(refs))
-
-    def _blob_refs(self, frames: tuple[Frame, ...]) -> str:
-        """The blobs ``frames`` reference, as ``_frames`` lists them."""
-        refs: list[str] = []
-        for f in frames:
-            ref = self.codec.ref(f.chain)[0]
-            if ref[:2] == "h:":
-                key = self.codec.blob_of(ref)
-                if key not in refs:
-                    refs.append(key)
-        return " ".join(sorted(refs))
-
-    async def _load_frames(self, trace_id: str, raw: bytes) -> tuple[Frame, ...]:
-        payload = self._sealed.pop((trace_id, raw), None)
-        try:
-            if payload is None:
-                payload = self.codec.open_frames(trace_id, raw)
-        except PayloadRejectedError:
-            if not (self.legacy_frames and raw[:1] in _ARRAYS):
-                raise
-            payload = raw  # written unsigned by dflow 0.1: accepted while the deployment upgrades
-        frames = []
-        for ref, pos, suffix, returning in _unpack(payload):
-            chain = self.codec.cached(ref)
-            if chain is None:
-                key = self.codec.blob_of(ref)
-                with store_errors():
-                    blob = await self.redis.get(f"{self.prefix}:b:{key}")
-                chain = self.codec.load(ref, blob)
-                self._wrote({key: b""})  # it is stored: no need to write it again
-            frames.append(Frame(chain, pos, suffix, returning))
-        return tuple(frames)
+    # -- writing -----------------------------------------------------------------------
 
     def _blob_writes(self, pipe: Any, blobs: dict[str, bytes]) -> None:
         for ref, blob in blobs.items():
             pipe.set(f"{self.prefix}:b:{ref}", blob, px=max(1, int(self.blob_ttl * 1000)), nx=True)
 
-    def _wrote(self, blobs: dict[str, bytes]) -> None:
-        for ref in blobs:
-            self._written[ref] = None
-        while len(self._written) > 100_000:
-            self._written.popitem(last=False)
-
     async def _run_script(self, name: str, args: list[Any], blobs: dict[str, bytes] | None = None) -> Any:
+        """Run script ``name``, writing ``blobs`` first (unless stored already) in the same
+        round trip. ``BlobsMissingError`` when the script reports blobs it lacks."""
         script = self._scripts[name]
         with store_errors():
             if blobs:
                 async with self.redis.pipeline(transaction=False) as pipe:
                     self._blob_writes(pipe, blobs)
                     await script(args=args, client=pipe)
-                    result = (await pipe.execute())[-1]
-                self._wrote(blobs)
-                return result
-            return await script(args=args)
+                    reply = (await pipe.execute())[-1]
+            else:
+                reply = await script(args=args)
+        if isinstance(reply, list) and reply and reply[0] == b"need":
+            raise BlobsMissingError([r.decode() for r in reply[1]])
+        return reply
 
     # -- Store -----------------------------------------------------------------------
-
-    async def _write(self, name: str, build: Any) -> Any:
-        """Run script ``name`` with the arguments ``build(blobs)`` returns, writing first
-        the blobs it collects; when the script reports blobs missing (this process thought
-        them stored, but they expired unreferenced), write those and run it again."""
-        for _ in range(3):
-            blobs: dict[str, bytes] = {}
-            args = build(blobs)
-            reply = await self._run_script(name, args, blobs)
-            if not (isinstance(reply, list) and reply and reply[0] == b"need"):
-                return reply
-            for ref in reply[1]:
-                self._written.pop(ref.decode(), None)
-        raise StoreError(f"the Redis store reports flow blobs missing after writing them: {reply[1]!r}")
 
     async def create_run(self, run: NewRun) -> list[Message]:
         msg = run.message
         parent = run.parent
-
-        def build(blobs: dict[str, bytes]) -> list[Any]:
-            frames, refs = self._frames(run.trace_id, run.frames, blobs)
-            return [
-                self.prefix, run.trace_id, time.time(), self.redispatch_after, int(self.ttl * 1000), self._stream,
-                int(self.blob_ttl * 1000), refs, frames, run.value,
-                msg.encode() if msg is not None else b"",
-                msg.seq if msg is not None else 0,
-                msg.key if msg is not None else "",
-                msg.kind if msg is not None else 0,
-                run.result if run.result is not None else b"",
-                parent.trace_id if parent else "", parent.seq if parent else 0, parent.index if parent else 0,
-                len(run.records), *(_record(r) for r in run.records),
-                len(run.data), *(x for kv in run.data.items() for x in kv),
-            ]
-
-        reply = await self._write("CREATE", build)
+        frames = run.frames
+        args = [
+            self.prefix, run.trace_id, time.time(), self.redispatch_after, int(self.ttl * 1000), self._stream,
+            int(self.blob_ttl * 1000), " ".join(frames.blobs) if frames else "", frames.record if frames else b"",
+            run.value,
+            msg.encode() if msg is not None else b"",
+            msg.seq if msg is not None else 0,
+            msg.key if msg is not None else "",
+            msg.kind if msg is not None else 0,
+            run.result if run.result is not None else b"",
+            parent.trace_id if parent else "", parent.seq if parent else 0, parent.index if parent else 0,
+            len(run.records), *(_record(r) for r in run.records),
+            len(run.data), *(x for kv in run.data.items() for x in kv),
+        ]
+        reply = await self._run_script("CREATE", args, frames.new_blobs if frames else None)
         if reply is None:
             raise RunExistsError(f"a run with trace id {run.trace_id!r} already exists", trace_id=run.trace_id)
         return [Message.decode(m) for m in reply[1]]
@@ -270,22 +182,7 @@ class RedisStore(Store):
         if r[0] == b"refused":
             raise RefusedMessageError(f"the message of step {message.key!r} of run {message.trace_id!r} is refused: "
                                       f"{r[1].decode()}")
-        return await self._claimed(message, token, r)
-
-    async def _claimed(self, message: Message, token: str, reply: list[Any]) -> Claim:
-        raw_frames, value, init_only, data_flat, slots = reply
-        data = {data_flat[i].decode(): data_flat[i + 1] for i in range(0, len(data_flat), 2)}
-        branches = None
-        if message.kind == JOIN and slots:
-            branches = [_branch(s) for s in slots]
-        claim = Claim(message, token, (), value, data, bool(init_only), branches)
-        try:
-            claim.frames = await self._load_frames(message.trace_id, raw_frames) if raw_frames else ()
-        except StoreError:
-            raise  # Redis is unreachable: the message is handed back, the lease lapses
-        except DFlowError as exc:
-            claim.problem = exc
-        return claim
+        return _claimed(message, token, r)
 
     async def commit(
         self,
@@ -293,85 +190,63 @@ class RedisStore(Store):
         records: list[StepRecord],
         changes: Mapping[str, bytes | None],
         transition: Transition,
-    ) -> list[Message] | None:
-        out, _ = await self._commit(claim, records, changes, transition, None)
-        return out
-
-    async def commit_and_take(
-        self,
-        claim: Claim,
-        records: list[StepRecord],
-        changes: Mapping[str, bytes | None],
-        transition: Transition,
-        lease: float,
-    ) -> tuple[list[Message] | None, tuple[Delivery, Claim | None] | None]:
-        if not self._stream:
-            return await self.commit(claim, records, changes, transition), None
-        return await self._commit(claim, records, changes, transition, lease)
-
-    async def _commit(
-        self,
-        claim: Claim,
-        records: list[StepRecord],
-        changes: Mapping[str, bytes | None],
-        transition: Transition,
-        take_lease: float | None,
-    ) -> tuple[list[Message] | None, tuple[Delivery, Claim | None] | None]:
+        *,
+        receipt: Any = None,
+        take_lease: float | None = None,
+    ) -> Committed:
+        fused = bool(self._stream)
+        ack = receipt if fused and receipt is not None else ""
+        take_token = self._token() if fused and take_lease is not None else ""
+        blobs: dict[str, bytes] = {}
+        refs: set[str] = set()
+        children = ""
+        fields: list[Any]
+        if isinstance(transition, Advance):
+            m = transition.message
+            f = transition.frames
+            if f is None:
+                frames_arg, blob_refs = claim.frames or b"", "="  # the run stays at its frames
+            else:
+                frames_arg, blob_refs = f.record, " ".join(f.blobs)
+                refs.update(f.blobs)
+                blobs.update(f.new_blobs)
+                if f.blobs == claim.blobs:
+                    blob_refs = "="  # it refers to the same blobs as before: nothing to count
+            fields = ["advance", frames_arg, transition.value, m.encode(), m.seq, m.attempt, m.key,
+                      transition.at or 0, m.kind, blob_refs]
+        elif isinstance(transition, Wait):
+            fields = ["wait", transition.call_type, "1" if transition.init_pending else "0"]
+        elif isinstance(transition, Fork):
+            j = transition.join
+            fields = ["fork", transition.kind, j.encode(), j.seq, j.key, len(transition.children)]
+            for child in transition.children:
+                assert child.message is not None and child.parent is not None and child.frames is not None
+                refs.update(child.frames.blobs)
+                blobs.update(child.frames.new_blobs)
+                fields += [child.trace_id, child.frames.record, child.value, child.message.encode(),
+                           child.message.key, child.parent.index, " ".join(child.frames.blobs)]
+            children = " ".join(c.trace_id for c in transition.children)
+        elif isinstance(transition, Finish):
+            fields = ["finish", transition.result]
+        elif isinstance(transition, Fail):
+            fields = ["fail", _pack(transition.error)]
+        else:  # pragma: no cover
+            raise TypeError(f"unknown transition {transition!r}")
         sets = [(k, v) for k, v in changes.items() if v is not None]
         dels = [k for k, v in changes.items() if v is None]
-        receipt = claim.receipt if self._stream and claim.receipt is not None else ""
-        take_token = self._token() if take_lease is not None else ""
-
-        def build(blobs: dict[str, bytes]) -> list[Any]:
-            refs: set[str] = set()
-            children = ""
-            fields: list[Any]
-            if isinstance(transition, Advance):
-                m = transition.message
-                frames, blob_refs = self._frames(m.trace_id, transition.frames, blobs)
-                if blob_refs:
-                    refs.update(blob_refs.split())
-                if blob_refs == self._blob_refs(claim.frames):
-                    blob_refs = "="  # the run references the same blobs as before: nothing to count
-                fields = ["advance", frames, transition.value, m.encode(), m.seq, m.attempt, m.key,
-                          transition.at or 0, m.kind, blob_refs]
-            elif isinstance(transition, Wait):
-                fields = ["wait", transition.call_type, "1" if transition.init_pending else "0"]
-            elif isinstance(transition, Fork):
-                j = transition.join
-                fields = ["fork", transition.kind, j.encode(), j.seq, j.key, len(transition.children)]
-                for child in transition.children:
-                    assert child.message is not None and child.parent is not None
-                    frames, blob_refs = self._frames(child.trace_id, child.frames, blobs)
-                    refs.update(blob_refs.split())
-                    fields += [child.trace_id, frames, child.value, child.message.encode(), child.message.key,
-                               child.parent.index, blob_refs]
-                children = " ".join(c.trace_id for c in transition.children)
-            elif isinstance(transition, Finish):
-                fields = ["finish", transition.result]
-            elif isinstance(transition, Fail):
-                fields = ["fail", _pack(transition.error)]
-            else:  # pragma: no cover
-                raise TypeError(f"unknown transition {transition!r}")
-            return [
-                self.prefix, claim.message.trace_id, claim.token, time.time(), int(self.ttl * 1000),
-                self.redispatch_after, claim.message.kind, self._stream, self._group,
-                receipt if claim.receipt is not None else "", self._consumer if take_token else "", take_token,
-                take_lease or 0, int(self.blob_ttl * 1000), " ".join(sorted(refs)), children,
-                len(records), *(_record(r) for r in records),
-                len(sets), *(x for kv in sets for x in kv),
-                len(dels), *dels,
-                *fields,
-            ]
-
-        def once(blobs: dict[str, bytes]) -> list[Any]:
-            args = build(blobs)
-            claim.receipt = None  # the first call acknowledges the delivery
-            return args
-
-        reply = await self._write("COMMIT", once if receipt else build)
+        args = [
+            self.prefix, claim.message.trace_id, claim.token, time.time(), int(self.ttl * 1000),
+            self.redispatch_after, claim.message.kind, self._stream, self._group, ack,
+            self._consumer if take_token else "", take_token, take_lease or 0, int(self.blob_ttl * 1000),
+            " ".join(sorted(refs)), children,
+            len(records), *(_record(r) for r in records),
+            len(sets), *(x for kv in sets for x in kv),
+            len(dels), *dels,
+            *fields,
+        ]
+        reply = await self._run_script("COMMIT", args, blobs)
         if reply is None:
-            return None, None
+            return Committed(False, acknowledged=bool(ack))
         if reply[0] == b"exists":
             child = reply[1].decode()
             raise RunExistsError(f"a zip/any branch of run {claim.message.trace_id!r} would overwrite the existing run "
@@ -379,16 +254,15 @@ class RedisStore(Store):
         _, out, taken = reply
         messages = [Message.decode(m) for m in out]
         if not taken:
-            return messages, None
-        delivery = Delivery(taken[1], taken[0])
+            return Committed(True, messages, bool(ack))
         if len(taken) < 3:  # not a step message: the worker sets it aside
-            return messages, (delivery, None)
+            return Committed(True, messages, bool(ack), Taken(taken[1], taken[0], None))
         try:
-            claim = await self._claimed(Message.decode(taken[1]), take_token, taken[2])
+            next_claim = _claimed(Message.decode(taken[1]), take_token, taken[2])
         except Exception as exc:  # the step stays leased: it runs again when its lease expires
-            log.warning("dflow: could not prepare the next step %r after a commit: %s", taken[1], exc)
-            return messages, None
-        return messages, (delivery, claim)
+            log.warning("dflow: could not read the next step %r after a commit: %s", taken[1], exc)
+            return Committed(True, messages, bool(ack))
+        return Committed(True, messages, bool(ack), Taken(taken[1], taken[0], next_claim))
 
     async def extend(self, claims: list[Claim], lease: float) -> None:
         args: list[Any] = [self.prefix, time.time(), lease]
@@ -415,11 +289,9 @@ class RedisStore(Store):
         if r[0] == b"missing":
             raise RunNotFoundError(f"no run with trace id {trace_id!r} (never started, or expired)", trace_id=trace_id)
         if r[0] == b"not":
-            from dflow.memory import _not_waiting
-
             waiting = _s(r[2]) or ("join" if r[3] == b"1" else None)
             info = RunInfo(trace_id, RunStatus(r[1].decode()), 0, 0.0, 0.0, waiting_for=waiting)
-            raise NotWaitingError(_not_waiting(info, call_type), trace_id=trace_id)
+            raise NotWaitingError(not_waiting(info, call_type), trace_id=trace_id)
         return [Message.decode(m) for m in r[1]]
 
     async def due(self, now: float, limit: int = 1000) -> tuple[list[Message], float | None]:
@@ -445,8 +317,10 @@ class RedisStore(Store):
             raw = await self.redis.lrange(f"{self.prefix}:s:{trace_id}", 0, -1)
         return [_unrecord(r) for r in raw]
 
-    async def wait_finished(self, trace_id: str, timeout: float | None) -> RunInfo:
-        return (await self.wait_many([trace_id], timeout))[0]
+    async def get_blob(self, ref: str) -> bytes | None:
+        with store_errors():
+            blob = await self.redis.get(f"{self.prefix}:b:{ref}")
+        return blob  # type: ignore[no-any-return]
 
     async def wait_many(self, trace_ids: list[str], timeout: float | None) -> list[RunInfo]:
         """Wait for runs to finish: woken by the notification each run publishes when it
@@ -557,11 +431,35 @@ class RedisStore(Store):
         await self.redis.aclose(close_connection_pool=True)
 
 
-def _same_server(a: aioredis.Redis, b: aioredis.Redis) -> bool:
+def _claimed(message: Message, token: str, reply: list[Any]) -> Claim:
+    raw_frames, value, init_only, data_flat, slots, blobs = reply
+    data = {data_flat[i].decode(): data_flat[i + 1] for i in range(0, len(data_flat), 2)}
+    branches = [_branch(s) for s in slots] if message.kind == JOIN and slots else None
+    return Claim(message, token, raw_frames or None, value, data, bool(init_only), branches,
+                 tuple(blobs.decode().split()) if blobs else ())
+
+
+def same_server(a: aioredis.Redis, b: aioredis.Redis) -> bool:
     """Whether two clients talk to the same server and database as the same user."""
-    ka, kb = a.connection_pool.connection_kwargs, b.connection_pool.connection_kwargs
-    fields = ("host", "port", "path", "db", "username")
-    return all(ka.get(f) == kb.get(f) for f in fields)
+    return _same(a.connection_pool.connection_kwargs, b.connection_pool.connection_kwargs)
+
+
+def fusable(url: str, transport: object) -> bool:
+    """Whether a store at ``url`` can write step messages to ``transport`` itself: a Redis
+    Streams transport on the same server and database, as the same user."""
+    from ._transport import RedisStreamsTransport
+
+    if not isinstance(transport, RedisStreamsTransport):
+        return False
+    try:
+        kwargs = aioredis.ConnectionPool.from_url(url).connection_kwargs
+    except (TypeError, ValueError):
+        return False
+    return _same(kwargs, transport.redis.connection_pool.connection_kwargs)
+
+
+def _same(ka: dict[str, Any], kb: dict[str, Any]) -> bool:
+    return all(ka.get(f) == kb.get(f) for f in ("host", "port", "path", "db", "username"))
 
 
 def _branch(slot: bytes) -> BranchResult:

@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from .conformance import MALFORMED_MESSAGES, StoreContract, TransportContract, contract_chain
+from .conformance import MALFORMED_MESSAGES, FusedStoreContract, StoreContract, TransportContract
 
-__all__ = ["MALFORMED_MESSAGES", "StoreContract", "TransportContract", "contract_chain"]
+__all__ = ["FusedStoreContract", "MALFORMED_MESSAGES", "StoreContract", "TransportContract"]

@@ -7,34 +7,49 @@ Subclass one in a test module and provide its fixture::
         def make_store(self):
             return lambda **opts: MyStore(url, **opts)
 
-``make_store(ttl=..., redispatch_after=...)`` returns a fresh, empty store.
-``make_transports(n, redeliver_after=...)`` returns ``n`` consumers of one fresh queue.
-Tests are plain functions that drive the async API with ``asyncio.run``.
+``make_store(ttl=..., blob_ttl=..., redispatch_after=...)`` returns a fresh, empty store.
+``make_fused(**opts)`` (``FusedStoreContract``) returns a fresh fused store and the
+transport it writes to. ``make_transports(n, redeliver_after=...)`` returns ``n``
+consumers of one fresh queue. A store keeps frames as opaque bytes, so the store suites
+use made-up records; tests are async functions run with ``asyncio.run``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 import uuid
-from collections.abc import Callable, Coroutine
-from typing import Any
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
 
+import msgpack
 import pytest
 
 from .._codec import CONTINUE, FAIL, JOIN, NONE, Message, decode, encode
 from ..context import RunStatus, StepRecord, StepStatus
 from ..errors import NotWaitingError, RefusedMessageError, RunExistsError, RunNotFoundError, RunTimeoutError
-from ..flow import DFlow
-from ..store import Advance, Fail, Finish, Fork, Frame, NewRun, Parent, Store, Wait
-from ..transport import Transport
+from ..store import (
+    Advance,
+    BlobsMissingError,
+    Claim,
+    Fail,
+    Finish,
+    Fork,
+    Frames,
+    NewRun,
+    Parent,
+    Store,
+    Wait,
+)
+from ..transport import Delivery, Transport
 
-__all__ = ["MALFORMED_MESSAGES", "StoreContract", "TransportContract", "contract_chain"]
+__all__ = ["FusedStoreContract", "MALFORMED_MESSAGES", "StoreContract", "TransportContract"]
+
+T = TypeVar("T")
 
 
 def _packed(fields: Any) -> bytes:
-    import msgpack
-
     return msgpack.packb(fields, use_bin_type=True)
 
 
@@ -69,32 +84,47 @@ MALFORMED_MESSAGES: list[tuple[str, bytes]] = [
 ]
 
 
-def _run(coro: Coroutine[Any, Any, Any]) -> Any:
-    return asyncio.run(coro)
+def _sync(test: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
+    """An async test method as a plain one (pytest still sees its fixtures)."""
+
+    @functools.wraps(test)
+    def run(*args: Any, **kwargs: Any) -> None:
+        asyncio.run(test(*args, **kwargs))
+
+    return run
 
 
-def contract_chain() -> Any:
-    """A registered three-step pipeline whose chain the store tests put in frames."""
-    return (
-        DFlow.from_call("contract")
-        .map(lambda x: x).id("a")
-        .map(lambda x: x).id("b")
-        .init("dflow-contract")
-        ._chain
-    )
+async def until(check: Callable[[], Awaitable[T | None]], timeout: float = 5.0, what: str = "") -> T:
+    """Poll ``check`` until it gives something truthy; that, or a failure after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = await check()
+        if got:
+            return got
+        assert time.monotonic() < deadline, f"timed out waiting: {what}"
+        await asyncio.sleep(0.02)
 
 
-def _new_run(trace: str | None = None, value: Any = 1, data: dict[str, Any] | None = None) -> NewRun:
-    chain = contract_chain()
+# -- runs made by hand: the store keeps frames as opaque bytes ------------------------
+
+KEYS = ("entry>a>b", "a>b", "b")  # the step keys of a made-up three-node flow
+
+
+def _frames(label: str, blobs: dict[str, bytes] | None = None) -> Frames:
+    blobs = blobs or {}
+    return Frames(f"frames:{label}".encode(), tuple(sorted(blobs)), dict(blobs))
+
+
+def _new_run(trace: str | None = None, value: Any = 1, data: dict[str, Any] | None = None,
+             blobs: dict[str, bytes] | None = None) -> NewRun:
     trace = trace or uuid.uuid4().hex
-    frames = (Frame(chain, 1),)
     return NewRun(
         trace,
-        frames,
+        _frames("at-a", blobs),
         encode(value),
-        Message(trace, 1, frames[0].key),
+        Message(trace, 1, KEYS[1]),
         data={k: encode(v) for k, v in (data or {}).items()},
-        records=[StepRecord(chain.keys[0], 0, StepStatus.ENTRY, raw_output=encode(value))],
+        records=[StepRecord(KEYS[0], 0, StepStatus.ENTRY, raw_output=encode(value))],
     )
 
 
@@ -102,292 +132,347 @@ def _rec(msg: Message, out: Any = None) -> StepRecord:
     return StepRecord(msg.key, msg.seq, StepStatus.DONE, msg.attempt, "w", time.time(), 0.0, None, encode(out))
 
 
-def _advance(claim: Any, value: Any) -> Advance:
-    top = claim.frames[-1]
-    frames = (Frame(top.chain, top.pos + 1, top.suffix),)
-    return Advance(frames, encode(value), Message(claim.message.trace_id, claim.message.seq + 1, frames[0].key))
+def _advance(claim: Claim, value: Any, frames: Frames | None = None, at: float | None = None) -> Advance:
+    return Advance(frames or _frames("at-b"), encode(value), Message(claim.message.trace_id, claim.message.seq + 1,
+                                                                     KEYS[2]), at=at)
+
+
+async def _due_for(store: Store, trace: str) -> list[Message]:
+    due, _ = await store.due(time.time())
+    return [m for m in due if m.trace_id == trace]
 
 
 class StoreContract:
-    """What a ``Store`` must do. Needs the fixture ``make_store(**options) -> Store``."""
+    """What a ``Store`` must do. Needs the fixture ``make_store(**options) -> Store``, a
+    plain store (one that returns the messages to publish; ``FusedStoreContract`` checks
+    what a fused store does besides)."""
 
     @pytest.fixture
     def make_store(self) -> Callable[..., Store]:  # pragma: no cover - provided by subclasses
         raise NotImplementedError
 
-    def test_create_claim_commit_finish(self, make_store: Callable[..., Store]) -> None:
-        async def body() -> None:
-            store = make_store()
-            new = _new_run(value=5, data={"user": "ann"})
-            (first,) = await store.create_run(new)
-            assert first == new.message
-            info = await store.get_run(new.trace_id)
-            assert info is not None and info.status is RunStatus.RUNNING
-            claim = await store.claim(first, "w1", 30)
-            assert claim is not None
-            assert decode(claim.value) == 5
-            assert decode(claim.data["user"]) == "ann"
-            assert claim.frames[-1].key == first.key
-            out = await store.commit(claim, [_rec(first, 6)], {"seen": encode(True), "user": None}, _advance(claim, 6))
-            assert out is not None and len(out) == 1
-            second = out[0]
-            assert (second.seq, second.key) == (2, "b")
-            claim2 = await store.claim(second, "w1", 30)
-            assert claim2 is not None and decode(claim2.value) == 6
-            assert decode(claim2.data["seen"]) is True and "user" not in claim2.data
-            assert await store.commit(claim2, [_rec(second, 7)], {}, Finish(encode(7))) == []
-            info = await store.get_run(new.trace_id)
-            assert info is not None and info.status is RunStatus.DONE and info.result == 7
-            done = await store.wait_finished(new.trace_id, 1)
-            assert done.result == 7
-            steps = await store.get_steps(new.trace_id)
-            assert [s.status for s in steps] == [StepStatus.ENTRY, StepStatus.DONE, StepStatus.DONE]
-            assert [s.output for s in steps] == [5, 6, 7]
-            assert await store.get_data(new.trace_id) == {"seen": encode(True)}
-            await store.close()
+    @_sync
+    async def test_create_claim_commit_finish(self, make_store: Callable[..., Store]) -> None:
+        store = make_store()
+        new = _new_run(value=5, data={"user": "ann"})
+        published = await store.create_run(new)
+        assert published == [new.message]
+        info = await store.get_run(new.trace_id)
+        assert info is not None and info.status is RunStatus.RUNNING
+        assert new.message is not None
+        claim = await store.claim(new.message, "w1", 30)
+        assert claim is not None
+        assert decode(claim.value) == 5 and claim.frames == b"frames:at-a", "frames come back as given"
+        assert decode(claim.data["user"]) == "ann"
+        done = await store.commit(claim, [_rec(new.message, 6)], {"seen": encode(True), "user": None},
+                                  _advance(claim, 6))
+        assert done.applied and done.taken is None
+        second = Message(new.trace_id, 2, KEYS[2])
+        assert done.publish == [second]
+        claim2 = await store.claim(second, "w1", 30)
+        assert claim2 is not None and decode(claim2.value) == 6 and claim2.frames == b"frames:at-b"
+        assert decode(claim2.data["seen"]) is True and "user" not in claim2.data
+        finished = await store.commit(claim2, [_rec(second, 7)], {}, Finish(encode(7)))
+        assert finished.applied and finished.publish == []
+        info = await store.get_run(new.trace_id)
+        assert info is not None and info.status is RunStatus.DONE and info.result == 7
+        (done_info,) = await store.wait_many([new.trace_id], 1)
+        assert done_info.result == 7
+        steps = await store.get_steps(new.trace_id)
+        assert [s.status for s in steps] == [StepStatus.ENTRY, StepStatus.DONE, StepStatus.DONE]
+        assert [s.output for s in steps] == [5, 6, 7]
+        assert await store.get_data(new.trace_id) == {"seen": encode(True)}
+        await store.close()
 
-        _run(body())
+    @_sync
+    async def test_duplicate_trace_id_rejected(self, make_store: Callable[..., Store]) -> None:
+        store = make_store()
+        new = _new_run()
+        await store.create_run(new)
+        with pytest.raises(RunExistsError, match=new.trace_id):
+            await store.create_run(_new_run(new.trace_id))
+        await store.close()
 
-    def test_duplicate_trace_id_rejected(self, make_store: Callable[..., Store]) -> None:
-        async def body() -> None:
-            store = make_store()
-            new = _new_run()
-            await store.create_run(new)
-            with pytest.raises(RunExistsError, match=new.trace_id):
-                await store.create_run(_new_run(new.trace_id))
-            await store.close()
+    @_sync
+    async def test_run_finished_at_creation(self, make_store: Callable[..., Store]) -> None:
+        store = make_store()
+        trace = uuid.uuid4().hex
+        assert await store.create_run(NewRun(trace, None, encode(3), None, result=encode(3))) == []
+        assert (await store.wait_many([trace], 1))[0].result == 3
+        await store.close()
 
-        _run(body())
+    @_sync
+    async def test_commit_is_exactly_once(self, make_store: Callable[..., Store]) -> None:
+        store = make_store()
+        new = _new_run()
+        await store.create_run(new)
+        first = new.message
+        assert first is not None
+        claims = await asyncio.gather(*(store.claim(first, f"w{i}", 30) for i in range(10)))
+        won = [c for c in claims if c is not None]
+        assert len(won) == 1, "a leased step must not be claimed twice"
+        claim = won[0]
+        assert (await store.commit(claim, [_rec(first)], {}, _advance(claim, 2))).applied
+        assert not (await store.commit(claim, [_rec(first)], {}, _advance(claim, 2))).applied
+        assert await store.claim(first, "w2", 30) is None, "a committed step's message is stale"
+        assert len(await store.get_steps(new.trace_id)) == 2
+        await store.close()
 
-    def test_run_finished_at_creation(self, make_store: Callable[..., Store]) -> None:
-        async def body() -> None:
-            store = make_store()
-            trace = uuid.uuid4().hex
-            assert await store.create_run(NewRun(trace, (), encode(3), None, result=encode(3))) == []
-            assert (await store.wait_finished(trace, 1)).result == 3
-            await store.close()
+    @_sync
+    async def test_expired_lease_hands_the_step_to_another_attempt(self, make_store: Callable[..., Store]) -> None:
+        store = make_store()
+        new = _new_run()
+        await store.create_run(new)
+        first = new.message
+        assert first is not None
+        stale = await store.claim(first, "dead-worker", 0.05)
+        assert stale is not None
+        again = await until(lambda: _due_for(store, first.trace_id), what="the expired lease is handed out")
+        assert again[0].attempt == first.attempt + 1
+        fresh = await store.claim(again[0], "w2", 30)
+        assert fresh is not None
+        assert not (await store.commit(stale, [_rec(first)], {}, _advance(stale, 1))).applied
+        assert (await store.commit(fresh, [_rec(again[0])], {}, _advance(fresh, 1))).applied
+        await store.close()
 
-        _run(body())
+    @_sync
+    async def test_extend_keeps_a_lease(self, make_store: Callable[..., Store]) -> None:
+        store = make_store()
+        new = _new_run()
+        await store.create_run(new)
+        assert new.message is not None
+        claim = await store.claim(new.message, "w1", 0.1)
+        assert claim is not None
+        await store.extend([claim], 30)
+        await asyncio.sleep(0.15)
+        assert await _due_for(store, new.trace_id) == []
+        assert (await store.commit(claim, [_rec(new.message)], {}, _advance(claim, 1))).applied
+        await store.close()
 
-    def test_commit_is_exactly_once(self, make_store: Callable[..., Store]) -> None:
-        async def body() -> None:
-            store = make_store()
-            new = _new_run()
-            (first,) = await store.create_run(new)
-            claims = await asyncio.gather(*(store.claim(first, f"w{i}", 30) for i in range(10)))
-            won = [c for c in claims if c is not None]
-            assert len(won) == 1, "a leased step must not be claimed twice"
-            claim = won[0]
-            assert await store.commit(claim, [_rec(first)], {}, _advance(claim, 2)) is not None
-            assert await store.commit(claim, [_rec(first)], {}, _advance(claim, 2)) is None
-            assert await store.claim(first, "w2", 30) is None, "a committed step's message is stale"
-            steps = await store.get_steps(new.trace_id)
-            assert len(steps) == 2
-            await store.close()
+    @_sync
+    async def test_timer_fires_when_due(self, make_store: Callable[..., Store]) -> None:
+        store = make_store()
+        new = _new_run()
+        await store.create_run(new)
+        assert new.message is not None
+        claim = await store.claim(new.message, "w1", 30)
+        assert claim is not None
+        nxt = Message(new.trace_id, 2, KEYS[1], 0, CONTINUE)
+        at = time.time() + 0.2
+        done = await store.commit(claim, [], {}, Advance(None, encode("later"), nxt, at=at))
+        assert done.applied and done.publish == []
+        due, next_due = await store.due(time.time())
+        assert nxt not in due
+        assert next_due is not None and next_due <= at + 0.01
+        await until(lambda: _due_for(store, new.trace_id), what="the timer fires")
+        assert time.time() >= at
+        claim2 = await store.claim(nxt, "w1", 30)
+        assert claim2 is not None and decode(claim2.value) == "later"
+        assert claim2.frames == b"frames:at-a", "a timer keeps the run at its frames"
+        await store.close()
 
-        _run(body())
+    @_sync
+    async def test_a_message_of_another_kind_is_refused(self, make_store: Callable[..., Store]) -> None:
+        store = make_store()
+        new = _new_run()
+        await store.create_run(new)
+        first = new.message
+        assert first is not None
+        for kind in (CONTINUE, JOIN, FAIL):  # would skip the step's function, or fail the run
+            forged = Message(first.trace_id, first.seq, first.key, first.attempt, kind)
+            with pytest.raises(RefusedMessageError, match="kind"):
+                await store.claim(forged, "w", 30)
+        assert await store.claim(first, "w", 30) is not None, "the run still takes its real message"
+        await store.close()
 
-    def test_expired_lease_hands_the_step_to_another_attempt(self, make_store: Callable[..., Store]) -> None:
-        async def body() -> None:
-            store = make_store()
-            (first,) = await store.create_run(_new_run())
-            stale = await store.claim(first, "dead-worker", 0.05)
-            assert stale is not None
-            await asyncio.sleep(0.1)
-            due, _ = await store.due(time.time())
-            again = [m for m in due if m.trace_id == first.trace_id and m.seq == first.seq]
-            assert again and again[0].attempt == first.attempt + 1
-            fresh = await store.claim(again[0], "w2", 30)
-            assert fresh is not None
-            assert await store.commit(stale, [_rec(first)], {}, _advance(stale, 1)) is None
-            assert await store.commit(fresh, [_rec(again[0])], {}, _advance(fresh, 1)) is not None
-            await store.close()
-
-        _run(body())
-
-    def test_extend_keeps_a_lease(self, make_store: Callable[..., Store]) -> None:
-        async def body() -> None:
-            store = make_store()
-            (first,) = await store.create_run(_new_run())
-            claim = await store.claim(first, "w1", 0.1)
-            assert claim is not None
-            await store.extend([claim], 30)
-            await asyncio.sleep(0.15)
-            due, _ = await store.due(time.time())
-            assert not [m for m in due if m.trace_id == first.trace_id]
-            assert await store.commit(claim, [_rec(first)], {}, _advance(claim, 1)) is not None
-            await store.close()
-
-        _run(body())
-
-    def test_unclaimed_next_message_is_redispatched(self, make_store: Callable[..., Store]) -> None:
-        async def body() -> None:
-            store = make_store(redispatch_after=0.1)
-            (first,) = await store.create_run(_new_run())
-            await asyncio.sleep(0.15)
-            due, _ = await store.due(time.time())
-            assert first in due, "a message nobody claimed is handed out again"
-            claim = await store.claim(first, "w1", 30)
-            assert claim is not None
-            await asyncio.sleep(0.15)
-            due, _ = await store.due(time.time())
-            assert first not in due, "a claimed message is not handed out again"
-            await store.close()
-
-        _run(body())
-
-    def test_timer_fires_when_due(self, make_store: Callable[..., Store]) -> None:
-        async def body() -> None:
-            store = make_store()
-            (first,) = await store.create_run(_new_run())
-            claim = await store.claim(first, "w1", 30)
-            assert claim is not None
-            nxt = Message(first.trace_id, 2, first.key, 0, CONTINUE)
-            at = time.time() + 0.2
-            out = await store.commit(claim, [], {}, Advance(claim.frames, encode("later"), nxt, at=at))
-            assert out == []
-            due, next_due = await store.due(time.time())
-            assert nxt not in due
-            assert next_due is not None and next_due <= at + 0.01
-            await asyncio.sleep(0.25)
-            due, _ = await store.due(time.time())
-            assert nxt in due
-            claim2 = await store.claim(nxt, "w1", 30)
-            assert claim2 is not None and decode(claim2.value) == "later"
-            await store.close()
-
-        _run(body())
-
-    def test_a_message_of_another_kind_is_refused(self, make_store: Callable[..., Store]) -> None:
-        async def body() -> None:
-            store = make_store()
-            (first,) = await store.create_run(_new_run())
-            for kind in (CONTINUE, JOIN, FAIL):  # would skip the step's function, or fail the run
-                forged = Message(first.trace_id, first.seq, first.key, first.attempt, kind)
-                with pytest.raises(RefusedMessageError, match="kind"):
-                    await store.claim(forged, "w", 30)
-            claim = await store.claim(first, "w", 30)
-            assert claim is not None, "the run still takes its real message"
-            await store.close()
-
-        _run(body())
-
-    def test_a_timer_message_before_its_time_is_refused_and_the_timer_stays(
+    @_sync
+    async def test_a_timer_message_before_its_time_is_refused_and_the_timer_stays(
         self, make_store: Callable[..., Store]
     ) -> None:
-        async def body() -> None:
-            store = make_store()
-            (first,) = await store.create_run(_new_run())
-            claim = await store.claim(first, "w1", 30)
-            assert claim is not None
-            wake = Message(first.trace_id, 2, first.key, 0, CONTINUE)
-            at = time.time() + 0.4
-            await store.commit(claim, [], {}, Advance(claim.frames, encode("later"), wake, at=at))
-            info = await store.get_run(first.trace_id)
-            assert info is not None and info.status is RunStatus.SLEEPING and info.extra["due"] == pytest.approx(at)
-            with pytest.raises(RefusedMessageError, match="before its due time"):
-                await store.claim(wake, "w1", 30)  # a copy of the timer's message, early
-            deadline = time.monotonic() + 5
-            due: list[Message] = []
-            while wake not in due:
-                assert time.monotonic() < deadline, "the timer still fires"
-                await asyncio.sleep(0.05)
-                due, _ = await store.due(time.time())
-            assert time.time() >= at
-            claim2 = await store.claim(wake, "w1", 30)
-            assert claim2 is not None and decode(claim2.value) == "later"
-            info = await store.get_run(first.trace_id)
-            assert info is not None and info.status is RunStatus.RUNNING
-            await store.close()
+        store = make_store()
+        new = _new_run()
+        await store.create_run(new)
+        assert new.message is not None
+        claim = await store.claim(new.message, "w1", 30)
+        assert claim is not None
+        wake = Message(new.trace_id, 2, KEYS[1], 0, CONTINUE)
+        at = time.time() + 0.4
+        await store.commit(claim, [], {}, Advance(None, encode("later"), wake, at=at))
+        info = await store.get_run(new.trace_id)
+        assert info is not None and info.status is RunStatus.SLEEPING and info.extra["due"] == pytest.approx(at)
+        with pytest.raises(RefusedMessageError, match="before its due time"):
+            await store.claim(wake, "w1", 30)  # a copy of the timer's message, early
+        await asyncio.sleep(max(0.0, at - time.time()) + 0.02)
+        await store.due(time.time())
+        claim2 = await store.claim(wake, "w1", 30)
+        assert claim2 is not None and decode(claim2.value) == "later"
+        info = await store.get_run(new.trace_id)
+        assert info is not None and info.status is RunStatus.RUNNING
+        await store.close()
 
-        _run(body())
+    @_sync
+    async def test_a_fork_does_not_overwrite_an_existing_run(self, make_store: Callable[..., Store]) -> None:
+        store = make_store()
+        victim = _new_run("victim-run")
+        await store.create_run(victim)
+        new = _new_run()
+        await store.create_run(new)
+        assert new.message is not None
+        claim = await store.claim(new.message, "w", 30)
+        assert claim is not None
+        join = Message(new.trace_id, new.message.seq + 1, new.message.key, 0, JOIN)
+        child = NewRun("victim-run", _frames("evil"), encode(0), Message("victim-run", 0, KEYS[1]),
+                       parent=Parent(new.trace_id, join.seq, 0))
+        with pytest.raises(RunExistsError, match="victim-run"):
+            await store.commit(claim, [], {}, Fork("zip", [child], join))
+        info = await store.get_run("victim-run")
+        assert info is not None and info.status is RunStatus.RUNNING and info.seq == 1, "left as it was"
+        parent = await store.get_run(new.trace_id)
+        assert parent is not None and parent.status is RunStatus.RUNNING and parent.seq == new.message.seq
+        assert (await store.commit(claim, [], {}, _advance(claim, 1))).applied, "the lease is still held"
+        await store.close()
 
-    def test_a_fork_does_not_overwrite_an_existing_run(self, make_store: Callable[..., Store]) -> None:
-        async def body() -> None:
-            store = make_store()
-            victim = _new_run("victim-run")
-            await store.create_run(victim)
-            (first,) = await store.create_run(_new_run())
-            claim = await store.claim(first, "w", 30)
-            assert claim is not None
-            join = Message(first.trace_id, first.seq + 1, first.key, 0, JOIN)
-            child = NewRun("victim-run", victim.frames, encode(0), Message("victim-run", 0, victim.frames[0].key),
-                           parent=Parent(first.trace_id, join.seq, 0))
-            with pytest.raises(RunExistsError, match="victim-run"):
-                await store.commit(claim, [], {}, Fork("zip", [child], join))
-            info = await store.get_run("victim-run")
-            assert info is not None and info.status is RunStatus.RUNNING and info.seq == 1, "left as it was"
-            parent = await store.get_run(first.trace_id)
-            assert parent is not None and parent.status is RunStatus.RUNNING and parent.seq == first.seq
-            assert await store.commit(claim, [], {}, _advance(claim, 1)) is not None, "the lease is still held"
-            await store.close()
+    @_sync
+    async def test_wait_and_resume(self, make_store: Callable[..., Store]) -> None:
+        store = make_store()
+        new = _new_run()
+        await store.create_run(new)
+        first = new.message
+        assert first is not None
+        claim = await store.claim(first, "w1", 30)
+        assert claim is not None
+        assert (await store.commit(claim, [], {}, Wait("approve"))).publish == []
+        info = await store.get_run(first.trace_id)
+        assert info is not None and info.status is RunStatus.WAITING and info.waiting_for == "approve"
+        with pytest.raises(NotWaitingError, match="approve"):
+            await store.resume(first.trace_id, "reject", encode(1))
+        published = await store.resume(first.trace_id, "approve", encode("ok"))
+        resumed = Message(first.trace_id, first.seq + 1, first.key, 0, CONTINUE)
+        assert published == [resumed]
+        with pytest.raises(NotWaitingError):
+            await store.resume(first.trace_id, "approve", encode("twice"))
+        claim2 = await store.claim(resumed, "w1", 30)
+        assert claim2 is not None and decode(claim2.value) == "ok"
+        with pytest.raises(RunNotFoundError):
+            await store.resume("no-such-run", "approve", NONE)
+        await store.close()
 
-        _run(body())
+    @_sync
+    async def test_pending_on_init_is_rerun_after_a_crash(self, make_store: Callable[..., Store]) -> None:
+        store = make_store()
+        new = _new_run()
+        await store.create_run(new)
+        first = new.message
+        assert first is not None
+        claim = await store.claim(first, "w1", 0.1)
+        assert claim is not None
+        await store.commit(claim, [], {}, Wait("approve", init_pending=True))
+        assert await store.claim(first, "w2", 30) is None, "on_init still holds its lease"
+        (redo,) = await until(lambda: _due_for(store, first.trace_id), what="the worker died before on_init")
+        assert redo.attempt == first.attempt + 1
+        again = await store.claim(redo, "w2", 30)
+        assert again is not None and again.init_only
+        assert await store.claim(redo, "w3", 30) is None, "one on_init at a time"
+        await store.init_done(first.trace_id, first.seq)
+        await store.resume(first.trace_id, "approve", NONE)
+        info = await store.get_run(first.trace_id)
+        assert info is not None and info.status is RunStatus.RUNNING
+        await store.close()
 
-    def test_wait_and_resume(self, make_store: Callable[..., Store]) -> None:
-        async def body() -> None:
-            store = make_store()
-            (first,) = await store.create_run(_new_run())
-            claim = await store.claim(first, "w1", 30)
-            assert claim is not None
-            assert await store.commit(claim, [], {}, Wait("approve")) == []
-            info = await store.get_run(first.trace_id)
-            assert info is not None and info.status is RunStatus.WAITING and info.waiting_for == "approve"
-            with pytest.raises(NotWaitingError, match="approve"):
-                await store.resume(first.trace_id, "reject", encode(1))
-            (resumed,) = await store.resume(first.trace_id, "approve", encode("ok"))
-            assert (resumed.seq, resumed.kind, resumed.key) == (first.seq + 1, CONTINUE, first.key)
-            with pytest.raises(NotWaitingError):
-                await store.resume(first.trace_id, "approve", encode("twice"))
-            claim2 = await store.claim(resumed, "w1", 30)
-            assert claim2 is not None and decode(claim2.value) == "ok"
-            with pytest.raises(RunNotFoundError):
-                await store.resume("no-such-run", "approve", NONE)
-            await store.close()
+    @_sync
+    async def test_park_releases_the_step_and_delivers_it_again_later(self, make_store: Callable[..., Store]) -> None:
+        store = make_store()
+        new = _new_run()
+        await store.create_run(new)
+        first = new.message
+        assert first is not None
+        claim = await store.claim(first, "w1", 30)
+        assert claim is not None
+        assert await store.park(claim, "no worker has this pipeline", base=0.1, cap=1) == 1
+        info = await store.get_run(first.trace_id)
+        assert info is not None and info.extra["parked"] == "no worker has this pipeline"
+        assert info.extra["park_count"] == 1
+        (again,) = await until(lambda: _due_for(store, first.trace_id), what="the parked step comes back")
+        assert again.attempt == first.attempt + 1, "a new attempt, which a keyed transport may route elsewhere"
+        claim2 = await store.claim(again, "w2", 30)
+        assert claim2 is not None
+        assert await store.park(claim, "stale claim", base=0.1) == 0, "a claim that lost its lease parks nothing"
+        assert await store.park(claim2, "still none", base=0.1, cap=1) == 2
+        await store.close()
 
-        _run(body())
+    @_sync
+    async def test_wait_many_in_order_and_times_out_naming_how_many(self, make_store: Callable[..., Store]) -> None:
+        store = make_store()
+        a, b = uuid.uuid4().hex, uuid.uuid4().hex
+        await store.create_run(NewRun(a, None, encode(1), None, result=encode("a")))
+        pending = _new_run()
+        await store.create_run(pending)
+        await store.create_run(NewRun(b, None, encode(1), None, result=encode("b")))
+        infos = await store.wait_many([b, a, b], 1)
+        assert [i.result for i in infos] == ["b", "a", "b"]
+        t0 = time.monotonic()
+        with pytest.raises(RunTimeoutError, match="1 of 3 runs did not finish"):
+            await store.wait_many([a, pending.trace_id, b], 0.2)
+        assert time.monotonic() - t0 < 2
+        with pytest.raises(RunTimeoutError, match=f"run '{pending.trace_id}' did not finish"):
+            await store.wait_many([pending.trace_id], 0.1)
+        with pytest.raises(RunNotFoundError):
+            await store.wait_many([a, "no-such-run"], 0.1)
+        assert await store.get_run("no-such-run") is None
+        await store.close()
 
-    def test_pending_on_init_is_rerun_after_a_crash(self, make_store: Callable[..., Store]) -> None:
-        async def body() -> None:
-            store = make_store()
-            (first,) = await store.create_run(_new_run())
-            claim = await store.claim(first, "w1", 0.1)
-            assert claim is not None
-            await store.commit(claim, [], {}, Wait("approve", init_pending=True))
-            assert await store.claim(first, "w2", 30) is None, "on_init still holds its lease"
-            await asyncio.sleep(0.15)  # the worker died before on_init finished
-            due, _ = await store.due(time.time())
-            (redo,) = [m for m in due if m.trace_id == first.trace_id]
-            assert redo.attempt == first.attempt + 1
-            again = await store.claim(redo, "w2", 30)
-            assert again is not None and again.init_only
-            assert await store.claim(redo, "w3", 30) is None, "one on_init at a time"
-            await store.init_done(first.trace_id, first.seq)
-            assert await store.resume(first.trace_id, "approve", NONE)
-            await store.close()
+    @_sync
+    async def test_blobs_are_kept_while_a_live_run_refers_to_them(self, make_store: Callable[..., Store]) -> None:
+        store = make_store(blob_ttl=0.2)
+        blob = {"h:" + "ab" * 32: b"signed flow"}
+        new = _new_run(blobs=blob)
+        await store.create_run(new)
+        (ref,) = blob
+        assert await store.get_blob(ref) == b"signed flow"
+        assert new.message is not None
+        claim = await store.claim(new.message, "w", 30)
+        assert claim is not None and claim.blobs == (ref,)
+        # a write naming a blob the store lacks is refused whole, nothing changed
+        lost = Frames(b"frames:lost", ("h:" + "cd" * 32,))
+        with pytest.raises(BlobsMissingError) as info:
+            await store.commit(claim, [_rec(new.message)], {"k": encode(1)}, _advance(claim, 1, lost))
+        assert info.value.refs == ["h:" + "cd" * 32]
+        assert await store.get_data(new.trace_id) == {}
+        assert (await store.commit(claim, [_rec(new.message)], {}, _advance(claim, 1, _frames("b", blob)))).applied
+        await asyncio.sleep(0.3)
+        await store.due(time.time())
+        assert await store.get_blob(ref) == b"signed flow", "still referenced by the live run"
+        claim2 = await store.claim(Message(new.trace_id, 2, KEYS[2]), "w", 30)
+        assert claim2 is not None
+        await store.commit(claim2, [], {}, Finish(encode(2)))
 
-        _run(body())
+        async def gone() -> bool:
+            await store.due(time.time())
+            return await store.get_blob(ref) is None
+
+        await until(gone, what="an unreferenced blob expires after the blob TTL")
+        await store.close()
 
     def _fork(self, store: Store, kind: str, n: int) -> Coroutine[Any, Any, tuple[Message, list[Message]]]:
         async def body() -> tuple[Message, list[Message]]:
-            (first,) = await store.create_run(_new_run(data={"base": 1}))
+            new = _new_run(data={"base": 1})
+            await store.create_run(new)
+            first = new.message
+            assert first is not None
             claim = await store.claim(first, "w1", 30)
             assert claim is not None
-            chain = contract_chain()
             join = Message(first.trace_id, first.seq + 1, first.key, 0, JOIN)
             children = []
             for i in range(n):
-                t = f"{first.trace_id}.{first.seq}-{i}"
-                frames = (Frame(chain, 1, f">a[{i}]>b"),)
-                children.append(
-                    NewRun(t, frames, encode(i), Message(t, 0, frames[0].key), data=dict(claim.data),
-                           parent=Parent(first.trace_id, join.seq, i))
-                )
-            out = await store.commit(claim, [], {}, Fork(kind, children, join))  # type: ignore[arg-type]
-            assert out is not None and sorted(m.trace_id for m in out) == sorted(c.trace_id for c in children)
+                t = f"{first.trace_id}/{first.seq}-{i}"
+                children.append(NewRun(t, _frames(f"branch-{i}"), encode(i), Message(t, 0, f"{KEYS[1]}[{i}]"),
+                                       data=dict(claim.data), parent=Parent(first.trace_id, join.seq, i)))
+            done = await store.commit(claim, [], {}, Fork(kind, children, join))  # type: ignore[arg-type]
+            assert done.applied
+            assert sorted(m.trace_id for m in done.publish) == sorted(c.trace_id for c in children)
             info = await store.get_run(first.trace_id)
             assert info is not None and info.status is RunStatus.WAITING
-            return join, out
+            return join, [c.message for c in children if c.message is not None]
 
         return body()
 
@@ -396,120 +481,219 @@ class StoreContract:
         assert claim is not None
         assert decode(claim.data["base"]) == 1, "a branch starts with a copy of the parent's data"
         outcome = Finish(encode(value)) if ok else Fail({"type": "ValueError", "message": str(value)})
-        return await store.commit(claim, [], {f"k{value}": encode(value)}, outcome)
+        done = await store.commit(claim, [], {f"k{value}": encode(value)}, outcome)
+        return done.publish if done.applied else None
 
-    def test_zip_join_counts_each_branch_once(self, make_store: Callable[..., Store]) -> None:
-        async def body() -> None:
-            store = make_store()
-            join, children = await self._fork(store, "zip", 3)
-            children.sort(key=lambda m: m.trace_id)
-            assert await self._finish_child(store, children[0], 10) == []
-            assert await store.claim(children[0], "w", 30) is None, "a finished branch can't deliver again"
-            assert await self._finish_child(store, children[2], 30) == []
-            out = await self._finish_child(store, children[1], 20)
-            assert out == [join]
-            claim = await store.claim(join, "w", 30)
-            assert claim is not None and claim.branches is not None
-            got = sorted((b.index, decode(b.value)) for b in claim.branches)  # type: ignore[arg-type]
-            assert got == [(0, 10), (1, 20), (2, 30)]
-            assert all(b.ok for b in claim.branches)
-            assert {k for b in claim.branches for k in b.changes} == {"k10", "k20", "k30"}
-            await store.close()
+    def _joined(self, store: Store, published: list[Message] | None, join: Message) -> bool:
+        return published == [join]
 
-        _run(body())
+    @_sync
+    async def test_zip_join_counts_each_branch_once(self, make_store: Callable[..., Store]) -> None:
+        store = make_store()
+        join, children = await self._fork(store, "zip", 3)
+        assert await self._finish_child(store, children[0], 10) == []
+        assert await store.claim(children[0], "w", 30) is None, "a finished branch can't deliver again"
+        assert await self._finish_child(store, children[2], 30) == []
+        assert self._joined(store, await self._finish_child(store, children[1], 20), join)
+        claim = await store.claim(join, "w", 30)
+        assert claim is not None and claim.branches is not None
+        got = sorted((b.index, decode(b.value)) for b in claim.branches)  # type: ignore[arg-type]
+        assert got == [(0, 10), (1, 20), (2, 30)]
+        assert all(b.ok for b in claim.branches)
+        assert {k for b in claim.branches for k in b.changes} == {"k10", "k20", "k30"}
+        await store.close()
 
-    def test_zip_join_closes_on_first_failure(self, make_store: Callable[..., Store]) -> None:
-        async def body() -> None:
-            store = make_store()
-            join, children = await self._fork(store, "zip", 3)
-            children.sort(key=lambda m: m.trace_id)
-            assert await self._finish_child(store, children[1], "bad", ok=False) == [join]
-            assert await store.claim(children[0], "w", 30) is None, "the other branches are cancelled"
-            claim = await store.claim(join, "w", 30)
-            assert claim is not None and claim.branches is not None
-            assert [(b.index, b.ok) for b in claim.branches] == [(1, False)]
-            assert claim.branches[0].error == {"type": "ValueError", "message": "bad"}
-            await store.close()
+    @_sync
+    async def test_zip_join_closes_on_first_failure(self, make_store: Callable[..., Store]) -> None:
+        store = make_store()
+        join, children = await self._fork(store, "zip", 3)
+        assert self._joined(store, await self._finish_child(store, children[1], "bad", ok=False), join)
+        assert await store.claim(children[0], "w", 30) is None, "the other branches are cancelled"
+        claim = await store.claim(join, "w", 30)
+        assert claim is not None and claim.branches is not None
+        assert [(b.index, b.ok) for b in claim.branches] == [(1, False)]
+        assert claim.branches[0].error == {"type": "ValueError", "message": "bad"}
+        await store.close()
 
-        _run(body())
+    @_sync
+    async def test_any_join_takes_first_success(self, make_store: Callable[..., Store]) -> None:
+        store = make_store()
+        join, children = await self._fork(store, "any", 3)
+        assert await self._finish_child(store, children[0], "x", ok=False) == []
+        assert self._joined(store, await self._finish_child(store, children[2], 7), join)
+        assert await store.claim(children[1], "w", 30) is None, "the losers are cancelled"
+        claim = await store.claim(join, "w", 30)
+        assert claim is not None and claim.branches is not None
+        assert [(b.index, b.ok) for b in claim.branches] == [(0, False), (2, True)]
+        await store.close()
 
-    def test_any_join_takes_first_success(self, make_store: Callable[..., Store]) -> None:
-        async def body() -> None:
-            store = make_store()
-            join, children = await self._fork(store, "any", 3)
-            children.sort(key=lambda m: m.trace_id)
-            assert await self._finish_child(store, children[0], "x", ok=False) == []
-            assert await self._finish_child(store, children[2], 7) == [join]
-            assert await store.claim(children[1], "w", 30) is None, "the losers are cancelled"
-            claim = await store.claim(join, "w", 30)
-            assert claim is not None and claim.branches is not None
-            assert [(b.index, b.ok) for b in claim.branches] == [(0, False), (2, True)]
-            await store.close()
+    @_sync
+    async def test_closing_a_join_cancels_the_other_branches(self, make_store: Callable[..., Store]) -> None:
+        store = make_store()
+        join, children = await self._fork(store, "any", 3)
+        running = await store.claim(children[1], "w", 30)  # a branch in the middle of a step
+        assert running is not None
+        assert self._joined(store, await self._finish_child(store, children[0], 1), join)
+        for loser in children[1:]:
+            info = await store.get_run(loser.trace_id)
+            assert info is not None and info.status is RunStatus.FAILED
+            assert info.error is not None and info.error["type"] == "dflow.Cancelled"
+        assert await store.claim(children[2], "w", 30) is None, "a cancelled branch takes no step"
+        assert not (await store.commit(running, [], {}, Finish(encode(2)))).applied, "nor commits one"
+        await store.close()
 
-        _run(body())
+    @_sync
+    async def test_finished_runs_expire(self, make_store: Callable[..., Store]) -> None:
+        store = make_store(ttl=0.1)
+        new = _new_run()
+        await store.create_run(new)
+        assert new.message is not None
+        claim = await store.claim(new.message, "w", 30)
+        assert claim is not None
+        await store.commit(claim, [_rec(new.message)], {"k": encode(1)}, Finish(encode(1)))
+        assert await store.get_run(new.trace_id) is not None
 
-    def test_closing_a_join_cancels_the_other_branches(self, make_store: Callable[..., Store]) -> None:
-        async def body() -> None:
-            store = make_store()
-            join, children = await self._fork(store, "any", 3)
-            children.sort(key=lambda m: m.trace_id)
-            running = await store.claim(children[1], "w", 30)  # a branch in the middle of a step
-            assert running is not None
-            assert await self._finish_child(store, children[0], 1) == [join]
-            for loser in children[1:]:
-                info = await store.get_run(loser.trace_id)
-                assert info is not None and info.status is RunStatus.FAILED
-                assert info.error is not None and info.error["type"] == "dflow.Cancelled"
-            assert await store.claim(children[2], "w", 30) is None, "a cancelled branch takes no step"
-            assert await store.commit(running, [], {}, Finish(encode(2))) is None, "nor commits one"
-            await store.close()
-
-        _run(body())
-
-    def test_wait_finished_times_out_and_unknown_runs_raise(self, make_store: Callable[..., Store]) -> None:
-        async def body() -> None:
-            store = make_store()
-            (first,) = await store.create_run(_new_run())
-            t0 = time.monotonic()
-            with pytest.raises(RunTimeoutError):
-                await store.wait_finished(first.trace_id, 0.1)
-            assert time.monotonic() - t0 < 2
-            with pytest.raises(RunNotFoundError):
-                await store.wait_finished("no-such-run", 0.1)
-            assert await store.get_run("no-such-run") is None
-            await store.close()
-
-        _run(body())
-
-    def test_finished_runs_expire(self, make_store: Callable[..., Store]) -> None:
-        async def body() -> None:
-            store = make_store(ttl=0.1)
-            new = _new_run()
-            (first,) = await store.create_run(new)
-            claim = await store.claim(first, "w", 30)
-            assert claim is not None
-            await store.commit(claim, [_rec(first)], {"k": encode(1)}, Finish(encode(1)))
-            assert await store.get_run(new.trace_id) is not None
-            await asyncio.sleep(0.2)
+        async def gone() -> bool:
             await store.due(time.time())
-            assert await store.get_run(new.trace_id) is None
-            assert await store.get_steps(new.trace_id) == []
-            await store.close()
+            return await store.get_run(new.trace_id) is None
 
-        _run(body())
+        await until(gone, what="the finished run expires")
+        assert await store.get_steps(new.trace_id) == []
+        assert new.trace_id not in [i.trace_id for i in await store.list_runs(100)]
+        await store.close()
 
-    def test_list_runs_newest_first(self, make_store: Callable[..., Store]) -> None:
-        async def body() -> None:
-            store = make_store()
-            a, b = _new_run(), _new_run()
-            await store.create_run(a)
-            await asyncio.sleep(0.01)
-            await store.create_run(b)
-            ids = [i.trace_id for i in await store.list_runs(10)]
-            assert ids.index(b.trace_id) < ids.index(a.trace_id)
-            await store.close()
+    @_sync
+    async def test_list_runs_newest_first(self, make_store: Callable[..., Store]) -> None:
+        store = make_store()
+        a, b = _new_run(), _new_run()
+        await store.create_run(a)
+        await asyncio.sleep(0.01)
+        await store.create_run(b)
+        ids = [i.trace_id for i in await store.list_runs(10)]
+        assert ids.index(b.trace_id) < ids.index(a.trace_id)
+        await store.close()
 
-        _run(body())
+
+class FusedStoreContract:
+    """What a fused ``Store`` (one that writes step messages to its transport itself)
+    must do. Needs the fixture ``make_fused(**options) -> (Store, Transport)``."""
+
+    @pytest.fixture
+    def make_fused(self) -> Callable[..., tuple[Store, Transport]]:  # pragma: no cover - by subclasses
+        raise NotImplementedError
+
+    @_sync
+    async def test_commit_dispatches_acknowledges_and_takes_the_next_step(
+        self, make_fused: Callable[..., tuple[Store, Transport]]
+    ) -> None:
+        store, transport = make_fused()
+        assert store.fused
+        new = _new_run(value=5)
+        assert await store.create_run(new) == [], "the store put the message on its transport"
+        (d,) = await transport.receive(1, timeout=5)
+        assert Message.decode(d.body) == new.message
+        claim = await store.claim(new.message, "w", 30)  # type: ignore[arg-type]
+        assert claim is not None
+        done = await store.commit(claim, [_rec(claim.message, 6)], {}, _advance(claim, 6), receipt=d.tag,
+                                  take_lease=30)
+        assert done.applied and done.publish == [] and done.acknowledged
+        assert done.taken is not None and done.taken.claim is not None, "the next step, taken in the same write"
+        claim2 = done.taken.claim
+        assert claim2.message == Message(new.trace_id, 2, KEYS[2]) and decode(claim2.value) == 6
+        assert await store.claim(claim2.message, "w2", 30) is None, "it is leased to us"
+        done2 = await store.commit(claim2, [], {}, Finish(encode(7)), receipt=done.taken.tag, take_lease=30)
+        assert done2.applied and done2.acknowledged and done2.taken is None
+        assert await transport.receive(1, timeout=0.3) == [], "both deliveries were acknowledged"
+        await transport.close()
+        await store.close()
+
+    @_sync
+    async def test_take_drops_stale_messages_and_hands_back_what_is_no_step(
+        self, make_fused: Callable[..., tuple[Store, Transport]]
+    ) -> None:
+        store, transport = make_fused()
+        a, b = _new_run("run-a"), _new_run("run-b")
+        await store.create_run(a)
+        await store.create_run(b)
+        da, db = await _receive(transport, 2)
+        ca = await store.claim(Message.decode(da.body), "w", 30)
+        cb = await store.claim(Message.decode(db.body), "w", 30)
+        assert ca is not None and cb is not None
+        await transport.publish(db.body, "run-b")  # b's message again: b is leased, so it is stale
+        odd = [body for _, body in MALFORMED_MESSAGES[:6]] + [Message("run-a", 1, KEYS[1], 0, CONTINUE).encode()]
+        for body in odd:  # no step messages, or a forged kind: handed back to be dead-lettered
+            await transport.publish(body, "x")
+        seen = []
+        claim = ca
+        for _ in odd:
+            done = await store.commit(claim, [], {}, Finish(encode(1)), take_lease=30)
+            assert done.taken is not None and done.taken.claim is None
+            seen.append(done.taken.body)
+            nxt = _new_run()
+            await store.create_run(nxt)
+            claim = await store.claim(nxt.message, "w", 30)  # type: ignore[arg-type]
+            assert claim is not None
+        assert seen == odd, "the stale copy was dropped, the rest handed over in order"
+        await transport.close()
+        await store.close()
+
+    @_sync
+    async def test_an_expired_lease_goes_onto_the_transport_as_the_next_attempt(
+        self, make_fused: Callable[..., tuple[Store, Transport]]
+    ) -> None:
+        store, transport = make_fused()
+        new = _new_run()
+        await store.create_run(new)
+        (d,) = await _receive(transport, 1)
+        stale = await store.claim(Message.decode(d.body), "dead-worker", 0.05)
+        assert stale is not None
+        await transport.ack(d)
+        await asyncio.sleep(0.1)
+        assert (await store.due(time.time()))[0] == []
+        (d2,) = await _receive(transport, 1)
+        again = Message.decode(d2.body)
+        assert (again.trace_id, again.attempt) == (new.trace_id, 1)
+        fresh = await store.claim(again, "w2", 30)
+        assert fresh is not None
+        assert not (await store.commit(stale, [], {}, Finish(encode(1)))).applied
+        assert (await store.commit(fresh, [], {}, Finish(encode(1)), receipt=d2.tag)).acknowledged
+        await transport.close()
+        await store.close()
+
+    @_sync
+    async def test_timers_and_resumes_go_onto_the_transport(
+        self, make_fused: Callable[..., tuple[Store, Transport]]
+    ) -> None:
+        store, transport = make_fused()
+        new = _new_run()
+        await store.create_run(new)
+        (d,) = await _receive(transport, 1)
+        claim = await store.claim(Message.decode(d.body), "w", 30)
+        assert claim is not None
+        await store.commit(claim, [], {}, Wait("approve"), receipt=d.tag)
+        assert await store.resume(new.trace_id, "approve", encode("yes")) == []
+        (d2,) = await _receive(transport, 1)
+        assert Message.decode(d2.body) == Message(new.trace_id, 2, KEYS[1], 0, CONTINUE)
+        claim2 = await store.claim(Message.decode(d2.body), "w", 30)
+        assert claim2 is not None
+        wake = Message(new.trace_id, 3, KEYS[1], 0, CONTINUE)
+        await store.commit(claim2, [], {}, Advance(None, encode(1), wake, at=time.time() + 0.1), receipt=d2.tag)
+        await asyncio.sleep(0.15)
+        messages, _ = await store.due(time.time())
+        assert messages == [], "a fused store publishes what is due itself"
+        (d3,) = await _receive(transport, 1)
+        assert Message.decode(d3.body) == wake
+        await transport.close()
+        await store.close()
+
+
+async def _receive(transport: Transport, n: int, timeout: float = 5.0) -> list[Delivery]:
+    got: list[Delivery] = []
+    deadline = time.monotonic() + timeout
+    while len(got) < n:
+        assert time.monotonic() < deadline, f"received {len(got)} of {n} messages"
+        got += await transport.receive(n - len(got), timeout=0.2)
+    return got
 
 
 class TransportContract:
@@ -548,90 +732,75 @@ class TransportContract:
                 await t.ack(d)
         return got
 
-    def test_publish_receive_ack(self, make_transports: Callable[..., list[Transport]]) -> None:
-        async def body() -> None:
-            (t,) = make_transports(1)
-            await t.publish(b"hello", "k")
-            (d,) = await t.receive(1, timeout=15)
-            assert d.body == b"hello"
-            await t.ack(d)
-            assert await t.receive(1, timeout=0.3) == [], "an acked message is not delivered again"
-            await t.close()
+    @_sync
+    async def test_publish_receive_ack(self, make_transports: Callable[..., list[Transport]]) -> None:
+        (t,) = make_transports(1)
+        await t.publish(b"hello", "k")
+        (d,) = await t.receive(1, timeout=15)
+        assert d.body == b"hello"
+        await t.ack(d)
+        assert await t.receive(1, timeout=0.3) == [], "an acked message is not delivered again"
+        await t.close()
 
-        _run(body())
+    @_sync
+    async def test_receive_times_out_empty(self, make_transports: Callable[..., list[Transport]]) -> None:
+        (t,) = make_transports(1)
+        t0 = time.monotonic()
+        assert await t.receive(1, timeout=0.3) == []
+        assert 0.2 <= time.monotonic() - t0 < 3
+        await t.close()
 
-    def test_receive_times_out_empty(self, make_transports: Callable[..., list[Transport]]) -> None:
-        async def body() -> None:
-            (t,) = make_transports(1)
-            t0 = time.monotonic()
-            assert await t.receive(1, timeout=0.3) == []
-            assert 0.2 <= time.monotonic() - t0 < 3
-            await t.close()
+    @_sync
+    async def test_nack_redelivers(self, make_transports: Callable[..., list[Transport]]) -> None:
+        (t,) = make_transports(1)
+        await t.publish(b"again", "k")
+        (d,) = await t.receive(1, timeout=5)
+        await t.nack(d)
+        assert await self._drain(t, 1) == [b"again"]
+        await t.close()
 
-        _run(body())
-
-    def test_nack_redelivers(self, make_transports: Callable[..., list[Transport]]) -> None:
-        async def body() -> None:
-            (t,) = make_transports(1)
-            await t.publish(b"again", "k")
-            (d,) = await t.receive(1, timeout=5)
-            await t.nack(d)
-            assert await self._drain(t, 1) == [b"again"]
-            await t.close()
-
-        _run(body())
-
-    def test_unacked_message_of_a_gone_consumer_is_redelivered(
+    @_sync
+    async def test_unacked_message_of_a_gone_consumer_is_redelivered(
         self, make_transports: Callable[..., list[Transport]], crash: Callable[[Transport], Any]
     ) -> None:
-        async def body() -> None:
-            dead, alive = make_transports(2, redeliver_after=0.3)
-            await dead.publish(b"orphan", "k")
-            got = await dead.receive(1, timeout=15)
-            assert [d.body for d in got] == [b"orphan"]
-            await crash(dead)  # it never acks and never closes
-            assert await self._drain(alive, 1, timeout=20) == [b"orphan"]
-            await alive.close()
-            await dead.close()  # only now, to release its connection
+        dead, alive = make_transports(2, redeliver_after=0.3)
+        await dead.publish(b"orphan", "k")
+        got = await dead.receive(1, timeout=15)
+        assert [d.body for d in got] == [b"orphan"]
+        await crash(dead)  # it never acks and never closes
+        assert await self._drain(alive, 1, timeout=20) == [b"orphan"]
+        await alive.close()
+        await dead.close()  # only now, to release its connection
 
-        _run(body())
+    @_sync
+    async def test_order_kept_per_key(self, make_transports: Callable[..., list[Transport]]) -> None:
+        (t,) = make_transports(1)
+        bodies = [str(i).encode() for i in range(100)]
+        for b in bodies:
+            await t.publish(b, "same-trace")
+        assert await self._drain(t, 100) == bodies
+        await t.close()
 
-    def test_order_kept_per_key(self, make_transports: Callable[..., list[Transport]]) -> None:
-        async def body() -> None:
-            (t,) = make_transports(1)
-            bodies = [str(i).encode() for i in range(100)]
-            for b in bodies:
-                await t.publish(b, "same-trace")
-            assert await self._drain(t, 100) == bodies
-            await t.close()
+    @_sync
+    async def test_competing_consumers_each_message_once(self, make_transports: Callable[..., list[Transport]]) -> None:
+        a, b = make_transports(2)
+        bodies = {f"m{i}".encode() for i in range(200)}
+        await a.publish_many([(x, x.decode()) for x in bodies])
+        got: list[bytes] = []
+        await asyncio.gather(self._drain(a, 200, 15, got), self._drain(b, 200, 15, got))
+        await asyncio.sleep(0.3)
+        got += [d.body for t in (a, b) for d in await t.receive(16, timeout=0.1)]
+        assert set(got) == bodies, "every message delivered"
+        if self.exactly_once_delivery:
+            assert len(got) == len(bodies), "and delivered once"
+        await a.close()
+        await b.close()
 
-        _run(body())
-
-    def test_competing_consumers_each_message_once(self, make_transports: Callable[..., list[Transport]]) -> None:
-        async def body() -> None:
-            a, b = make_transports(2)
-            bodies = {f"m{i}".encode() for i in range(200)}
-            await a.publish_many([(x, x.decode()) for x in bodies])
-            got: list[bytes] = []
-            await asyncio.gather(self._drain(a, 200, 15, got), self._drain(b, 200, 15, got))
-            await asyncio.sleep(0.3)
-            got += [d.body for t in (a, b) for d in await t.receive(16, timeout=0.1)]
-            assert set(got) == bodies, "every message delivered"
-            if self.exactly_once_delivery:
-                assert len(got) == len(bodies), "and delivered once"
-            await a.close()
-            await b.close()
-
-        _run(body())
-
-    def test_dead_letter_is_not_redelivered(self, make_transports: Callable[..., list[Transport]]) -> None:
-        async def body() -> None:
-            (t,) = make_transports(1, redeliver_after=0.2)
-            await t.publish(b"\xff garbage", "k")
-            (d,) = await t.receive(1, timeout=5)
-            await t.dead_letter(d, "not a step message")
-            assert await self._drain(t, 1, timeout=0.6) == []
-            await t.close()
-
-        _run(body())
-
+    @_sync
+    async def test_dead_letter_is_not_redelivered(self, make_transports: Callable[..., list[Transport]]) -> None:
+        (t,) = make_transports(1, redeliver_after=0.2)
+        await t.publish(b"\xff garbage", "k")
+        (d,) = await t.receive(1, timeout=5)
+        await t.dead_letter(d, "not a step message")
+        assert await self._drain(t, 1, timeout=0.6) == []
+        await t.close()

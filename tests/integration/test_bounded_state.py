@@ -16,7 +16,6 @@ import redis
 
 import dflow
 from dflow import ContextStack, DFlow
-from dflow._urls import store_from_url, transport_from_url
 
 from .conftest import SECRET
 
@@ -36,7 +35,7 @@ def waits_for_approval(ctx: ContextStack, n: int) -> DFlow[Any]:
 def runtime(redis_url: str, prefix: str, request: pytest.FixtureRequest) -> Iterator[redis.Redis]:
     ttl = getattr(request, "param", 1)
     store = f"{redis_url}?prefix={prefix}&ttl={ttl}&blob_ttl=1"
-    dflow.configure(transport_from_url(f"{redis_url}?stream={prefix}:steps"), store_from_url(store, secret=SECRET),
+    dflow.configure(f"{redis_url}?stream={prefix}:steps", store, secret=SECRET,
                     concurrency=32, poll_interval=0.02)
     r = redis.Redis.from_url(redis_url)
     yield r

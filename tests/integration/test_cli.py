@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 
 import dflow
 from dflow import DFlow
-from dflow._urls import store_from_url, transport_from_url
 
 from .conftest import SECRET
 
@@ -45,7 +43,7 @@ def test_worker_needs_urls_and_a_secret() -> None:
 def test_inspect_and_ls(redis_url: str, prefix: str) -> None:
     store_url = f"{redis_url}?prefix={prefix}"
     transport_url = f"{redis_url}?stream={prefix}:steps"
-    runtime = dflow.configure(transport_from_url(transport_url), store_from_url(store_url, secret=SECRET))
+    dflow.configure(transport_url, store_url, secret=SECRET)
     try:
         run = DFlow.direct_run(3, lambda x: DFlow.just(x).map(lambda v: v * 7).id("times-seven"))
         assert run.result(10) == 21

@@ -9,16 +9,26 @@ import pytest
 
 from adapters.redis import RedisStore, RedisStreamsTransport
 from dflow import Store, Transport
-from dflow.testing import StoreContract, TransportContract
-
-from .conftest import SECRET
+from dflow.testing import FusedStoreContract, StoreContract, TransportContract
 
 
 class TestRedisStore(StoreContract):
     @pytest.fixture
     def make_store(self, redis_url: str, prefix: str) -> Callable[..., Store]:
         def make(**opts: Any) -> Store:
-            return RedisStore(redis_url, prefix=prefix, secret=SECRET, **opts)
+            return RedisStore(redis_url, prefix=prefix, **opts)
+
+        return make
+
+
+class TestFusedRedisStore(FusedStoreContract):
+    """The store writing step messages to a stream on its own Redis: one script a step."""
+
+    @pytest.fixture
+    def make_fused(self, redis_url: str, prefix: str) -> Callable[..., tuple[Store, Transport]]:
+        def make(**opts: Any) -> tuple[Store, Transport]:
+            transport = RedisStreamsTransport(redis_url, stream=f"{prefix}:steps", consumer="c1", redeliver_after=60)
+            return RedisStore(redis_url, prefix=prefix, transport=transport, **opts), transport
 
         return make
 

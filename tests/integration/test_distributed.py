@@ -19,7 +19,7 @@ import redis
 
 import dflow
 from dflow import DFlow, RunStatus, StepStatus
-from dflow._urls import store_from_url, transport_from_url
+from dflow._urls import transport_from_url
 
 from . import flows
 from .conftest import SECRET, kafka_test_settings
@@ -39,8 +39,7 @@ class Cluster:
         self.env = {"DFLOW_SECRET": SECRET, "DFLOW_TEST_REDIS": redis_url, "DFLOW_TEST_PREFIX": prefix}
         self.workers = Workers("tests.integration.flows", transport_url, self.store_url, self.env)
         self.r = redis.Redis.from_url(redis_url)
-        self.runtime = dflow.configure(
-            transport_from_url(transport_url), store_from_url(self.store_url, secret=SECRET), consume=False
+        self.runtime = dflow.configure(transport_url, self.store_url, secret=SECRET, consume=False
         )
         self._stop = threading.Event()
         self._approver: threading.Thread | None = None

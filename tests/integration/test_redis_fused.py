@@ -1,6 +1,6 @@
-"""The Redis store dispatching onto a Redis stream inside its own scripts (``dispatch_via``):
-the next step is added in the commit, the delivery acknowledged there, and the worker's
-next step claimed in the same round trip. Also: waking waiters, and lease bookkeeping."""
+"""The Redis store writing to a Redis stream inside its own scripts (fused), beyond the
+contract suite: the commit script reads messages by the rules of ``Message.decode``; which
+streams can be fused; waking waiters; lease bookkeeping; fairness of taken steps."""
 
 from __future__ import annotations
 
@@ -17,13 +17,14 @@ import redis
 import dflow
 from adapters.redis import RedisStore, RedisStreamsTransport
 from adapters.redis._errors import connect
+from adapters.redis._store import fusable
 from dflow import DFlow
-from dflow._codec import Message, decode, encode
-from dflow._urls import store_from_url, transport_from_url
-from dflow.testing import MALFORMED_MESSAGES
+from dflow._codec import Message, encode
+from dflow._model import Frame
+from dflow._urls import store_from_url
 from dflow.context import RunStatus, StepStatus
-from dflow.store import Finish
-from dflow.testing.conformance import _advance as advance
+from dflow.store import Finish, wait_finished
+from dflow.testing import MALFORMED_MESSAGES
 from dflow.testing.conformance import _new_run as new_run
 from dflow.testing.conformance import _rec as record
 
@@ -35,16 +36,14 @@ def run(coro: Coroutine[Any, Any, Any]) -> Any:
 
 
 def make(redis_url: str, prefix: str, consumer: str = "c1") -> tuple[RedisStore, RedisStreamsTransport]:
-    store = RedisStore(redis_url, prefix=prefix, secret=SECRET)
     transport = RedisStreamsTransport(redis_url, stream=f"{prefix}:steps", consumer=consumer, redeliver_after=60)
-    return store, transport
+    return RedisStore(redis_url, prefix=prefix, transport=transport), transport
 
 
 @contextlib.asynccontextmanager
 async def fused(redis_url: str, prefix: str) -> AsyncIterator[tuple[RedisStore, RedisStreamsTransport]]:
-    """A store dispatching onto its stream, closed afterwards."""
+    """A store writing to its stream, closed afterwards."""
     store, transport = make(redis_url, prefix)
-    assert store.dispatch_via(transport)
     try:
         yield store, transport
     finally:
@@ -54,57 +53,28 @@ async def fused(redis_url: str, prefix: str) -> AsyncIterator[tuple[RedisStore, 
 
 def test_only_a_stream_on_the_same_server_and_db_is_fused(redis_url: str, prefix: str) -> None:
     async def body() -> None:
-        store, transport = make(redis_url, prefix)
         other_db = RedisStreamsTransport(redis_url.rsplit("/", 1)[0] + "/15", stream=f"{prefix}:steps")
+        same = RedisStreamsTransport(redis_url, stream=f"{prefix}:steps")
         try:
-            assert not store.dispatch_via(other_db)
-            assert store.dispatch_via(transport)
+            with pytest.raises(dflow.ConfigurationError, match="only to a stream on its own server and database"):
+                RedisStore(redis_url, prefix=prefix, transport=other_db)
+            assert not fusable(redis_url, other_db) and fusable(redis_url, same)
+            assert not store_from_url(f"{redis_url}?prefix={prefix}", transport=other_db).fused
+            store = store_from_url(f"{redis_url}?prefix={prefix}", transport=same)
+            assert store.fused
+            await store.close()
         finally:
             await other_db.close()
-            await transport.close()
-            await store.close()
+            await same.close()
 
     run(body())
 
 
-def test_commit_dispatches_acknowledges_and_takes_the_next_step(redis_url: str, prefix: str) -> None:
-    r = redis.Redis.from_url(redis_url)
-    stream = f"{prefix}:steps"
-
-    async def body() -> None:
-        async with fused(redis_url, prefix) as (store, transport):
-            new = new_run("t1", value=5)
-            assert await store.create_run(new) == [], "the script put the message on the stream"
-            assert await store.get_run("t1") is not None
-            (d,) = await transport.receive(1, timeout=2)
-            first = Message.decode(d.body)
-            assert first == new.message
-            claim = await store.claim(first, "w", 30)
-            assert claim is not None
-            claim.receipt = d.tag
-            out, taken = await store.commit_and_take(claim, [record(first, 6)], {}, advance(claim, 6), 30)
-            assert out == [] and claim.receipt is None, "the delivery was acknowledged by the commit"
-            assert taken is not None
-            d2, claim2 = taken
-            assert claim2 is not None and claim2.message == Message("t1", 2, claim.frames[0].chain.keys[2])
-            assert decode(claim2.value) == 6
-            assert r.xlen(stream) == 1, "the first message is gone, the taken one is pending"
-            pending = r.xpending(stream, "dflow-workers")
-            assert pending["pending"] == 1 and pending["min"] == d2.tag
-            # A second claim of the taken step is refused: it is leased to us.
-            assert await store.claim(claim2.message, "w2", 30) is None
-            claim2.receipt = d2.tag
-            out, taken = await store.commit_and_take(claim2, [record(claim2.message, 7)], {}, Finish(encode(7)), 30)
-            assert out == [] and taken is None
-            assert r.xlen(stream) == 0 and r.xpending(stream, "dflow-workers")["pending"] == 0
-            info = await store.get_run("t1")
-            assert info is not None and info.status is RunStatus.DONE and decode(info.raw_result) == 7
-
-    run(body())
-    r.close()
-
-
-def test_take_drops_stale_messages_and_hands_back_garbage(redis_url: str, prefix: str) -> None:
+def test_take_hands_back_every_malformed_message_by_the_rules_of_message_decode(
+    redis_url: str, prefix: str
+) -> None:
+    """The commit script reads the worker's next step itself: it must refuse exactly what
+    ``Message.decode`` refuses (one table, both paths)."""
     r = redis.Redis.from_url(redis_url)
     stream = f"{prefix}:steps"
 
@@ -116,65 +86,32 @@ def test_take_drops_stale_messages_and_hands_back_garbage(redis_url: str, prefix
             ca = await store.claim(Message.decode(da.body), "w", 30)
             cb = await store.claim(Message.decode(db.body), "w", 30)
             assert ca is not None and cb is not None
-            # b's message again (a duplicate: b is leased), then a message that is no step at all
-            r.xadd(stream, {b"m": db.body})
-            # then what is no step message at all, or only nearly one: the worker dead-letters them,
-            # by the rules Message.decode applies (the same table); a float copy of b's live
-            # message is one of them, never a claim of b
+            # a float copy of b's live message is one of them, never a claim of b
             b_msg = Message.decode(db.body)
             as_float = msgpack.packb([b_msg.trace_id, float(b_msg.seq), b_msg.key, b_msg.attempt, b_msg.kind])
             odd = [body for _, body in MALFORMED_MESSAGES] + [as_float]
             for body in odd:
                 r.xadd(stream, {b"m": body})
-            # a well-formed message of no run is stale: dropped, not handed over
-            r.xadd(stream, {b"m": Message("no-such-run", 1, "k").encode()})
+            r.xadd(stream, {b"m": Message("no-such-run", 1, "k").encode()})  # well-formed, stale: dropped
             seen = []
             claim = ca
-            claim.receipt = da.tag
             for _ in odd:
-                out, taken = await store.commit_and_take(claim, [record(claim.message, 1)], {}, Finish(encode(1)), 30)
-                assert taken is not None
-                d, none = taken
-                assert none is None
-                seen.append(d.body)
+                done = await store.commit(claim, [record(claim.message, 1)], {}, Finish(encode(1)), take_lease=30)
+                assert done.taken is not None and done.taken.claim is None
+                seen.append(done.taken.body)
                 nxt = new_run(f"next-{len(seen)}")  # another step to commit, to take again
                 await store.create_run(nxt)
-                claim = await store.claim(nxt.message, "w", 30)  # (its message stays queued)
+                claim = await store.claim(nxt.message, "w", 30)  # type: ignore[arg-type]
+                assert claim is not None
             assert seen == odd
             for body in odd:
                 with pytest.raises(dflow.SerializationError, match="not a dflow step message"):
                     Message.decode(body)
-            pending = r.xpending_range(stream, "dflow-workers", "-", "+", 100)
-            assert [p["message_id"] for p in pending][0] == db.tag
-            assert len(pending) == 1 + len(odd), "the duplicate was dropped, the odd ones handed over"
-            # the stale message is dropped (as are the messages of the runs leased by us)
-            out, taken = await store.commit_and_take(claim, [record(claim.message, 1)], {}, Finish(encode(1)), 30)
-            assert taken is None
+            done = await store.commit(claim, [record(claim.message, 1)], {}, Finish(encode(1)), take_lease=30)
+            assert done.taken is None
             bodies = [f[b"m"] for _, f in r.xrange(stream)]
-            assert Message("no-such-run", 1, "k").encode() not in bodies
-
-    run(body())
-    r.close()
-
-
-def test_a_float_copy_of_a_step_message_does_not_claim_its_step(redis_url: str, prefix: str) -> None:
-    r = redis.Redis.from_url(redis_url)
-    stream = f"{prefix}:steps"
-
-    async def body() -> None:
-        plain = RedisStore(redis_url, prefix=prefix, secret=SECRET)  # its messages stay with the caller
-        async with fused(redis_url, prefix) as (store, transport):
-            (real,) = await plain.create_run(new_run("c"))
-            await store.create_run(new_run("d"))
-            (dd,) = await transport.receive(1, timeout=2)
-            r.xadd(stream, {b"m": msgpack.packb([real.trace_id, float(real.seq), real.key, real.attempt, 0])})
-            cd = await store.claim(Message.decode(dd.body), "w", 30)
-            assert cd is not None
-            cd.receipt = dd.tag
-            out, taken = await store.commit_and_take(cd, [record(cd.message, 1)], {}, Finish(encode(1)), 30)
-            assert taken is not None and taken[1] is None, "handed back to be dead-lettered"
-            assert await store.claim(real, "w2", 30) is not None, "the step was not claimed under the float copy"
-        await plain.close()
+            assert Message("no-such-run", 1, "k").encode() not in bodies, "the stale message was dropped"
+            assert (await store.commit(cb, [], {}, Finish(encode(2)))).applied, "b kept its lease"
 
     run(body())
     r.close()
@@ -184,11 +121,11 @@ def test_waiters_are_woken_by_the_run_that_finishes(redis_url: str, prefix: str)
     """With polling slowed to a crawl, only the notification can end the wait in time."""
 
     async def body() -> None:
-        store = RedisStore(redis_url, prefix=prefix, secret=SECRET)
-        worker = RedisStore(redis_url, prefix=prefix, secret=SECRET)
+        store = RedisStore(redis_url, prefix=prefix)
+        worker = RedisStore(redis_url, prefix=prefix)
         try:
             (m,) = await worker.create_run(new_run("w1"))
-            waiting = asyncio.ensure_future(store.wait_finished("w1", 20))
+            waiting = asyncio.ensure_future(wait_finished(store, "w1", 20))
             await asyncio.sleep(0.3)
             assert not waiting.done()
             claim = await worker.claim(m, "w", 30)
@@ -199,7 +136,7 @@ def test_waiters_are_woken_by_the_run_that_finishes(redis_url: str, prefix: str)
             assert info.status is RunStatus.DONE
             assert time.monotonic() - t0 < 1.0, "the waiter was woken, not left to its (slowed) polling"
             assert not await store.redis.exists(f"{prefix}:w:w1"), "the waiter set went with the notification"
-            assert (await store.wait_finished("w1", 5)).status is RunStatus.DONE
+            assert (await wait_finished(store, "w1", 5)).status is RunStatus.DONE
             assert not await store.redis.exists(f"{prefix}:w:w1"), "waiting on a finished run leaves nothing"
         finally:
             await store.close()
@@ -220,7 +157,7 @@ def test_a_lease_renewed_past_its_index_entry_stays_watched(redis_url: str, pref
     r = connect(redis_url)
 
     async def body() -> None:
-        store = RedisStore(redis_url, prefix=prefix, secret=SECRET)
+        store = RedisStore(redis_url, prefix=prefix)
         try:
             (m,) = await store.create_run(new_run("l1"))
             claim = await store.claim(m, "w", 30)
@@ -257,12 +194,12 @@ def test_a_long_chain_does_not_keep_other_runs_waiting(redis_url: str, prefix: s
     commits hand it only up to a limit, then serves what else was fetched."""
     stream = f"{redis_url}?stream={prefix}:steps&prefetch=16"
     store_url = f"{redis_url}?prefix={prefix}"
-    dflow.configure(transport_from_url(stream), store_from_url(store_url, secret=SECRET), consume=False)
+    dflow.configure(stream, store_url, consume=False, secret=SECRET)
     try:
         a = long_pipeline.call(0)
         b = short_pipeline.call(0)
         dflow.shutdown()
-        dflow.configure(transport_from_url(stream), store_from_url(store_url, secret=SECRET), concurrency=1)
+        dflow.configure(stream, store_url, concurrency=1, secret=SECRET)
         assert b.result(30) == 1 and a.result(30) == 120
         b_started = b.context().steps[-1].started
         a_starts = sorted(s.started for s in a.context().steps if s.status is StepStatus.DONE)
@@ -280,15 +217,15 @@ def test_process_takes_nothing_and_a_cancelled_wait_leaves_no_waiter(redis_url: 
         from dflow.runtime import Runtime
 
         async with fused(redis_url, prefix) as (store, transport):
-            rt = Runtime(transport, store)
-            assert rt._fused
-            await store.create_run(new_run("p1"))
-            await store.create_run(new_run("p2"))
+            rt = Runtime(transport, store, secret=SECRET)
+            chain = short_pipeline._chain
+            for t in ("p1", "p2"):
+                await rt.start_run(t, (Frame(chain, 1),), encode(1), Message(t, 1, chain.keys[1]))
             (d,) = await transport.receive(1, timeout=2)
             await rt.process(Message.decode(d.body))
             info = await store.get_run("p2")
             assert info is not None and "leased_until" not in info.extra, "process() leaves the next step alone"
-            waiting = asyncio.ensure_future(store.wait_finished("p2", 30))
+            waiting = asyncio.ensure_future(wait_finished(store, "p2", 30))
             await asyncio.sleep(0.05)
             waiting.cancel()
             await asyncio.gather(waiting, return_exceptions=True)

@@ -14,7 +14,6 @@ import pytest
 import redis
 
 import dflow
-from dflow._urls import store_from_url, transport_from_url
 
 from . import flows
 from .conftest import SECRET, require
@@ -74,7 +73,7 @@ def test_redis_restart_during_load_loses_no_run(own_redis: OwnRedis, redis_url: 
     env = {"DFLOW_SECRET": SECRET, "DFLOW_TEST_REDIS": redis_url, "DFLOW_TEST_PREFIX": prefix,
            "DFLOW_TEST_STEP_SLEEP": "0.002"}
     workers = Workers("tests.integration.flows", transport_url, store_url, env)
-    dflow.configure(transport_from_url(transport_url), store_from_url(store_url, secret=SECRET), consume=False)
+    dflow.configure(transport_url, store_url, secret=SECRET, consume=False)
     try:
         workers.start(2)
         runs = [flows.chain10.call(i) for i in range(200)]

@@ -14,7 +14,6 @@ import redis
 import dflow
 from dflow import ContextStack, DFlow
 from dflow._codec import CONTINUE, Message
-from dflow._urls import store_from_url, transport_from_url
 
 from .conftest import SECRET
 
@@ -33,8 +32,7 @@ admin_pipeline = DFlow.from_call("admin").map(lambda v: "admin step ran").id("gr
 @pytest.fixture
 def local_redis(redis_url: str, prefix: str) -> Iterator[redis.Redis]:
     store = f"{redis_url}?prefix={prefix}"
-    dflow.configure(transport_from_url(f"{redis_url}?stream={prefix}:steps&dead_letters_max=5"),
-                    store_from_url(store, secret=SECRET), concurrency=8, poll_interval=0.02)
+    dflow.configure(f"{redis_url}?stream={prefix}:steps&dead_letters_max=5", store, secret=SECRET, concurrency=8, poll_interval=0.02)
     r = redis.Redis.from_url(redis_url)
     yield r
     dflow.shutdown()
