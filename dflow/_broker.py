@@ -30,8 +30,15 @@ class MemoryBroker:
         self.waiters: deque[asyncio.Future[None]] = deque()
         self._ids = itertools.count()
 
-    def put(self, body: bytes) -> None:
+    def put(self, body: bytes, *, wake: bool = True) -> None:
+        """Queue ``body``; with ``wake``, wake an idle consumer to receive it (a fused store
+        that may take it itself at once wakes one afterwards, only if anything is left)."""
         self.queue.append(body)
+        if wake:
+            self.wake()
+
+    def wake(self) -> None:
+        """Wake one idle consumer, if any."""
         waiters = self.waiters
         while waiters:
             w = waiters.popleft()

@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import threading
 import typing
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import msgpack
 
@@ -257,8 +256,8 @@ def _plain_packer() -> msgpack.Packer:
     return packer
 
 
-def _count(x: Any) -> bool:
-    return type(x) is int and 0 <= x < 2**53  # a Lua number holds it exactly
+_LUA_INT = 2**53  # counts stay below it: a Lua number holds them exactly
+_tuple_new = tuple.__new__
 
 
 MAX_MESSAGE = 16384  #: bytes of a step message at most (a trace id, a key and three numbers)
@@ -266,9 +265,9 @@ MAX_KEY = 3000  #: characters of a step key at most (the runtime refuses flows n
 # message of the longest run id and key (UTF-8: up to 4 bytes a character) fits in MAX_MESSAGE
 
 
-@dataclass(frozen=True, slots=True)
-class Message:
-    """A step message: which run, which step, which attempt. Values stay in the store."""
+class Message(NamedTuple):
+    """A step message: which run, which step, which attempt. Values stay in the store.
+    (A named tuple: made at every step, it must be cheap to make.)"""
 
     trace_id: str
     seq: int
@@ -277,7 +276,7 @@ class Message:
     kind: int = RUN
 
     def encode(self) -> bytes:
-        return _plain_packer().pack((self.trace_id, self.seq, self.key, self.attempt, self.kind))
+        return _plain_packer().pack(self)
 
     @classmethod
     def decode(cls, data: bytes) -> Message:
@@ -288,23 +287,26 @@ class Message:
         id (a run id, see ``dflow._ids``), a sequence number, a step key (a non-empty str),
         an attempt (integers from 0 below 2**53) and a kind (``RUN`` .. ``FAIL``), in the
         shortest encoding of each field."""
-        if not isinstance(data, (bytes, bytearray)) or len(data) > MAX_MESSAGE:
+        if type(data) is not bytes or len(data) > MAX_MESSAGE:
+            if isinstance(data, bytearray) and len(data) <= MAX_MESSAGE:
+                return cls.decode(bytes(data))
             raise SerializationError(
                 f"not a dflow step message ({type(data).__name__}"
                 f"{f' of {len(data)} bytes' if isinstance(data, (bytes, bytearray)) else ''})"
             )
         try:
-            fields = msgpack.unpackb(data, raw=False)
+            fields = _unpackb(data, raw=False)
         except Exception as exc:
             raise SerializationError(f"not a dflow step message ({exc})") from None
-        if not isinstance(fields, list) or len(fields) != 5:
+        if type(fields) is not list or len(fields) != 5:
             raise SerializationError("not a dflow step message (not an array of 5 fields)")
         trace_id, seq, key, attempt, kind = fields
-        if not (is_run_id(trace_id) and isinstance(key, str) and key and _count(seq) and _count(attempt)
-                and _count(kind) and kind <= FAIL):
+        if not (type(seq) is int and type(attempt) is int and type(kind) is int and 0 <= seq < _LUA_INT
+                and 0 <= attempt < _LUA_INT and 0 <= kind <= FAIL and type(key) is str and key
+                and is_run_id(trace_id)):
             raise SerializationError("not a dflow step message (wrong field types)")
-        msg = cls(trace_id, seq, key, attempt, kind)
-        if msg.encode() != data:
+        msg = _tuple_new(cls, fields)
+        if _plain_packer().pack(msg) != data:
             raise SerializationError("not a dflow step message (not in its shortest encoding)")
         return msg
 

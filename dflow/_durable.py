@@ -313,8 +313,8 @@ class ChainCodec:
             chain = chain_by_ref(ref)
             if chain is None:
                 raise UnknownStepError(
-                    f"no pipeline here has the step chain {ref[2:]!r}: this worker does not import the "
-                    "module that builds it (or its ids changed since the run started)"
+                    f"no pipeline in this worker has the chain {ref}: it does not import the module that "
+                    "builds it (or its ids changed since the run started)"
                 )
             return chain
         chain = self._loaded.get(ref)

@@ -40,19 +40,26 @@ class FrameCodec:
     while a deployment with such runs in flight upgrades (an unsigned record could point a
     run at any step: leave it off otherwise)."""
 
-    def __init__(self, chains: ChainCodec, *, legacy: bool = False, cache_size: int = 4096) -> None:
+    def __init__(self, chains: ChainCodec, *, legacy: bool = False, cache_size: int = 1024) -> None:
         self.chains = chains
         self.legacy = legacy
         self._cache_size = cache_size
         self._stored: OrderedDict[str, None] = OrderedDict()  # blobs this process believes stored
         self._bytes: OrderedDict[str, bytes] = OrderedDict()  # blobs dumped lately, to send again
-        self._sealed: OrderedDict[tuple[str, bytes], tuple[Frame, ...]] = OrderedDict()
+        self._sealed: dict[tuple[str, bytes], tuple[Frame, ...]] = {}  # oldest first
 
     def dump(self, trace_id: str, frames: tuple[Frame, ...]) -> tuple[Frames, tuple[Frame, ...]]:
         """The record of ``frames`` for run ``trace_id``, with the blobs it refers to, and
         the frames the run goes on with (run-time chains swapped for their loaded copies).
         Raises ``BuildError`` naming what a chain captured that cannot be stored."""
         chains = self.chains
+        if len(frames) == 1:  # the common case: one frame of a pipeline's own chain
+            f = frames[0]
+            ref = chains.ref(f.chain)[0]
+            if ref[0] == "p":
+                record = chains.seal_frames(trace_id, _pack(((ref, f.pos, f.suffix, f.returning),)))
+                self._seal(trace_id, record, frames)
+                return Frames(record), frames
         entries = []
         refs: list[str] = []
         new: dict[str, bytes] = {}
@@ -82,12 +89,15 @@ class FrameCodec:
             self._stored.popitem(last=False)
         record = chains.seal_frames(trace_id, _pack(entries))
         runnable = frames if out is None else tuple(out)
-        sealed = self._sealed
-        sealed[(trace_id, record)] = runnable
-        if len(sealed) > self._cache_size:
-            sealed.popitem(last=False)
+        self._seal(trace_id, record, runnable)
         refs.sort()
         return Frames(record, tuple(refs), new), runnable
+
+    def _seal(self, trace_id: str, record: bytes, frames: tuple[Frame, ...]) -> None:
+        sealed = self._sealed
+        sealed[(trace_id, record)] = frames
+        if len(sealed) > self._cache_size:
+            del sealed[next(iter(sealed))]  # the oldest
 
     def forget(self, refs: list[str]) -> None:
         """These blobs are not stored after all (the store said so): send them next time."""
@@ -99,6 +109,10 @@ class FrameCodec:
         the store said it lacks some)."""
         new = {**frames.new_blobs, **{r: self._bytes[r] for r in frames.blobs if r in self._bytes}}
         return Frames(frames.record, frames.blobs, new)
+
+    def sealed(self, trace_id: str, record: bytes) -> tuple[Frame, ...] | None:
+        """The frames of a record this process sealed lately (and forgets it), or ``None``."""
+        return self._sealed.pop((trace_id, record), None)
 
     async def load(
         self, trace_id: str, record: bytes, get_blob: Callable[[str], Awaitable[bytes | None]]

@@ -6,6 +6,7 @@ travel with the run instead.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from typing import TYPE_CHECKING
 
@@ -20,6 +21,12 @@ _by_ref: dict[str, Chain] = {}
 _ref_by_id: dict[int, str] = {}
 
 
+def static_ref(head_key: str) -> str:
+    """The reference of a pipeline's chain: ``p:`` and a digest of its head key (which
+    names every step of the chain, and can be long: a run's frames carry the digest)."""
+    return "p:" + hashlib.blake2b(head_key.encode(), digest_size=12).hexdigest()
+
+
 def register(pipeline: Pipeline) -> None:
     """Record ``pipeline`` under its head key, with references for its chain and for the
     chains of its zip/any branches. A later pipeline with the same head key wins."""
@@ -27,19 +34,21 @@ def register(pipeline: Pipeline) -> None:
     if key in _pipelines and _pipelines[key] is not pipeline:
         log.debug("dflow: pipeline %r replaces an earlier one with head key %r", pipeline.name, key)
     _pipelines[key] = pipeline
-    _add("p:" + key, pipeline._chain)
+    _add(static_ref(key), pipeline._chain)
+    _add("p:" + key, pipeline._chain, primary=False)  # as runs of dflow 0.1 refer to it
 
 
-def _add(ref: str, chain: Chain) -> None:
+def _add(ref: str, chain: Chain, *, primary: bool = True) -> None:
     old = _by_ref.get(ref)
-    if old is not None:
+    if old is not None and primary:
         _ref_by_id.pop(id(old), None)
     _by_ref[ref] = chain
-    _ref_by_id[id(chain)] = ref
+    if primary:
+        _ref_by_id[id(chain)] = ref
     for pos, node in enumerate(chain.nodes):
         for i, branch in enumerate(node._branches):
             if branch._compiled is not None:
-                _add(f"{ref}/{pos}.{i}", branch._compiled)
+                _add(f"{ref}/{pos}.{i}", branch._compiled, primary=primary)
 
 
 def ref_of(chain: Chain) -> str | None:

@@ -23,7 +23,7 @@ from .errors import ConfigurationError, PayloadRejectedError, UnknownStepError
 __all__ = ["MIN_KEY_BYTES", "Keys", "UnknownKeyError"]
 
 MIN_KEY_BYTES = 32
-_MAGIC = b"\xd1\x01"
+_MAGIC = b"\xd1\x02"
 _HEAD = len(_MAGIC) + 8 + 32
 
 Secret = str | bytes
@@ -32,6 +32,14 @@ Secret = str | bytes
 class UnknownKeyError(UnknownStepError):
     """A record is signed with a key this process does not have (a rotation in progress,
     or a worker with an old ``DFLOW_SECRET``)."""
+
+
+def _mac(key: bytes, data: bytes) -> bytes:
+    return hashlib.blake2b(data, key=key, digest_size=32).digest()
+
+
+def _mac_key(key: bytes) -> bytes:
+    return key if len(key) <= 64 else hashlib.blake2b(key).digest()
 
 
 def _key_id(key: bytes) -> bytes:
@@ -61,13 +69,15 @@ class Keys:
                     f"{which} is {len(k)} bytes; a signing key needs at least {MIN_KEY_BYTES}. Make one with: "
                     "python -c 'import secrets; print(secrets.token_urlsafe(32))'"
                 )
-        self._by_id = {_key_id(k): k for k in keys}
-        self._current = keys[0]
+        # BLAKE2b takes keys of up to 64 bytes: a longer one is hashed to 64 first.
+        self._by_id = {_key_id(k): _mac_key(k) for k in keys}
+        self._legacy = keys  # dflow 0.1's HMAC used the keys as they are
+        self._current = _mac_key(keys[0])
         self._current_id = _key_id(keys[0])
 
     def sign(self, domain: bytes, payload: bytes, context: bytes = b"") -> bytes:
         """``payload`` signed with the current key for ``domain`` and ``context``."""
-        mac = hmac.new(self._current, domain + b"\0" + context + b"\0" + payload, hashlib.sha256).digest()
+        mac = _mac(self._current, domain + b"\0" + context + b"\0" + payload)
         return _MAGIC + self._current_id + mac + payload
 
     def open(self, record: bytes, domain: bytes, what: str, context: bytes = b"", *, legacy: bool = False) -> bytes:
@@ -83,13 +93,13 @@ class Keys:
                     f"{what} is signed with a key this process does not have (key id {kid.hex()}): give every "
                     "worker every key in use, newest first (DFLOW_SECRET=new,old)"
                 )
-            good = hmac.new(key, domain + b"\0" + context + b"\0" + payload, hashlib.sha256).digest()
+            good = _mac(key, domain + b"\0" + context + b"\0" + payload)
             if hmac.compare_digest(mac, good):
                 return payload
         elif legacy and len(record) >= 32:
             mac, payload = record[:32], record[32:]
-            for key in self._by_id.values():
-                if hmac.compare_digest(mac, hmac.new(key, payload, hashlib.sha256).digest()):
+            for key in self._legacy:
+                if hmac.compare_digest(mac, hmac.digest(key, payload, "sha256")):
                     return payload
         raise PayloadRejectedError(
             f"{what} fails its signature check: it was tampered with, or written with another DFLOW_SECRET; "

@@ -17,7 +17,7 @@ import itertools
 import time
 from collections import OrderedDict, deque
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from ._broker import MemoryBroker, MemoryTransport
@@ -153,12 +153,17 @@ class MemoryStore(Store):
         self._waiters: dict[str, list[asyncio.Future[RunInfo]]] = {}
         self._tokens = itertools.count(1)
         self._timer_seq = itertools.count()
+        self._quiet = False
+        self._emitted: dict[bytes, Message] = {}  # bodies put on the transport during this commit
 
     # -- helpers ---------------------------------------------------------------------
 
     def _emit(self, msg: Message, now: float, out: list[Message]) -> None:
         if self.transport is not None:
-            self.transport.broker.put(msg.encode())
+            body = msg.encode()
+            if self._quiet:
+                self._emitted[body] = msg  # known good: the take at the end need not decode it
+            self.transport.broker.put(body, wake=not self._quiet)
         else:
             self._outbox[msg.ident] = (now + self.redispatch_after, msg)
             out.append(msg)
@@ -339,7 +344,8 @@ class MemoryStore(Store):
             return Committed(False, acknowledged=acked)
         # Checked before anything changes.
         if isinstance(transition, Advance):
-            self._check_blobs([transition.frames])
+            if transition.frames is not None and transition.frames.blobs:
+                self._check_blobs([transition.frames])
         elif isinstance(transition, Fork):
             self._check_blobs([c.frames for c in transition.children])
             for child in transition.children:
@@ -348,6 +354,24 @@ class MemoryStore(Store):
                         f"a zip/any branch of run {run.trace_id!r} would overwrite the existing run "
                         f"{child.trace_id!r}; nothing was changed", trace_id=child.trace_id
                     )
+        # Messages emitted from here on are queued quietly: this worker may take one itself
+        # at the end, and wakes another consumer only for what is left.
+        self._quiet = take_lease is not None and self.transport is not None
+        try:
+            out = self._apply(run, claim, records, changes, transition)
+            taken = self._take(take_lease) if self._quiet and take_lease is not None else None
+        finally:
+            if self._quiet:
+                self._quiet = False
+                self._emitted.clear()
+                if self.transport is not None and self.transport.broker.queue:
+                    self.transport.broker.wake()  # what the take left, for the other consumers
+        return Committed(True, out, acked, taken)
+
+    def _apply(
+        self, run: _Run, claim: Claim, records: list[StepRecord], changes: Mapping[str, bytes | None],
+        transition: Transition,
+    ) -> list[Message]:
         now = time.time()
         lease = run.lease
         assert lease is not None
@@ -409,8 +433,7 @@ class MemoryStore(Store):
             self._finished(run, now, out)
         else:  # pragma: no cover
             raise TypeError(f"unknown transition {transition!r}")
-        taken = self._take(take_lease) if take_lease is not None and self.transport is not None else None
-        return Committed(True, out, acked, taken)
+        return out
 
     def _take(self, lease: float) -> Taken | None:
         """Read and claim the worker's next step, as the Redis store's commit script does:
@@ -421,10 +444,12 @@ class MemoryStore(Store):
             d = transport.take()
             if d is None:
                 return None
-            try:
-                msg = Message.decode(d.body)
-            except SerializationError:
-                return Taken(d.body, d.tag, None)
+            msg = self._emitted.pop(d.body, None)
+            if msg is None:
+                try:
+                    msg = Message.decode(d.body)
+                except SerializationError:
+                    return Taken(d.body, d.tag, None)
             try:
                 claim = self._claim(msg, lease)
             except RefusedMessageError:
@@ -452,7 +477,7 @@ class MemoryStore(Store):
         run.park_count += 1
         run.attempt += 1  # a new delivery attempt, which a keyed transport may route elsewhere
         at = run.due = time.time() + min(cap, base * 2 ** (run.park_count - 1))
-        heapq.heappush(self._timers, (at, next(self._timer_seq), replace(claim.message, attempt=run.attempt)))
+        heapq.heappush(self._timers, (at, next(self._timer_seq), claim.message._replace(attempt=run.attempt)))
         return run.park_count
 
     async def init_done(self, trace_id: str, seq: int) -> None:
@@ -516,7 +541,7 @@ class MemoryStore(Store):
                 del self._leased[trace_id]
                 run.lease = None
                 run.attempt += 1
-                self._emit(replace(lease.message, attempt=run.attempt), now, out)
+                self._emit(lease.message._replace(attempt=run.attempt), now, out)
             else:
                 next_due.append(lease.until)
         expiry = self._expiry

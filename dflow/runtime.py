@@ -326,7 +326,13 @@ class Runtime:
         self._inflight[claim.token] = (time.monotonic(), claim)
         try:
             try:
-                frames = await self.frames.load(msg.trace_id, claim.frames, store.get_blob) if claim.frames else ()
+                record = claim.frames
+                if record is None:
+                    frames: tuple[Frame, ...] = ()
+                else:
+                    frames = self.frames.sealed(msg.trace_id, record) or await self.frames.load(
+                        msg.trace_id, record, store.get_blob
+                    )
             except StoreError:
                 raise  # the store is unreachable: the message is handed back, the lease lapses
             except DFlowError as exc:

@@ -33,10 +33,10 @@ class Client:
 def test_static_chains_travel_by_reference() -> None:
     codec = ChainCodec(KEY)
     ref, blob = codec.ref(static._chain)
-    assert ref == "p:durable-entry>a" and blob is None
+    assert ref.startswith("p:") and len(ref) == 26 and blob is None, "a digest of the head key"
     assert ChainCodec(KEY).cached(ref) is static._chain
     with pytest.raises(UnknownStepError, match="does not import the module"):
-        ChainCodec(KEY).cached("p:nobody>has>this")
+        ChainCodec(KEY).cached("p:0123456789abcdef01234567")
 
 
 def test_chains_built_at_run_time_travel_signed() -> None:
