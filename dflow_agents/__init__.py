@@ -6,7 +6,10 @@
   Qwen2.5 raw-prompt mode), whose retryable failures are :class:`ModelRetryableError`;
 * the Qwen2.5 prompt renderer and tolerant parser (:mod:`dflow_agents.qwen`);
 * :class:`AIFunction`: formatter, template, model and parser as replaceable callables;
-* ``@tool``: typed functions (plain, async, or returning a ``DFlow``) as model tools.
+* ``@tool``: typed functions (plain, async, or returning a ``DFlow``) as model tools;
+* conversation memory per session (:class:`ChatMemory`, :class:`InMemoryChatMemory`,
+  :class:`RedisChatMemory`) and :func:`context_window`, what of it fits the model;
+* the text ReAct format: :func:`render_react_prompt` and :func:`parse_react_output`.
 
 Test doubles live in :mod:`dflow_agents.testing`.
 """
@@ -34,19 +37,33 @@ from .function import (
     qwen_template,
     response_parser,
 )
+from .memory import ChatMemory, InMemoryChatMemory, RedisChatMemory, context_window, estimate_tokens
 from .messages import ChatMessage, ChatResponse, Role, ToolCall, ToolSpec, Usage, to_openai_messages
 from .model import ChatModel, CompletionModel
 from .openai_model import OpenAIChatModel
 from .qwen import QWEN_DEFAULT_SYSTEM, QWEN_STOP, parse_qwen_completion, render_qwen_prompt
+from .react import (
+    REACT_STOP,
+    REACT_TEMPLATE,
+    ReActAction,
+    ReActFinalAnswer,
+    ReActParseFailure,
+    ReActStep,
+    parse_react_output,
+    render_react_prompt,
+    render_react_scratchpad,
+)
 from .terminate import TERMINATE_DESCRIPTION, TerminateStatus, terminate, terminate_tool
 from .tools import Tool, ToolResult, tool
 
 __all__ = [  # noqa: RUF022 - plain sorted(), as tests/test_exports.py checks
     "AIFunction",
+    "ChatMemory",
     "ChatMessage",
     "ChatModel",
     "ChatResponse",
     "CompletionModel",
+    "InMemoryChatMemory",
     "ModelConfig",
     "ModelConfigError",
     "ModelConnectionError",
@@ -61,6 +78,13 @@ __all__ = [  # noqa: RUF022 - plain sorted(), as tests/test_exports.py checks
     "OpenAIChatModel",
     "QWEN_DEFAULT_SYSTEM",
     "QWEN_STOP",
+    "REACT_STOP",
+    "REACT_TEMPLATE",
+    "ReActAction",
+    "ReActFinalAnswer",
+    "ReActParseFailure",
+    "ReActStep",
+    "RedisChatMemory",
     "Role",
     "TERMINATE_DESCRIPTION",
     "TerminateStatus",
@@ -71,10 +95,15 @@ __all__ = [  # noqa: RUF022 - plain sorted(), as tests/test_exports.py checks
     "Usage",
     "chat_formatter",
     "chat_template",
+    "context_window",
+    "estimate_tokens",
     "parse_qwen_completion",
+    "parse_react_output",
     "qwen_parser",
     "qwen_template",
     "render_qwen_prompt",
+    "render_react_prompt",
+    "render_react_scratchpad",
     "response_parser",
     "terminate",
     "terminate_tool",

@@ -1,0 +1,510 @@
+"""The text ReAct format: a prompt renderer and a tolerant parser of what the model writes.
+
+The model reasons in text::
+
+    Thought: I should look up the weather.
+    Action: get_weather
+    Action Input: {"city": "Paris"}
+
+and the agent runs the tool and appends ``Observation: <result>`` to the scratchpad, or the
+model ends with ``Final Answer: ...``. Send the prompt with ``stop=REACT_STOP`` so the model
+stops where the observation belongs.
+
+:func:`parse_react_output` returns a :class:`ReActAction`, a :class:`ReActFinalAnswer` or a
+:class:`ReActParseFailure` (a value, not an exception) whose ``message`` is written for the
+model: feed it back as the observation. Keep the steps as :class:`ReActStep` and render the
+next prompt with :func:`render_react_prompt`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from . import _loose_json
+from .messages import ToolSpec
+from .tools import Tool
+
+__all__ = [
+    "REACT_STOP",
+    "REACT_TEMPLATE",
+    "ReActAction",
+    "ReActFinalAnswer",
+    "ReActParseFailure",
+    "ReActStep",
+    "parse_react_output",
+    "render_react_prompt",
+    "render_react_scratchpad",
+]
+
+#: The default prompt. Placeholders: ``{tools}`` (one entry per tool: name, description and
+#: JSON-schema input), ``{tool_names}`` (the names, comma-separated), ``{question}`` and
+#: ``{scratchpad}`` (the steps so far; empty at first). Only these four are replaced, in one
+#: pass, so other braces in a template (JSON examples) need no escaping.
+REACT_TEMPLATE = """Answer the following question as best you can. You have access to the following tools:
+
+{tools}
+
+Use the following format:
+
+Question: the input question you must answer
+Thought: you should always think about what to do
+Action: the action to take, exactly one of [{tool_names}]
+Action Input: the input to the action, as a JSON object
+Observation: the result of the action
+... (this Thought/Action/Action Input/Observation can repeat N times)
+Thought: I now know the final answer
+Final Answer: the final answer to the original input question
+
+Begin!
+
+Question: {question}
+Thought:{scratchpad}"""
+
+#: Stop sequences for a ReAct completion: the model stops where the observation goes.
+REACT_STOP = ("\nObservation:",)
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+_PLACEHOLDER = re.compile(r"\{(tools|tool_names|question|scratchpad)\}")
+_REQUIRED = ("{tools}", "{question}", "{scratchpad}")
+
+
+# -- results -------------------------------------------------------------------------------
+
+
+class ReActAction(BaseModel):
+    """The model asked for a tool: its registered ``tool`` name, the ``tool_input`` (a JSON
+    object; plain text comes as ``{"input": text}``) and the ``thought`` before it.
+
+    ``notes`` say what the parser ignored (a second action, a made-up observation...): add
+    them to the observation so the model learns the format.
+    """
+
+    model_config = _FROZEN
+
+    kind: Literal["action"] = "action"
+    tool: str
+    tool_input: dict[str, Any] = Field(default_factory=dict)
+    thought: str = ""
+    notes: list[str] = Field(default_factory=list)
+
+
+class ReActFinalAnswer(BaseModel):
+    """The model's final ``answer``, and the ``thought`` before it."""
+
+    model_config = _FROZEN
+
+    kind: Literal["final"] = "final"
+    answer: str
+    thought: str = ""
+    notes: list[str] = Field(default_factory=list)
+
+
+class ReActParseFailure(BaseModel):
+    """Text the parser could not read as an action or an answer (a value, not an exception).
+
+    ``message`` tells the model what was wrong and how to write it; send it back as the
+    observation. ``text`` is the model's text (cut before a made-up observation).
+    """
+
+    model_config = _FROZEN
+
+    kind: Literal["error"] = "error"
+    message: str
+    text: str
+    thought: str = ""
+
+
+class ReActStep(BaseModel):
+    """One finished step of the scratchpad: what the model did and what it observed.
+
+    A step of a valid action has ``tool`` and ``tool_input``; a step whose text could not be
+    parsed keeps that ``text`` instead, and its observation is usually the parse message.
+    """
+
+    model_config = _FROZEN
+
+    thought: str = ""
+    tool: str | None = None
+    tool_input: dict[str, Any] | None = None
+    text: str | None = None
+    observation: str
+
+    @classmethod
+    def of(cls, parsed: ReActAction | ReActParseFailure, observation: str | None = None) -> ReActStep:
+        """The step for a parsed action and its tool's observation (with the action's notes
+        appended), or for a parse failure (the observation defaults to its message)."""
+        if isinstance(parsed, ReActAction):
+            if observation is None:
+                raise TypeError("ReActStep.of(action, observation): an action's step needs its observation")
+            text = "\n".join([observation, *parsed.notes]) if parsed.notes else observation
+            return cls(
+                thought=parsed.thought, tool=parsed.tool, tool_input=parsed.tool_input, observation=text
+            )
+        if isinstance(parsed, ReActParseFailure):
+            return cls(
+                thought=parsed.thought,
+                text=parsed.text,
+                observation=parsed.message if observation is None else observation,
+            )
+        raise TypeError(
+            f"a scratchpad step is an action or a parse failure, got {type(parsed).__qualname__}: "
+            "a final answer ends the loop"
+        )
+
+
+# -- rendering -----------------------------------------------------------------------------
+
+
+def _spec(t: ToolSpec | Tool | str) -> ToolSpec:
+    if isinstance(t, ToolSpec):
+        return t
+    if isinstance(t, Tool):
+        return t.spec
+    if isinstance(t, str):
+        return ToolSpec(name=t)
+    raise TypeError(f"a tool is a ToolSpec, a Tool or a name, got {type(t).__qualname__}")
+
+
+def _render_tool(spec: ToolSpec) -> str:
+    description = " ".join(spec.description.split())
+    head = f"{spec.name}: {description}" if description else spec.name
+    return f"{head}\n    Input: {json.dumps(spec.parameters, ensure_ascii=False)}"
+
+
+def render_react_scratchpad(steps: Sequence[ReActStep]) -> str:
+    """The steps as the text after the prompt's last ``Thought:``, ending in ``Thought:`` again
+    (empty for no steps). Actions are written in the canonical format whatever the model
+    wrote, so the model sees the format it should follow."""
+    out: list[str] = []
+    for step in steps:
+        if step.tool is not None:
+            thought = f" {step.thought}" if step.thought else ""
+            tool_input = json.dumps(step.tool_input or {}, ensure_ascii=False)
+            out.append(f"{thought}\nAction: {step.tool}\nAction Input: {tool_input}")
+        else:
+            text = _LEADING_THOUGHT.sub("", (step.text or "").strip(), count=1)
+            out.append(f" {text}" if text else "")
+        out.append(f"\nObservation: {step.observation.strip()}\nThought:")
+    return "".join(out)
+
+
+def render_react_prompt(
+    tools: Sequence[ToolSpec | Tool | str],
+    question: str,
+    steps: Sequence[ReActStep] = (),
+    *,
+    template: str = REACT_TEMPLATE,
+) -> str:
+    """The ReAct prompt: ``template`` with its placeholders (see :data:`REACT_TEMPLATE`)
+    replaced by the ``tools``, the ``question`` and the ``steps`` so far."""
+    missing = [p for p in _REQUIRED if p not in template]
+    if missing:
+        raise ValueError(f"the ReAct template lacks the placeholders {', '.join(missing)}")
+    specs = [_spec(t) for t in tools]
+    values = {
+        "tools": "\n".join(_render_tool(s) for s in specs) if specs else "(no tools)",
+        "tool_names": ", ".join(s.name for s in specs),
+        "question": question,
+        "scratchpad": render_react_scratchpad(steps),
+    }
+    return _PLACEHOLDER.sub(lambda m: values[m.group(1)], template)
+
+
+# -- parsing -------------------------------------------------------------------------------
+
+# A label at the start of a line, with markdown around it: "Thought:", "**Action:**",
+# "- Action Input 2:", "### Final Answer:".
+_LABEL = re.compile(
+    r"^[ \t]*(?:[-*+>#]+[ \t]+)?[*_]{0,3}[ \t]*"
+    r"(?P<label>thoughts?|action[ \t_-]*input|action|final[ \t_-]*answer|observation|question)"
+    r"[ \t]*\d*[ \t]*[*_]{0,3}[ \t]*:[*_]{0,3}[ \t]*",
+    re.IGNORECASE | re.MULTILINE,
+)
+# "Final Answer:" in the middle of a line, written as the format writes it.
+_INLINE_FINAL = re.compile(r"(?:\*\*|__)?Final Answer(?:\*\*|__)?[ \t]*:(?:\*\*|__)?[ \t]*")
+_LEADING_THOUGHT = re.compile(r"^\s*[*_]{0,3}thought[*_]{0,3}\s*:[*_]{0,3}\s*", re.IGNORECASE)
+_FENCE = re.compile(r"```[\w+-]*[ \t]*\n?(.*?)(?:\n?```|\Z)", re.DOTALL)
+_WRAPPED = re.compile(r"^\s*```[\w+-]*[ \t]*\n(.*?)\n?```\s*$", re.DOTALL)
+_CALL_FORM = re.compile(r"^([A-Za-z0-9_-]{1,64})\s*[\[(](.*)[\])]$", re.DOTALL)
+_WORD = re.compile(r"^[A-Za-z0-9_-]{1,64}(?=\s|[(\[])")
+_NO_ACTION = {"none", "n/a", "na", "null", "no action", "nothing", "-", ""}
+_FINAL_ACTION = {"final answer", "final_answer", "finalanswer", "finish", "answer"}
+_EMPTY_INPUT = {"", "none", "null", "n/a", "{}"}
+
+
+def _kind(label: str) -> str:
+    low = re.sub(r"[ \t_-]+", "", label.lower())
+    return {"actioninput": "input", "finalanswer": "final", "thoughts": "thought"}.get(low, low)
+
+
+def _segments(text: str) -> list[tuple[str, int, int, str]]:
+    """The labels of ``text`` in order: (kind, label start, content start, content)."""
+    found = [(_kind(m.group("label")), m.start(), m.end()) for m in _LABEL.finditer(text)]
+    inline = []
+    for m in _INLINE_FINAL.finditer(text):
+        before = [f for f in found if f[1] <= m.start()]
+        if before and (before[-1][2] > m.start() or before[-1][0] in ("input", "final")):
+            continue  # part of a label, or inside an input or an answer
+        inline.append(("final", m.start(), m.end()))
+    found = sorted(found + inline, key=lambda f: f[1])
+    return [
+        (kind, start, end, text[end : found[i + 1][1] if i + 1 < len(found) else len(text)])
+        for i, (kind, start, end) in enumerate(found)
+    ]
+
+
+def _available(names: Sequence[str]) -> str:
+    return ", ".join(names) if names else "(none: there are no tools, write a Final Answer)"
+
+
+def _format_help(names: Sequence[str]) -> str:
+    return (
+        "To use a tool, write:\nThought: <your reasoning>\nAction: <the tool's name, one of: "
+        f"{_available(names)}>\nAction Input: <the input as a JSON object>\n"
+        "To finish, write:\nThought: I now know the final answer\nFinal Answer: <your answer>"
+    )
+
+
+def _clean_name(line: str) -> str:
+    name = line.strip().strip("*_`'\" \t").rstrip(".:;,").strip("*_`'\" \t")
+    if len(name) >= 2 and name[0] + name[-1] in ("[]", "()", "<>"):
+        name = name[1:-1].strip().strip("`'\"")
+    return name
+
+
+def _match(name: str, names: Sequence[str]) -> list[str]:
+    """The registered names ``name`` means: itself, else those equal ignoring case."""
+    if name in names:
+        return [name]
+    return [n for n in names if n.casefold() == name.casefold()]
+
+
+def _is_word(name: str, words: set[str], names: Sequence[str]) -> bool:
+    """Whether ``name`` is one of ``words`` ("none", "final answer"...) and not a tool's name."""
+    return name.lower() in words and not _match(name, names)
+
+
+def _unfenced(text: str) -> str:
+    s = text.strip()
+    if s.startswith("```"):
+        m = _FENCE.match(s)
+        if m:
+            return m.group(1).strip()
+    return s
+
+
+def _input(raw: str) -> dict[str, Any] | str:
+    """The action's input as a JSON object, or the message for a broken one.
+
+    A JSON object (loosely read) ends where it closes; text after it is ignored. Plain text
+    ends at the first blank line and becomes ``{"input": text}``; a quoted string too.
+    """
+    s = raw.strip()
+    if s.startswith("```"):
+        s = _unfenced(s)
+    elif "```" in s:  # "Action Input: here it is ```json {...} ```"
+        fenced = _FENCE.search(s)
+        if fenced and fenced.group(1).strip().startswith(("{", "[")):
+            s = fenced.group(1).strip()
+    if s.lower() in _EMPTY_INPUT:
+        return {}
+    if s.startswith("{"):
+        decoded = _loose_json.decode_at(s, 0)
+        if decoded is None or not isinstance(decoded[0], dict):
+            shown = s if len(s) <= 200 else s[:200] + "..."
+            return f"the Action Input is not valid JSON: {shown}"
+        return decoded[0]
+    if s[:1] in ("'", '"'):
+        decoded = _loose_json.decode_at(s, 0)
+        if decoded is not None and isinstance(decoded[0], str):
+            return {"input": decoded[0]}
+    paragraph = re.split(r"\n[ \t]*\n", s, maxsplit=1)[0].strip()
+    return {"input": paragraph}
+
+
+def _thought(text: str, segments: Sequence[tuple[str, int, int, str]], until: int) -> str:
+    """The reasoning before position ``until``: free text and ``Thought:`` contents."""
+    first = segments[0][1] if segments else len(text)
+    parts = [text[: min(first, until)].strip()]
+    parts += [content.strip() for kind, start, _, content in segments if kind == "thought" and start < until]
+    return "\n".join(p for p in parts if p)
+
+
+def parse_react_output(
+    text: str, tools: Sequence[ToolSpec | Tool | str]
+) -> ReActAction | ReActFinalAnswer | ReActParseFailure:
+    """Read a ReAct completion: an action, a final answer, or a failure to tell the model.
+
+    ``tools`` are the registered tools (specs, tools or names). Tolerated: any
+    capitalisation, a missing ``Thought:`` (the prompt ends with it; text before the first
+    label is the thought), extra spaces, markdown (``**Action:**``, list and heading marks),
+    numbered labels (``Action 1:``), a reply wrapped in a code fence, code fences around the
+    input, text after a JSON input, an input over several lines, an input on the line after
+    its label, quotes, backticks or brackets around the tool name, trailing words after it
+    (``Action: search (the web)``), ``Action: tool[input]`` without an ``Action Input``,
+    ``Action: Final Answer`` (its input is the answer) and ``Action: None`` next to a final
+    answer.
+
+    * A made-up ``Observation:`` after an action (and all after it) is cut off: the model
+      must not invent tool results; the action gets a note saying so. A ``Question:`` after
+      the reply is cut off too.
+    * Several actions: the first is taken, with a note.
+    * An action and a final answer: **whichever comes first wins**. An answer written after
+      an action came before the action's observation, so it is ignored (with a note); an
+      action after an answer is ignored.
+    * Tool names match exactly, then case-insensitively, and nothing else (no prefixes or
+      substrings): an unknown name is a failure listing the tools.
+    * JSON input is read loosely (single quotes, trailing commas...); a JSON object that
+      cannot be read is a failure. Plain text (up to the first blank line) or a quoted
+      string becomes ``{"input": text}``; an empty input, ``None`` or ``{}`` is ``{}``.
+    """
+    names = [_spec(t).name for t in tools]
+    wrapped = _WRAPPED.match(text)
+    body = wrapped.group(1) if wrapped else text
+    segments = _segments(body)
+    notes: list[str] = []
+    cut = _cut_at(segments)
+    if cut is not None:
+        if segments[cut][0] == "observation":
+            notes.append(
+                "Note: you wrote your own Observation; it was ignored. Stop after the Action Input "
+                "and wait for the real Observation."
+            )
+        body, segments = body[: segments[cut][1]], segments[:cut]
+    body = body.rstrip()
+
+    # "Action: None" or "Action: Final Answer" beside a "Final Answer:" is no action
+    finals = [s for s in segments if s[0] == "final"]
+    actions = [
+        s
+        for s in segments
+        if s[0] == "action"
+        and not (finals and _is_word(_first_line(s[3]), _NO_ACTION | _FINAL_ACTION, names))
+    ]
+
+    if not actions and not finals:
+        thought = _thought(body, segments, len(body))
+        if any(s[0] == "input" for s in segments):
+            problem = 'you wrote "Action Input:" without an "Action:" line naming the tool.'
+        elif body.strip():
+            problem = 'your reply has neither an "Action:" line nor a "Final Answer:" line.'
+        else:
+            problem = "your reply was empty."
+        return ReActParseFailure(
+            message=f"Invalid format: {problem}\n{_format_help(names)}", text=body.strip(), thought=thought
+        )
+
+    if finals and (not actions or finals[0][1] < actions[0][1]):
+        _, start, _, content = finals[0]
+        thought = _thought(body, segments, start)
+        answer = _final_text(content)
+        if not answer:
+            return ReActParseFailure(
+                message='Invalid format: your "Final Answer:" was empty. Write the answer after it.',
+                text=body.strip(),
+                thought=thought,
+            )
+        return ReActFinalAnswer(answer=answer, thought=thought)
+
+    _, start, end, content = actions[0]
+    thought = _thought(body, segments, start)
+    if len(actions) > 1:
+        notes.append(
+            f"Note: you wrote {len(actions)} actions; only the first was run. "
+            "Write one Action at a time and wait for its Observation."
+        )
+    if finals:
+        notes.append(
+            "Note: your Final Answer was ignored because it came before this Observation; "
+            "answer once you have read it."
+        )
+    stop = min([s[1] for s in actions[1:] + finals] + [len(body)])
+    raw_input = next((s[3] for s in segments if s[0] == "input" and end <= s[1] < stop), None)
+    return _action(content, raw_input, names, thought, notes, body.strip())
+
+
+def _cut_at(segments: Sequence[tuple[str, int, int, str]]) -> int | None:
+    """Where a made-up continuation starts: an ``Observation:`` after an action, or a
+    ``Question:`` after an action or an answer."""
+    seen: set[str] = set()
+    for i, (kind, _, _, _) in enumerate(segments):
+        if (kind == "observation" and "action" in seen) or (kind == "question" and seen):
+            return i
+        if kind in ("action", "final"):
+            seen.add(kind)
+    return None
+
+
+def _first_line(content: str) -> str:
+    lines = [line for line in content.strip().split("\n") if line.strip()]
+    return _clean_name(lines[0]) if lines else ""
+
+
+def _final_text(content: str) -> str:
+    answer = content.strip()
+    if answer.endswith("```") and answer.count("```") % 2 == 1:  # the closing fence of the reply
+        answer = answer[:-3].rstrip()
+    return answer
+
+
+def _action(
+    content: str,
+    raw_input: str | None,
+    names: Sequence[str],
+    thought: str,
+    notes: list[str],
+    text: str,
+) -> ReActAction | ReActFinalAnswer | ReActParseFailure:
+    lines = [line for line in content.strip().split("\n") if line.strip()]
+    name = _clean_name(lines[0]) if lines else ""
+
+    def failure(message: str) -> ReActParseFailure:
+        return ReActParseFailure(message=message, text=text, thought=thought)
+
+    found = _match(name, names)
+    if not found and raw_input is None:
+        call = _CALL_FORM.match(name)  # the ReAct paper's "Action: search[query]"
+        if call and _match(call.group(1), names):
+            found, raw_input = _match(call.group(1), names), call.group(2)
+    if not found:
+        word = _WORD.match(name)  # "Action: search (for the weather)": its leading word
+        if word:
+            found = _match(word.group(), names)
+    if raw_input is None and len(lines) > 1:
+        raw_input = "\n".join(lines[1:])  # "Action: search\n{...}": the input without its label
+    if not found and _is_word(name, _FINAL_ACTION, names):  # "Action: Final Answer" + the answer
+        answer = _final_text(_unfenced(raw_input or ""))
+        decoded = _loose_json.decode_at(answer, 0) if answer[:1] in ("'", '"') else None
+        if decoded is not None and isinstance(decoded[0], str):
+            answer = decoded[0]
+        if answer:
+            return ReActFinalAnswer(answer=answer, thought=thought, notes=notes)
+        return failure('Invalid format: to finish, write "Final Answer: <your answer>".')
+    if not found and _is_word(name, _NO_ACTION, names):
+        return failure(
+            f'Invalid format: "Action:" must name a tool (one of: {_available(names)}); '
+            'if you know the answer, write "Final Answer: <your answer>" instead.'
+        )
+    if not found:
+        shown = name if len(name) <= 80 else name[:77] + "..."
+        return failure(
+            f'Invalid action: there is no tool named "{shown}". Available tools: {_available(names)}. '
+            'Write one of these names exactly after "Action:", or finish with "Final Answer: <your answer>".'
+        )
+    if len(found) > 1:
+        return failure(
+            f'Invalid action: "{name}" matches several tools that differ only in case '
+            f"({', '.join(found)}). Write the tool's exact name."
+        )
+    tool_input = _input(raw_input) if raw_input is not None else {}
+    if isinstance(tool_input, str):
+        return failure(
+            f"Invalid action input for tool {found[0]}: {tool_input}. "
+            'Write the input as a JSON object, e.g. Action Input: {"name": "value"}.'
+        )
+    return ReActAction(tool=found[0], tool_input=tool_input, thought=thought, notes=notes)
