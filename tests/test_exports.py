@@ -14,7 +14,7 @@ ADAPTER_SEAM = {"Advance", "BlobsMissingError", "BranchResult", "Claim", "Commit
                 "Frames", "NewRun", "Parent", "Taken", "Transition", "Wait"}
 
 
-@pytest.mark.parametrize("package", ["dflow", "dflow.testing", "adapters", "dflow_agents"])
+@pytest.mark.parametrize("package", ["dflow", "dflow.testing", "dflow.adapters", "dflow_agents"])
 def test_all_is_sorted_and_resolves(package: str) -> None:
     mod = importlib.import_module(package)
     names = list(mod.__all__)
@@ -42,6 +42,6 @@ def test_core_imports_no_infrastructure_clients() -> None:
     import subprocess
     import sys
 
-    code = "import dflow, adapters, sys; print([m for m in ('redis', 'kafka', 'openai') if m in sys.modules])"
+    code = "import dflow, dflow.adapters, sys; print([m for m in ('redis', 'kafka', 'openai') if m in sys.modules])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -14,6 +14,7 @@ import os
 import queue
 import socket
 import threading
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -79,7 +80,7 @@ class _Partition:
     def __init__(self) -> None:
         self.outstanding: set[int] = set()
         self.high = -1
-        self.committed = -1
+        self.committed: int = -1
 
     def point(self) -> int:
         return min(self.outstanding) if self.outstanding else self.high + 1
@@ -363,15 +364,15 @@ class _Reader(threading.Thread, ConsumerRebalanceListener):
         else:
             self.consumer.commit_async(offsets, callback=self._committed)
         for tp, om in offsets.items():
-            if tp in self.parts:
+            if tp in self.parts and om.offset is not None:  # (it is: the points above)
                 self.parts[tp].committed = om.offset
 
-    def _committed(self, offsets: dict[TopicPartition, OffsetAndMetadata], response: Any) -> None:
+    def _committed(self, offsets: Mapping[TopicPartition, OffsetAndMetadata], response: object) -> None:
         if isinstance(response, Exception):
             log.warning("dflow: committing Kafka offsets failed (%s); committing again", response)
             for tp, om in offsets.items():  # commit these again with the next round
                 state = self.parts.get(tp)
-                if state is not None and state.committed <= om.offset:
+                if state is not None and om.offset is not None and state.committed <= om.offset:
                     state.committed = min(state.committed, om.offset - 1)
 
     def run(self) -> None:

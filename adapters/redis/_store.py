@@ -6,7 +6,7 @@ import logging
 import os
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import msgpack
 import redis.asyncio as aioredis
@@ -103,10 +103,7 @@ class RedisStore(Store):
         self.redispatch_after = redispatch_after
         self.blob_ttl = blob_ttl
         self.redis = connect(url, **options)
-        self._scripts = {
-            name: self.redis.register_script(getattr(_scripts, name))
-            for name in ("CREATE", "CLAIM", "COMMIT", "RESUME", "INIT_DONE", "EXTEND", "PARK", "DUE")
-        }
+        self._scripts = {name: self.redis.register_script(s.source) for name, s in _scripts.SCRIPTS.items()}
         self._tokens = 0
         self._token_base = f"{os.getpid()}-{id(self):x}-"
         # The stream, group and consumer this store writes step messages to (fused), if any.
@@ -149,19 +146,21 @@ class RedisStore(Store):
         msg = run.message
         parent = run.parent
         frames = run.frames
-        args = [
-            self.prefix, run.trace_id, time.time(), self.redispatch_after, int(self.ttl * 1000), self._stream,
-            int(self.blob_ttl * 1000), " ".join(frames.blobs) if frames else "", frames.record if frames else b"",
-            run.value,
-            msg.encode() if msg is not None else b"",
-            msg.seq if msg is not None else 0,
-            msg.key if msg is not None else "",
-            msg.kind if msg is not None else 0,
-            run.result if run.result is not None else b"",
-            parent.trace_id if parent else "", parent.seq if parent else 0, parent.index if parent else 0,
-            len(run.records), *(_record(r) for r in run.records),
-            len(run.data), *(x for kv in run.data.items() for x in kv),
-        ]
+        args = _scripts.CREATE.args(
+            prefix=self.prefix, trace=run.trace_id, now=time.time(), redispatch=self.redispatch_after,
+            ttl_ms=int(self.ttl * 1000), stream=self._stream, blob_grace_ms=int(self.blob_ttl * 1000),
+            blobs=" ".join(frames.blobs) if frames else "", frames=frames.record if frames else b"",
+            value=run.value,
+            msg=msg.encode() if msg is not None else b"",
+            seq=msg.seq if msg is not None else 0,
+            key=msg.key if msg is not None else "",
+            kind=msg.kind if msg is not None else 0,
+            result=run.result if run.result is not None else b"",
+            parent_trace=parent.trace_id if parent else "", parent_seq=parent.seq if parent else 0,
+            parent_index=parent.index if parent else 0,
+            records=[_record(r) for r in run.records],
+            data=[x for kv in run.data.items() for x in kv],
+        )
         reply = await self._run_script("CREATE", args, frames.new_blobs if frames else None)
         if reply is None:
             raise RunExistsError(f"a run with trace id {run.trace_id!r} already exists", trace_id=run.trace_id)
@@ -174,8 +173,10 @@ class RedisStore(Store):
     async def claim(self, message: Message, worker: str, lease: float) -> Claim | None:
         token = self._token()
         body = message.encode()
-        args = [self.prefix, message.trace_id, body, message.seq, message.attempt, message.key, message.kind,
-                time.time(), lease, token]
+        args = _scripts.CLAIM.args(
+            prefix=self.prefix, trace=message.trace_id, msg=body, seq=message.seq, attempt=message.attempt,
+            key=message.key, kind=message.kind, now=time.time(), lease=lease, token=token,
+        )
         r = await self._run_script("CLAIM", args)
         if r is None:
             return None
@@ -212,13 +213,16 @@ class RedisStore(Store):
                 blobs.update(f.new_blobs)
                 if f.blobs == claim.blobs:
                     blob_refs = "="  # it refers to the same blobs as before: nothing to count
-            fields = ["advance", frames_arg, transition.value, m.encode(), m.seq, m.attempt, m.key,
-                      transition.at or 0, m.kind, blob_refs]
+            kind = "advance"
+            fields = [frames_arg, transition.value, m.encode(), m.seq, m.attempt, m.key, transition.at or 0, m.kind,
+                      blob_refs]
         elif isinstance(transition, Wait):
-            fields = ["wait", transition.call_type, "1" if transition.init_pending else "0"]
+            kind = "wait"
+            fields = [transition.call_type, "1" if transition.init_pending else "0"]
         elif isinstance(transition, Fork):
             j = transition.join
-            fields = ["fork", transition.kind, j.encode(), j.seq, j.key, len(transition.children)]
+            kind = "fork"
+            fields = [transition.kind, j.encode(), j.seq, j.key, len(transition.children)]
             for child in transition.children:
                 assert child.message is not None and child.parent is not None and child.frames is not None
                 refs.update(child.frames.blobs)
@@ -227,23 +231,22 @@ class RedisStore(Store):
                            child.message.key, child.parent.index, " ".join(child.frames.blobs)]
             children = " ".join(c.trace_id for c in transition.children)
         elif isinstance(transition, Finish):
-            fields = ["finish", transition.result]
+            kind, fields = "finish", [transition.result]
         elif isinstance(transition, Fail):
-            fields = ["fail", _pack(transition.error)]
+            kind, fields = "fail", [_pack(transition.error)]
         else:  # pragma: no cover
             raise TypeError(f"unknown transition {transition!r}")
-        sets = [(k, v) for k, v in changes.items() if v is not None]
-        dels = [k for k, v in changes.items() if v is None]
-        args = [
-            self.prefix, claim.message.trace_id, claim.token, time.time(), int(self.ttl * 1000),
-            self.redispatch_after, claim.message.kind, self._stream, self._group, ack,
-            self._consumer if take_token else "", take_token, take_lease or 0, int(self.blob_ttl * 1000),
-            " ".join(sorted(refs)), children,
-            len(records), *(_record(r) for r in records),
-            len(sets), *(x for kv in sets for x in kv),
-            len(dels), *dels,
-            *fields,
-        ]
+        args = _scripts.COMMIT.args(
+            prefix=self.prefix, trace=claim.message.trace_id, token=claim.token, now=time.time(),
+            ttl_ms=int(self.ttl * 1000), redispatch=self.redispatch_after, claim_kind=claim.message.kind,
+            stream=self._stream, group=self._group, receipt=ack, taker=self._consumer if take_token else "",
+            take_token=take_token, take_lease=take_lease or 0, blob_grace_ms=int(self.blob_ttl * 1000),
+            blob_refs=" ".join(sorted(refs)), children=children, transition=kind,
+            records=[_record(r) for r in records],
+            sets=[x for k, v in changes.items() if v is not None for x in (k, v)],
+            dels=[k for k, v in changes.items() if v is None],
+            fields=fields,
+        )
         reply = await self._run_script("COMMIT", args, blobs)
         if reply is None:
             return Committed(False, acknowledged=bool(ack))
@@ -265,27 +268,27 @@ class RedisStore(Store):
         return Committed(True, messages, bool(ack), Taken(taken[1], taken[0], next_claim))
 
     async def extend(self, claims: list[Claim], lease: float) -> None:
-        args: list[Any] = [self.prefix, time.time(), lease]
-        for c in claims:
-            args += [c.message.trace_id, c.token]
-        await self._run_script("EXTEND", args)
+        pairs = [x for c in claims for x in (c.message.trace_id, c.token)]
+        await self._run_script("EXTEND", _scripts.EXTEND.args(prefix=self.prefix, now=time.time(), lease=lease,
+                                                              claims=pairs))
 
     async def init_done(self, trace_id: str, seq: int) -> None:
-        await self._run_script("INIT_DONE", [self.prefix, trace_id, seq])
+        await self._run_script("INIT_DONE", _scripts.INIT_DONE.args(prefix=self.prefix, trace=trace_id, seq=seq))
 
     async def park(self, claim: Claim, reason: str, *, base: float = 0.5, cap: float = 30.0) -> int:
         msg = claim.message
-        args = [self.prefix, msg.trace_id, claim.token, reason, time.time(), msg.encode(), base, cap]
+        args = _scripts.PARK.args(prefix=self.prefix, trace=msg.trace_id, token=claim.token, reason=reason,
+                                  now=time.time(), msg=msg.encode(), base=base, cap=cap)
         count = await self._run_script("PARK", args)
         return int(count or 0)
 
     async def resume(
         self, trace_id: str, call_type: str, payload: bytes, *, failed: bool = False, seq: int | None = None
     ) -> list[Message]:
-        r = await self._run_script(
-            "RESUME", [self.prefix, trace_id, call_type, payload, "1" if failed else "0", time.time(),
-                       self.redispatch_after, "" if seq is None else seq, self._stream]
-        )
+        r = await self._run_script("RESUME", _scripts.RESUME.args(
+            prefix=self.prefix, trace=trace_id, call_type=call_type, payload=payload, failed="1" if failed else "0",
+            now=time.time(), redispatch=self.redispatch_after, seq="" if seq is None else seq, stream=self._stream,
+        ))
         if r[0] == b"missing":
             raise RunNotFoundError(f"no run with trace id {trace_id!r} (never started, or expired)", trace_id=trace_id)
         if r[0] == b"not":
@@ -295,32 +298,37 @@ class RedisStore(Store):
         return [Message.decode(m) for m in r[1]]
 
     async def due(self, now: float, limit: int = 1000) -> tuple[list[Message], float | None]:
-        out, nxt, bad = await self._run_script("DUE", [self.prefix, now, limit, self.redispatch_after, self._stream])
+        out, nxt, bad = await self._run_script("DUE", _scripts.DUE.args(
+            prefix=self.prefix, now=now, limit=limit, redispatch=self.redispatch_after, stream=self._stream,
+        ))
         if bad:
             log.error("dflow: dropped %d unreadable timer, outbox or lease entries of the Redis store", bad)
         return [Message.decode(m) for m in out], (float(nxt) if nxt else None)
 
+    # The client replies with bytes (it does not decode responses); redis-py's annotations
+    # cannot say so and give bytes | str: the casts say it.
+
     async def get_run(self, trace_id: str) -> RunInfo | None:
         with store_errors():
-            h = await self.redis.hgetall(f"{self.prefix}:r:{trace_id}")
+            h = cast("dict[bytes, bytes]", await self.redis.hgetall(f"{self.prefix}:r:{trace_id}"))
         if not h:
             return None
         return _info(trace_id, h)
 
     async def get_data(self, trace_id: str) -> dict[str, bytes]:
         with store_errors():
-            h = await self.redis.hgetall(f"{self.prefix}:d:{trace_id}")
+            h = cast("dict[bytes, bytes]", await self.redis.hgetall(f"{self.prefix}:d:{trace_id}"))
         return {k.decode(): v for k, v in h.items()}
 
     async def get_steps(self, trace_id: str) -> list[StepRecord]:
         with store_errors():
-            raw = await self.redis.lrange(f"{self.prefix}:s:{trace_id}", 0, -1)
+            raw = cast("list[bytes]", await self.redis.lrange(f"{self.prefix}:s:{trace_id}", 0, -1))
         return [_unrecord(r) for r in raw]
 
     async def get_blob(self, ref: str) -> bytes | None:
         with store_errors():
-            blob = await self.redis.get(f"{self.prefix}:b:{ref}")
-        return blob  # type: ignore[no-any-return]
+            blob = cast("bytes | None", await self.redis.get(f"{self.prefix}:b:{ref}"))
+        return blob
 
     async def wait_many(self, trace_ids: list[str], timeout: float | None) -> list[RunInfo]:
         """Wait for runs to finish: woken by the notification each run publishes when it
@@ -405,7 +413,8 @@ class RedisStore(Store):
         start = 0
         with store_errors():
             while len(out) < limit:
-                ids = await self.redis.zrevrange(f"{self.prefix}:runs", start, start + limit - 1)
+                ids = cast("list[bytes]",
+                           await self.redis.zrevrange(f"{self.prefix}:runs", start, start + limit - 1))
                 if not ids:
                     break
                 start += len(ids)

@@ -7,7 +7,7 @@ import os
 import socket
 import time
 from collections import deque
-from typing import Any
+from typing import Any, cast
 
 import redis.exceptions as rex
 
@@ -77,7 +77,7 @@ class RedisStreamsTransport(Transport):
                 await pipe.execute()
 
     def _take(self, n: int) -> list[Delivery]:
-        out = []
+        out: list[Delivery] = []
         while self._buffer and len(out) < n:
             out.append(self._buffer.popleft())
         return out
@@ -104,7 +104,8 @@ class RedisStreamsTransport(Transport):
             self._last_claim = now
             start = "0-0"
             while len(self._buffer) < self.prefetch:
-                reply = await self.redis.xautoclaim(
+                # (Any: replies of either shape, RESP2's lists here, redis-py's annotations name both)
+                reply: Any = await self.redis.xautoclaim(
                     self.stream, self.group, self.consumer, int(self.redeliver_after * 1000),
                     start_id=start, count=self.prefetch,
                 )
@@ -148,7 +149,9 @@ class RedisStreamsTransport(Transport):
     async def dead_letters(self, count: int = 100) -> list[tuple[bytes, str]]:
         """The newest messages set aside, with their reasons."""
         with transport_errors():
-            entries = await self.redis.xrevrange(self.dead_stream, count=count)
+            # (the client replies with bytes: redis-py's annotations cannot say so)
+            entries = cast("list[tuple[bytes, dict[bytes, bytes]]]",
+                           await self.redis.xrevrange(self.dead_stream, count=count))
         return [(f.get(b"m", b""), f.get(b"reason", b"").decode()) for _, f in entries]
 
     async def ping(self) -> None:

@@ -95,7 +95,9 @@ class FinishWatch:
                 conn.retry, retry = Retry(NoBackoff(), 0), conn.retry
                 await pubsub.subscribe(self.channel)
                 me = asyncio.current_task()
-                if me is not None and me.cancelling():  # redis-py swallowed our cancellation
+                # redis-py may have swallowed our cancellation (Task.cancelling: Python 3.11+)
+                cancelling = getattr(me, "cancelling", None)
+                if cancelling is not None and cancelling():
                     raise asyncio.CancelledError
                 while True:
                     m = await pubsub.get_message(timeout=None)
@@ -113,7 +115,7 @@ class FinishWatch:
                 self._wake_all()
             finally:
                 if conn is not None:  # the connection goes back to the pool as it came
-                    conn.retry = retry
+                    conn.retry = retry  # pyright: ignore[reportAttributeAccessIssue]  # set with conn: not None
                 with contextlib.suppress(Exception):
                     await pubsub.aclose()
             await asyncio.sleep(0.5)

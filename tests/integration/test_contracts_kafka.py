@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from adapters.kafka import KafkaTransport
 from dflow import Transport
+from dflow.adapters.kafka import KafkaTransport
 from dflow.testing import TransportContract
 
 from .conftest import kafka_test_settings

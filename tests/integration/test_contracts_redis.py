@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from adapters.redis import RedisStore, RedisStreamsTransport
 from dflow import Store, Transport
+from dflow.adapters.redis import RedisStore, RedisStreamsTransport
 from dflow.testing import FusedStoreContract, StoreContract, TransportContract
 
 

@@ -19,7 +19,7 @@ import redis
 
 import dflow
 from dflow import DFlow, RunStatus, StepStatus
-from dflow._urls import transport_from_url
+from dflow._connect import transport_from_url
 
 from . import flows
 from .conftest import SECRET, kafka_test_settings

@@ -15,13 +15,13 @@ import pytest
 import redis
 
 import dflow
-from adapters.redis import RedisStore, RedisStreamsTransport
-from adapters.redis._errors import connect
-from adapters.redis._store import fusable
 from dflow import DFlow
 from dflow._codec import Message, encode
 from dflow._model import Frame
-from dflow._urls import store_from_url
+from dflow._connect import store_from_url
+from dflow.adapters.redis import RedisStore, RedisStreamsTransport
+from dflow.adapters.redis._errors import connect
+from dflow.adapters.redis._store import fusable
 from dflow.context import RunStatus, StepStatus
 from dflow.store import Finish, wait_finished
 from dflow.testing import MALFORMED_MESSAGES

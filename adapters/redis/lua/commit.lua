@@ -1,0 +1,213 @@
+-- COMMIT: the end of a step, atomically: check the lease, append the step records, apply the
+-- data changes, take the run to its next transition, and (with a stream) acknowledge the
+-- delivery and take the next message. Returns false when the lease is lost, {'need', refs}
+-- for blobs not stored, {'exists', child} for a branch id taken (in those cases only the
+-- delivery is acknowledged), else {'ok', messages to publish, taken}.
+--
+-- ARGV, as _scripts.COMMIT lays it out (a test holds this list to it):
+--   ARGV[1]  prefix          P, before every key
+--   ARGV[2]  trace           the run id
+--   ARGV[3]  token           the claim's lease token
+--   ARGV[4]  now             seconds
+--   ARGV[5]  ttl_ms          how long a finished run is kept
+--   ARGV[6]  redispatch      seconds before an unclaimed outbox message is published again
+--   ARGV[7]  claim_kind      the kind of the claimed message (2: a join, whose state goes)
+--   ARGV[8]  stream          the stream step messages go to ('' for the outbox)
+--   ARGV[9]  group           its consumer group
+--   ARGV[10] receipt         the delivery to acknowledge ('' for none)
+--   ARGV[11] taker           the consumer to take the next message for ('' for none)
+--   ARGV[12] take_token      the lease token and length of that claim
+--   ARGV[13] take_lease
+--   ARGV[14] blob_grace_ms   how long a blob no run references is kept
+--   ARGV[15] blob_refs       the blobs the transition references (children's too), space-separated
+--   ARGV[16] children        the ids of the branches it creates, space-separated
+--   ARGV[17] transition      advance, wait, fork, finish or fail: what its fields are (below)
+--   ARGV[18] n_records       how many ARGV slots each part takes
+--   ARGV[19] n_sets
+--   ARGV[20] n_dels
+--   ARGV[21] n_fields
+--   ARGV[22..] records, sets, dels, fields   the parts, in this order: step records; (field,
+--            value) pairs to set; fields to delete; the transition's fields
+-- KEYS: none (every key is built from P).
+-- With a stream: the delivery ``receipt`` is acknowledged, and when ``taker`` is given the
+-- next new message of the stream is read for that consumer and claimed (``take``).
+local P, t = ARGV[1], ARGV[2]
+STREAM, GRACE = ARGV[8], tonumber(ARGV[14])
+local GROUP, RECEIPT, TAKER, TAKE_TOKEN, TAKE_LEASE = ARGV[9], ARGV[10], ARGV[11], ARGV[12], ARGV[13]
+if RECEIPT ~= '' then
+  redis.call('XACK', STREAM, GROUP, RECEIPT)
+  redis.call('XDEL', STREAM, RECEIPT)
+end
+local rk = P..':r:'..t
+local lease = redis.call('HMGET', rk, 'lease_token', 'lease_len', 'lease_msg', 'p_trace')
+if lease[1] ~= ARGV[3] then return false end
+-- Nothing is written before these checks pass.
+local missing = {}
+missing_blobs(P, ARGV[15], missing)
+if #missing > 0 then return {'need', missing} end
+for ct in string.gmatch(ARGV[16], '%S+') do
+  if redis.call('EXISTS', P..':r:'..ct) == 1 then return {'exists', ct} end
+end
+local now, ttl, redispatch = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+
+-- A step message exactly as Message.decode accepts it (the same rules, tested on one table):
+-- an array of 5 [trace, seq, key, attempt, kind]: a run id, a non-empty UTF-8 key, counts from
+-- 0 below 2^53, kind 0-3, in the shortest encoding (as packing its fields again gives).
+-- Anything else goes back to the worker, which dead-letters it.
+local function utf8_ok(s)
+  if not string.find(s, '[\128-\255]') then return true end
+  local i, n = 1, #s
+  while i <= n do
+    local c = string.byte(s, i)
+    local extra
+    if c < 0x80 then extra = 0
+    elseif c >= 0xC2 and c <= 0xDF then extra = 1
+    elseif c >= 0xE0 and c <= 0xEF then extra = 2
+    elseif c >= 0xF0 and c <= 0xF4 then extra = 3
+    else return false end
+    if i + extra > n then return false end
+    for k = i + 1, i + extra do
+      local b = string.byte(s, k)
+      if b < 0x80 or b > 0xBF then return false end
+    end
+    local b2 = string.byte(s, i + 1)
+    if (c == 0xE0 and b2 < 0xA0) or (c == 0xED and b2 > 0x9F) or (c == 0xF0 and b2 < 0x90)
+       or (c == 0xF4 and b2 > 0x8F) then return false end
+    i = i + extra + 1
+  end
+  return true
+end
+
+-- A run id, as dflow._ids.is_run_id: a user's id, then /seq-index for each level of branches.
+local function run_id_ok(s)
+  if #s > 1024 then return false end
+  local head, rest = string.match(s, '^([A-Za-z0-9_.:@%-]+)(.*)$')
+  if not head or #head > 128 then return false end
+  while rest ~= '' do
+    local tail = string.match(rest, '^/%d+%-%d+(.*)$')
+    if not tail then return false end
+    rest = tail
+  end
+  return true
+end
+
+local function as_step(body)
+  if #body > 16384 or string.byte(body, 1) ~= 0x95 then return nil end
+  local ok, f = pcall(cmsgpack.unpack, body)
+  if not ok or type(f) ~= 'table' or #f ~= 5 then return nil end
+  if type(f[1]) ~= 'string' or type(f[3]) ~= 'string' or f[3] == '' then return nil end
+  if not run_id_ok(f[1]) or not utf8_ok(f[3]) then return nil end
+  for _, k in ipairs({2, 4, 5}) do
+    if type(f[k]) ~= 'number' or f[k] ~= math.floor(f[k]) or f[k] < 0 or f[k] >= 9007199254740992 then
+      return nil
+    end
+  end
+  if f[5] > 3 or cmsgpack.pack(f) ~= body then return nil end
+  return f
+end
+
+local function take()
+  for _ = 1, 8 do
+    local rep = redis.pcall('XREADGROUP', 'GROUP', GROUP, TAKER, 'COUNT', 1, 'STREAMS', STREAM, '>')
+    if type(rep) ~= 'table' or rep.err or not rep[1] then return false end
+    local entry = rep[1][2][1]
+    local id, fields = entry[1], entry[2]
+    local body
+    for k = 1, #fields - 1, 2 do
+      if fields[k] == 'm' then body = fields[k + 1] end
+    end
+    if not body then return {id, ''} end
+    local f = as_step(body)
+    if not f then return {id, body} end  -- not a step message: the worker sets it aside
+    local c = claim_step(P, f[1], body, string.format('%d', f[2]), string.format('%d', f[4]), f[3],
+                         string.format('%d', f[5]), now, TAKE_LEASE, TAKE_TOKEN)
+    if c and c[1] == 'refused' then return {id, body} end  -- the worker's own claim refuses it too
+    if c then return {id, body, c} end
+    redis.call('XACK', STREAM, GROUP, id)  -- stale: its step was committed or is leased
+    redis.call('XDEL', STREAM, id)
+  end
+  return false
+end
+local dk = P..':d:'..t
+local child = lease[4] ~= false
+local i = 22
+local n = tonumber(ARGV[18])
+if n > 0 then redis.call('RPUSH', P..':s:'..t, unpack(ARGV, i, i + n - 1)) end
+i = i + n
+n = tonumber(ARGV[19])
+if n > 0 then
+  redis.call('HSET', dk, unpack(ARGV, i, i + n - 1))
+  if child then
+    for j = i, i + n - 1, 2 do redis.call('SADD', P..':c:'..t, ARGV[j]) end
+  end
+end
+i = i + n
+n = tonumber(ARGV[20])
+if n > 0 then
+  redis.call('HDEL', dk, unpack(ARGV, i, i + n - 1))
+  if child then redis.call('SADD', P..':c:'..t, unpack(ARGV, i, i + n - 1)) end
+end
+i = i + n
+redis.call('HDEL', rk, 'lease_token', 'lease_until', 'lease_len', 'lease_msg', 'parked', 'due')
+redis.call('ZREM', P..':leases', t)
+redis.call('HSET', rk, 'updated', ARGV[4])
+if ARGV[7] == '2' then redis.call('DEL', P..':j:'..t, P..':js:'..t, P..':ja:'..t, P..':jc:'..t) end
+local kind = ARGV[17]
+local out = {}
+if kind == 'advance' then
+  -- frames, value, msg, seq, attempt, key, at, message kind, blobs ('=' when unchanged)
+  redis.call('HSET', rk, 'status', 'running', 'frames', ARGV[i], 'value', ARGV[i + 1], 'seq', ARGV[i + 3],
+             'attempt', ARGV[i + 4], 'key', ARGV[i + 5], 'kind', ARGV[i + 7])
+  if ARGV[i + 8] ~= '=' then set_blobs(P, rk, ARGV[i + 8]) end  -- '=': the same blobs as before
+  local at = tonumber(ARGV[i + 6])
+  if at > now then
+    redis.call('ZADD', P..':timers', at, ARGV[i + 2])
+    redis.call('HSET', rk, 'status', 'sleeping', 'due', ARGV[i + 6])
+  else
+    emit(P, now, redispatch, ARGV[i + 2], out)
+  end
+elseif kind == 'wait' then
+  -- call_type, init_pending
+  redis.call('HSET', rk, 'status', 'waiting', 'waiting', ARGV[i], 'init_pending', ARGV[i + 1])
+  if ARGV[i + 1] == '1' then
+    local until_ = tostring(now + tonumber(lease[2]))
+    redis.call('HSET', rk, 'lease_token', ARGV[3], 'lease_until', until_, 'lease_len', lease[2],
+               'lease_msg', lease[3])
+    redis.call('ZADD', P..':leases', until_, t)
+  end
+elseif kind == 'fork' then
+  -- kind, join msg, join seq, join key, n, then per child: trace, frames, value, msg, key, index, blobs
+  local jk = P..':j:'..t
+  redis.call('DEL', jk, P..':js:'..t, P..':ja:'..t, P..':jc:'..t)
+  local nchild = tonumber(ARGV[i + 4])
+  redis.call('HSET', jk, 'kind', ARGV[i], 'n', ARGV[i + 4], 'msg', ARGV[i + 1], 'closed', '0')
+  redis.call('HSET', rk, 'status', 'waiting', 'seq', ARGV[i + 2], 'attempt', '0', 'key', ARGV[i + 3], 'kind', '2')
+  local data = redis.call('HGETALL', dk)
+  local jseq = ARGV[i + 2]
+  i = i + 5
+  for c = 1, nchild do
+    local ct = ARGV[i]
+    local crk = P..':r:'..ct
+    redis.call('HSET', crk, 'status', 'running', 'frames', ARGV[i + 1], 'value', ARGV[i + 2], 'seq', '0',
+               'attempt', '0', 'key', ARGV[i + 4], 'kind', '0', 'created', ARGV[4], 'updated', ARGV[4],
+               'p_trace', t, 'p_seq', jseq, 'p_index', ARGV[i + 5])
+    set_blobs(P, crk, ARGV[i + 6])
+    if #data > 0 then redis.call('HSET', P..':d:'..ct, unpack(data)) end
+    redis.call('ZADD', P..':runs', now, ct)
+    redis.call('ZREM', P..':expiry', ct)
+    redis.call('RPUSH', P..':jc:'..t, ct)
+    emit(P, now, redispatch, ARGV[i + 3], out)
+    i = i + 7
+  end
+elseif kind == 'finish' then
+  redis.call('HSET', rk, 'status', 'done', 'result', ARGV[i])
+  finished(P, t, rk, now, redispatch, ttl, out)
+elseif kind == 'fail' then
+  redis.call('HSET', rk, 'status', 'failed', 'error', ARGV[i])
+  finished(P, t, rk, now, redispatch, ttl, out)
+else
+  return redis.error_reply('unknown transition ' .. kind)
+end
+local taken = false
+if TAKER ~= '' and STREAM ~= '' then taken = take() end
+return {'ok', out, taken}

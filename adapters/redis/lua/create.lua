@@ -1,0 +1,58 @@
+-- CREATE: a run, its step records and data, then its first step message (or, for a run
+-- finished at creation, its end). Returns false when the run exists, {'need', refs} when
+-- blobs it refers to are not stored, else {'ok', messages to publish}.
+--
+-- ARGV, as _scripts.CREATE lays it out (a test holds this list to it):
+--   ARGV[1]  prefix          P, before every key
+--   ARGV[2]  trace           the run id
+--   ARGV[3]  now             seconds
+--   ARGV[4]  redispatch      seconds before an unclaimed outbox message is published again
+--   ARGV[5]  ttl_ms          how long a finished run is kept
+--   ARGV[6]  stream          the stream step messages go to ('' for the outbox)
+--   ARGV[7]  blob_grace_ms   how long a blob no run references is kept
+--   ARGV[8]  blobs           the blobs the frames refer to, space-separated
+--   ARGV[9]  frames          the frames record
+--   ARGV[10] value           the step's input
+--   ARGV[11] msg             the first step message ('' for a run finished at creation)
+--   ARGV[12] seq             its seq, key and kind
+--   ARGV[13] key
+--   ARGV[14] kind
+--   ARGV[15] result          the result of a run finished at creation
+--   ARGV[16] parent_trace    '' for a run that is not a branch
+--   ARGV[17] parent_seq
+--   ARGV[18] parent_index
+--   ARGV[19] n_records       how many ARGV slots each part takes
+--   ARGV[20] n_data
+--   ARGV[21..] records, data   the parts, in this order: step records; (field, value) pairs
+-- KEYS: none (every key is built from P).
+local P, t = ARGV[1], ARGV[2]
+STREAM, GRACE = ARGV[6], tonumber(ARGV[7])
+local rk = P..':r:'..t
+if redis.call('EXISTS', rk) == 1 then return false end
+local missing = {}
+missing_blobs(P, ARGV[8], missing)
+if #missing > 0 then return {'need', missing} end
+local now, redispatch, ttl = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+redis.call('HSET', rk, 'frames', ARGV[9], 'value', ARGV[10], 'seq', ARGV[12], 'attempt', '0', 'key', ARGV[13],
+           'kind', ARGV[14], 'created', ARGV[3], 'updated', ARGV[3])
+set_blobs(P, rk, ARGV[8])
+if ARGV[16] ~= '' then
+  redis.call('HSET', rk, 'p_trace', ARGV[16], 'p_seq', ARGV[17], 'p_index', ARGV[18])
+end
+local i = 21
+local n = tonumber(ARGV[19])
+if n > 0 then redis.call('RPUSH', P..':s:'..t, unpack(ARGV, i, i + n - 1)) end
+i = i + n
+n = tonumber(ARGV[20])
+if n > 0 then redis.call('HSET', P..':d:'..t, unpack(ARGV, i, i + n - 1)) end
+redis.call('ZADD', P..':runs', now, t)
+redis.call('ZREM', P..':expiry', t)
+local out = {}
+if ARGV[11] ~= '' then
+  redis.call('HSET', rk, 'status', 'running')
+  emit(P, now, redispatch, ARGV[11], out)
+else
+  redis.call('HSET', rk, 'status', 'done', 'result', ARGV[15])
+  finished(P, t, rk, now, redispatch, ttl, out)
+end
+return {'ok', out}

@@ -1,0 +1,68 @@
+-- DUE: what is due at ``now``: timers that fired, outbox messages published and never
+-- claimed, leases that ran out (their steps run again), and finished runs whose keys
+-- expired. Returns {messages to publish, the next due time or false, unreadable entries}.
+--
+-- ARGV, as _scripts.DUE lays it out (a test holds this list to it):
+--   ARGV[1]  prefix       P, before every key
+--   ARGV[2]  now          seconds
+--   ARGV[3]  limit        at most this many entries of each kind
+--   ARGV[4]  redispatch   seconds before an unclaimed outbox message is published again
+--   ARGV[5]  stream       the stream step messages go to ('' for the outbox)
+-- KEYS: none (every key is built from P).
+-- Entries that cannot be read (written by hand, or by another program) are dropped and
+-- counted, never allowed to stall the timers of every worker.
+local P, now, limit, redispatch = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+STREAM = ARGV[5]
+local out = {}
+local bad = 0
+for _, m in ipairs(redis.call('ZRANGEBYSCORE', P..':timers', '-inf', now, 'LIMIT', 0, limit)) do
+  redis.call('ZREM', P..':timers', m)
+  emit(P, now, redispatch, m, out)
+end
+for _, m in ipairs(redis.call('ZRANGEBYSCORE', P..':outbox', '-inf', now, 'LIMIT', 0, limit)) do
+  redis.call('ZREM', P..':outbox', m)
+  local ok, f = pcall(cmsgpack.unpack, m)
+  if ok and type(f) == 'table' and type(f[1]) == 'string' then
+    local r = redis.call('HMGET', P..':r:'..f[1], 'seq', 'attempt')
+    if r[1] and tonumber(r[1]) == f[2] and tonumber(r[2]) == f[4] then
+      emit(P, now, redispatch, m, out)  -- published and never claimed: publish again
+    end
+  else
+    bad = bad + 1
+  end
+end
+for _, t in ipairs(redis.call('ZRANGEBYSCORE', P..':leases', '-inf', now, 'LIMIT', 0, limit)) do
+  local rk = P..':r:'..t
+  local r = redis.call('HMGET', rk, 'lease_until', 'lease_msg', 'attempt')
+  redis.call('ZREM', P..':leases', t)
+  if r[1] and tonumber(r[1]) > now then
+    redis.call('ZADD', P..':leases', r[1], t)  -- renewed meanwhile: keep watching it
+  elseif r[1] then
+    local ok, f = pcall(cmsgpack.unpack, r[2] or '')
+    redis.call('HDEL', rk, 'lease_token', 'lease_until', 'lease_len', 'lease_msg')
+    if ok and type(f) == 'table' then
+      local attempt = tonumber(r[3]) + 1
+      f[4] = attempt
+      redis.call('HSET', rk, 'attempt', tostring(attempt))
+      emit(P, now, redispatch, cmsgpack.pack(f), out)
+    else
+      bad = bad + 1
+    end
+  end
+end
+-- finished runs whose keys expired leave the runs index
+for _, t in ipairs(redis.call('ZRANGEBYSCORE', P..':expiry', '-inf', now, 'LIMIT', 0, limit)) do
+  redis.call('ZREM', P..':expiry', t)
+  local left = redis.call('PTTL', P..':r:'..t)
+  if left == -2 then
+    redis.call('ZREM', P..':runs', t)  -- gone
+  elseif left >= 0 then
+    redis.call('ZADD', P..':expiry', now + left / 1000 + 1, t)  -- not yet (our clock runs ahead)
+  end  -- no expiry at all: started again under this id, it stays listed
+end
+local nxt = false
+for _, z in ipairs({'timers', 'outbox', 'leases', 'expiry'}) do
+  local first = redis.call('ZRANGE', P..':'..z, 0, 0, 'WITHSCORES')
+  if first[2] and ((not nxt) or tonumber(first[2]) < nxt) then nxt = tonumber(first[2]) end
+end
+return {out, nxt and tostring(nxt) or false, bad}

@@ -1,0 +1,71 @@
+-- Fragment: finishing runs (assembled after emit and blobs, before create and commit).
+-- ``finished`` clears a run that ended, hands its result to the join of its parent
+-- (``arrive``), tells the processes waiting for it, and lets its keys expire after the ttl.
+local function run_keys(P, t)
+  return {P..':r:'..t, P..':d:'..t, P..':s:'..t, P..':c:'..t, P..':j:'..t, P..':js:'..t, P..':ja:'..t,
+          P..':jc:'..t}
+end
+
+local CANCELLED = cmsgpack.pack({type = 'dflow.Cancelled', step = '',
+  message = 'cancelled: its zip/any join closed without it (a winner was found, or a branch failed)'})
+local finished
+
+
+local function arrive(P, t, rk, now, redispatch, ttl, out)
+  local link = redis.call('HMGET', rk, 'p_trace', 'p_seq', 'p_index', 'status', 'result', 'error')
+  if not link[1] then return end
+  local pt = link[1]
+  local prk = P..':r:'..pt
+  if redis.call('HGET', prk, 'seq') ~= link[2] then return end
+  local jk = P..':j:'..pt
+  local j = redis.call('HMGET', jk, 'kind', 'n', 'msg', 'closed')
+  if not j[1] or j[4] == '1' then return end
+  if redis.call('SADD', P..':ja:'..pt, link[3]) == 0 then return end
+  local ok = link[4] == 'done'
+  local changes = {}
+  local dk = P..':d:'..t
+  for _, k in ipairs(redis.call('SMEMBERS', P..':c:'..t)) do
+    changes[k] = redis.call('HGET', dk, k) or false
+  end
+  local slot = cmsgpack.pack({tonumber(link[3]), ok, link[5] or false, link[6] or false, changes})
+  redis.call('RPUSH', P..':js:'..pt, slot)
+  local arrived = redis.call('SCARD', P..':ja:'..pt)
+  local n = tonumber(j[2])
+  local complete
+  if j[1] == 'zip' then complete = (not ok) or arrived == n else complete = ok or arrived == n end
+  if complete then
+    redis.call('HSET', jk, 'closed', '1')
+    redis.call('HSET', prk, 'status', 'running', 'updated', tostring(now))
+    emit(P, now, redispatch, j[3], out)
+    -- the other branches are no longer wanted
+    for i, ct in ipairs(redis.call('LRANGE', P..':jc:'..pt, 0, -1)) do
+      if redis.call('SISMEMBER', P..':ja:'..pt, tostring(i - 1)) == 0 then
+        local crk = P..':r:'..ct
+        local st = redis.call('HGET', crk, 'status')
+        if st == 'running' or st == 'waiting' or st == 'sleeping' then
+          redis.call('HSET', crk, 'status', 'failed', 'error', CANCELLED, 'updated', tostring(now))
+          finished(P, ct, crk, now, redispatch, ttl, out)
+        end
+      end
+    end
+  end
+end
+
+finished = function(P, t, rk, now, redispatch, ttl, out)
+  redis.call('HDEL', rk, 'frames', 'value', 'lease_token', 'lease_until', 'lease_len', 'lease_msg', 'waiting',
+             'init_pending', 'parked', 'due')
+  redis.call('ZREM', P..':leases', t)
+  set_blobs(P, rk, '')
+  arrive(P, t, rk, now, redispatch, ttl, out)
+  local wk = P..':w:'..t
+  -- pcall: a user without pub/sub rights (Redis 7 ACLs) must not break the commit; waiters poll.
+  for _, channel in ipairs(redis.call('SMEMBERS', wk)) do redis.pcall('PUBLISH', channel, t) end
+  redis.call('DEL', wk)
+  if ttl > 0 then
+    for _, k in ipairs(run_keys(P, t)) do redis.call('PEXPIRE', k, ttl) end
+    redis.call('ZADD', P..':expiry', now + ttl / 1000, t)
+  else
+    redis.call('DEL', unpack(run_keys(P, t)))
+    redis.call('ZREM', P..':runs', t)
+  end
+end

@@ -1,0 +1,98 @@
+"""The Redis store's Lua scripts: each file documents the ARGV layout that Python builds, and
+reads fixed slots or counts from them, never the arguments counted from the end."""
+
+from __future__ import annotations
+
+import re
+from importlib import resources
+
+import pytest
+
+pytest.importorskip("redis")
+
+from dflow.adapters.redis import _scripts
+from dflow.adapters.redis._scripts import SCRIPTS, Script
+
+SLOT = re.compile(r"^--\s+ARGV\[(\d+)\]\s+(\w+)", re.MULTILINE)
+PARTS = re.compile(r"^--\s+ARGV\[(\d+)\.\.\]\s+(\w+(?:, \w+)*)", re.MULTILINE)
+FRAGMENTS = {"emit", "blobs", "finish", "claim_step"}
+
+
+def _lua(name: str) -> str:
+    return resources.files("dflow.adapters.redis").joinpath("lua").joinpath(f"{name}.lua").read_text(encoding="utf-8")
+
+
+def _code(lua: str) -> str:
+    """The Lua without its comments (none of the scripts has ``--`` inside a string)."""
+    return "\n".join(line.split("--", 1)[0] for line in lua.splitlines())
+
+
+def test_every_lua_file_is_used_and_every_script_is_assembled_from_its_files() -> None:
+    lua = resources.files("dflow.adapters.redis").joinpath("lua")
+    on_disk = {p.name[:-4] for p in lua.iterdir() if p.name.endswith(".lua")}
+    used = {f for s in SCRIPTS.values() for f in s.files}
+    assert used == on_disk
+    assert set(SCRIPTS) == {"CREATE", "CLAIM", "COMMIT", "RESUME", "INIT_DONE", "EXTEND", "PARK", "DUE"}
+    for s in SCRIPTS.values():
+        assert s.files[-1] not in FRAGMENTS and set(s.files[:-1]) <= FRAGMENTS
+        assert s.source == "\n".join(_lua(f) for f in s.files)
+    # a fragment comes after those it uses
+    for s in SCRIPTS.values():
+        if "finish" in s.files:
+            assert s.files.index("emit") < s.files.index("blobs") < s.files.index("finish")
+
+
+@pytest.mark.parametrize("script", sorted(SCRIPTS.values(), key=lambda s: s.name), ids=lambda s: s.name)
+def test_each_script_documents_the_layout_python_builds(script: Script) -> None:
+    own = _lua(script.files[-1])
+    documented = [(int(i), name) for i, name in SLOT.findall(own)]
+    assert documented == [(i, name) for name, i in script.slots.items()], (
+        f"the ARGV comment of {script.files[-1]}.lua is not {script.name}'s layout in _scripts.py"
+    )
+    parts = PARTS.findall(own)
+    if script.parts:
+        assert parts == [(str(len(script.slots) + 1), ", ".join(script.parts))]
+    else:
+        assert parts == []
+
+
+@pytest.mark.parametrize("script", sorted(SCRIPTS.values(), key=lambda s: s.name), ids=lambda s: s.name)
+def test_scripts_read_fixed_slots_and_counts_never_the_end(script: Script) -> None:
+    code = _code(_lua(script.files[-1]))
+    assert "#ARGV" not in code and "KEYS" not in code
+    read = {int(i) for i in re.findall(r"ARGV\[(\d+)\]", code)}
+    assert read and max(read) <= len(script.slots), "a fixed ARGV index past the header"
+    for f in script.files[:-1]:
+        assert "ARGV" not in _code(_lua(f)), f"the fragment {f}.lua reads ARGV: pass it what it needs"
+
+
+def test_args_lays_out_the_header_then_the_counts_then_the_parts() -> None:
+    s = Script("DEMO", ("emit",), ("prefix", "trace"), ("records", "pairs"))
+    assert s.slots == {"prefix": 1, "trace": 2, "n_records": 3, "n_pairs": 4}
+    assert s.args(trace="t", prefix="P", pairs=["k", "v"], records=[b"r1", b"r2", b"r3"]) == [
+        "P", "t", 3, 2, b"r1", b"r2", b"r3", "k", "v",
+    ]
+    assert s.args(prefix="P", trace="t", records=[], pairs=[]) == ["P", "t", 0, 0]
+    with pytest.raises(TypeError):
+        s.args(prefix="P", trace="t", records=[])  # a part missing
+    with pytest.raises(TypeError):
+        s.args(prefix="P", trace="t", records=[], pairs=[], extra=1)  # a name it does not have
+    with pytest.raises(TypeError):
+        s.args("P", "t", [], [])  # names only
+    with pytest.raises(ValueError):
+        Script("BAD", ("emit",), ("n_records",), ("records",))  # a slot named like a count
+    with pytest.raises(ValueError):
+        Script("BAD", ("emit",), ("prefix", "prefix"))
+
+
+@pytest.mark.parametrize("script", [s for s in SCRIPTS.values() if s.parts], ids=lambda s: s.name)
+def test_parts_start_after_the_header_and_are_read_by_their_counts(script: Script) -> None:
+    """The numbers a script reads its parts by are those its layout gives them."""
+    code = _code(_lua(script.files[-1]))
+    first = len(script.slots) + 1
+    assert f"local i = {first}" in code or f"for i = {first}," in code
+    for part in script.parts:
+        if part != "fields":  # COMMIT's last part: read from where the others end, by the transition
+            assert f"tonumber(ARGV[{script.slots['n_' + part]}])" in code
+    if script is _scripts.COMMIT:
+        assert f"local kind = ARGV[{script.slots['transition']}]" in code
