@@ -86,7 +86,7 @@ class MemoryTransport(Transport):
                         b.waiters.remove(fut)
                     except ValueError:
                         pass
-        out = []
+        out: list[Delivery] = []
         deadline = time.monotonic() + b.redeliver_after
         q = b.queue
         while q and len(out) < max_messages:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 import typing
+from enum import IntEnum
 from typing import Any, NamedTuple, TypeVar
 
 import msgpack
@@ -242,11 +243,19 @@ def decode(data: bytes) -> Any:
 
 NONE = encode(None)
 
-# Message kinds: what the step should do with the run's stored value.
-RUN = 0  # run the node's function on the stored value
-CONTINUE = 1  # the stored value is the node's output (a call arrived, a delay ended)
-JOIN = 2  # the node's output comes from its zip/any branches
-FAIL = 3  # the stored value is an error the node raised elsewhere (an ``on_init``)
+class MessageKind(IntEnum):
+    """What a step message asks of its step, given the run's stored value. (The node kinds,
+    ``Kind``, say what a node is; these say what its step does this time.) Messages carry
+    the plain integers below, which the Redis scripts read too (an enum member would reach
+    a Redis argument as its repr)."""
+
+    RUN = 0  #: run the node's function on the stored value
+    CONTINUE = 1  #: the stored value is the node's output (a call arrived, a delay ended)
+    JOIN = 2  #: the node's output comes from its zip/any branches
+    FAIL = 3  #: the stored value is an error the node raised elsewhere (an ``on_init``)
+
+
+RUN, CONTINUE, JOIN, FAIL = (int(k) for k in MessageKind)
 
 
 def _plain_packer() -> msgpack.Packer:

@@ -18,46 +18,25 @@ import types
 import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 import cloudpickle
 
+from ._model import Chain, Kind, _site_text, compile_flow
+from ._registry import chain_by_ref, pipeline_for, ref_of
 from ._shape import global_names as _global_names
 from ._shape import shape as _chain_shape
+from ._shared import by_name, shared, shared_by_id, shared_by_name, travels_by_name
 from ._signing import Keys
 from .errors import BuildError, PayloadRejectedError, UnknownStepError
-from ._model import Chain, compile_flow
 
-__all__ = ["ChainCodec", "shared"]
+__all__ = ["ChainCodec", "shared", "travels_by_name"]
 
-T = TypeVar("T")
-
-# Pickle saves these itself, without asking ``reducer_override``: they cannot travel by name.
-_PLAIN = frozenset((str, bytes, int, float, bool, type(None), dict, list, tuple, set, frozenset))
-
-_shared_by_name: dict[str, Any] = {}
-_shared_by_id: dict[int, str] = {}
-
-
-def shared(obj: T, name: str | None = None) -> T:
-    """Declare ``obj`` shared: flows that capture it carry its name, not a copy, and each
-    worker resolves the name to its own instance (an HTTP client, a model, a pool).
-
-    Call it at import time in the module the workers import, with the same ``name`` on
-    every worker (default: the object's type, qualified). Returns ``obj``.
-    """
-    if type(obj) in _PLAIN:
-        raise TypeError(
-            f"dflow.shared() is for long-lived objects (clients, pools, models), not a plain "
-            f"{type(obj).__qualname__}: a plain value travels with the flow as it is"
-        )
-    key = name or f"{type(obj).__module__}.{type(obj).__qualname__}"
-    old = _shared_by_name.get(key)
-    if old is not None and old is not obj:
-        _shared_by_id.pop(id(old), None)
-    _shared_by_name[key] = obj
-    _shared_by_id[id(obj)] = key
-    return obj
+# Blobs stored by earlier versions name ``_shared_named`` and ``_pipeline_named`` in this
+# module: they stay here. The registries live in ``_shared`` (``_shape`` reads them too).
+_shared_by_name = shared_by_name
+_shared_by_id = shared_by_id
+_by_name = by_name
 
 
 class _Pickler(cloudpickle.Pickler):
@@ -76,20 +55,6 @@ class _Pickler(cloudpickle.Pickler):
         return super().reducer_override(obj)
 
 
-#: types that travel by name; the pipeline type is added by ``client`` when it is defined
-_by_name: set[type] = set()
-
-
-def travels_by_name(obj: Any) -> str | None:
-    """The name ``obj`` travels by (a shared object, a pipeline), or ``None``."""
-    name = _shared_by_id.get(id(obj))
-    if name is not None and _shared_by_name.get(name) is obj:
-        return "shared:" + name
-    if type(obj) in _by_name:
-        return "pipeline:" + obj._chain.keys[0]
-    return None
-
-
 def _shared_named(name: str) -> Any:
     """This process's object declared ``shared(obj, name)`` (what a blob refers to)."""
     try:
@@ -103,8 +68,6 @@ def _shared_named(name: str) -> Any:
 
 def _pipeline_named(head_key: str) -> Any:
     """This process's pipeline with ``head_key`` (what a blob refers to)."""
-    from ._registry import pipeline_for
-
     p = pipeline_for(head_key)
     if p is None:
         raise UnknownStepError(f"pipeline {head_key!r} is not built in this worker; import its module")
@@ -132,7 +95,6 @@ def _dumps(obj: Any) -> bytes:
 
 def _diagnose(chain: Chain, exc: Exception) -> str:
     """Name the captured variable that cannot be pickled."""
-    from ._model import Kind, _site_text
 
     for node in _all_nodes(chain):
         where = f"{node._describe()} at {_site_text(node._site)}"
@@ -204,7 +166,6 @@ _FRAMES = b"dflow frames"
 
 def _too_big(chain: Chain, size: int, limit: int) -> str:
     """Name the biggest value the flow carries, which made it too big to store."""
-    from ._model import _site_text
 
     biggest: tuple[int, str] = (0, "")
     for node in _all_nodes(chain):
@@ -257,7 +218,6 @@ class ChainCodec:
         hit = self._refs.get(id(chain))
         if hit is not None and hit[0]() is chain:
             return hit[1]
-        from ._registry import ref_of
 
         static = ref_of(chain)
         if static is not None:
@@ -266,7 +226,7 @@ class ChainCodec:
             shape = _chain_shape(chain)
             known = self._shapes.get(shape) if shape is not None else None
             if known is not None:  # an earlier chain of this shape (a loop's next turn)
-                self._shapes.move_to_end(shape)  # type: ignore[arg-type]
+                self._shapes.move_to_end(shape)  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]  # known: shape is not None
                 out = known[:2]
             else:
                 try:
@@ -289,7 +249,8 @@ class ChainCodec:
     def _keep(self, chain: Chain, out: tuple[str, bytes | None]) -> None:
         key = id(chain)
         refs = self._refs
-        self._refs[key] = (weakref.ref(chain, lambda _, key=key: refs.pop(key, None)), out)
+        # (mypy cannot infer a lambda with a default argument)
+        self._refs[key] = (weakref.ref(chain, lambda _, key=key: refs.pop(key, None)), out)  # type: ignore[misc]
 
     def runnable(self, chain: Chain) -> Chain:
         """The chain a run continues with: a pipeline's own, or for a chain built at run
@@ -308,7 +269,6 @@ class ChainCodec:
     def cached(self, ref: str) -> Chain | None:
         """The chain for ``ref`` if this process has it: a pipeline's, or one loaded."""
         if ref.startswith("p:"):
-            from ._registry import chain_by_ref
 
             chain = chain_by_ref(ref)
             if chain is None:
@@ -377,7 +337,6 @@ class ChainCodec:
         with its reference so that a store writes it if it has not yet (``None`` for a
         chain loaded from the store; branches of registered pipelines keep their static
         references). A ``loaded`` chain (and its branches) is also kept for ``cached``."""
-        from ._registry import ref_of
 
         entries: list[tuple[str, Chain]] = []
         _walk(ref, chain, entries)

@@ -183,7 +183,8 @@ _ARRAY_HEADER = msgpack.Packer()
 def join(node: Node, branches: list[BranchResult]) -> tuple[bytes, dict[str, bytes | None]]:
     """The output of the ``zip``/``any`` ``node`` and the data its branches wrote, from
     what they delivered: a zip's list of results in branch order, and every branch's
-    writes in branch order (the later branch wins); an any's winner and only its writes.
+    writes in branch order (the later branch wins); an any's winner and only its writes;
+    no writes from a node made with ``merge=False``.
     ``StepFailedError`` for a failed zip branch, or an any whose branches all failed."""
     n = len(node._branches)
     if node._kind == Kind.ZIP:
@@ -193,12 +194,13 @@ def join(node: Node, branches: list[BranchResult]) -> tuple[bytes, dict[str, byt
             raise StepFailedError(_recorded(b.error, f"zip branch {b.index} of {n} failed"), b.error or {})
         ordered = sorted(branches, key=lambda b: b.index)
         changes: dict[str, bytes | None] = {}
-        for b in ordered:
-            changes.update(b.changes)
+        if node._value is not False:  # merge=False: the branches' writes stay theirs
+            for b in ordered:
+                changes.update(b.changes)
         return _ARRAY_HEADER.pack_array_header(len(ordered)) + b"".join(b.value or NONE for b in ordered), changes
     for b in branches:
         if b.ok:
-            return b.value or NONE, dict(b.changes)
+            return b.value or NONE, dict(b.changes) if node._value is not False else {}
     first = branches[0].error if branches else {}
     raise StepFailedError(_recorded(first, f"all {n} branches of any failed; the first"), first or {})
 

@@ -14,12 +14,16 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from ._codec import MessageKind
 from .errors import BuildError, DuplicateIdError, MissingIdError
 from .policy import RetryPolicy
 
-__all__ = ["CONSUMED", "Chain", "Frame", "Kind", "Node", "compile_flow"]
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+__all__ = ["CONSUMED", "Chain", "Frame", "Kind", "MessageKind", "Node", "compile_flow"]
 
 
 class Kind(IntEnum):
@@ -96,7 +100,7 @@ class Node:
         value: Any = None,
         id: str | None = None,
         branches: tuple[Node, ...] = (),
-    ) -> Any:
+    ) -> Self:
         self = object.__new__(cls)
         d = self.__dict__
         d.update(_DEFAULTS)
@@ -116,7 +120,7 @@ class Node:
     def __delattr__(self, name: str) -> None:
         raise AttributeError("DFlow is immutable; operators return new flows")
 
-    def _with(self, **changes: Any) -> Any:
+    def _with(self, **changes: Any) -> Self:
         new = object.__new__(type(self))
         d = new.__dict__
         d.update(self.__dict__)
@@ -301,7 +305,8 @@ def compile_flow(flow: Any, what: str = "flow") -> Chain:
         )
     if len(set(ids)) != len(ids):
         _check_unique(nodes)
-    chain = Chain(tuple(nodes), _suffix_keys(ids))  # type: ignore[arg-type]
+    # (ids holds no None: checked above)
+    chain = Chain(tuple(nodes), _suffix_keys(ids))  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]
     for n in nodes:
         # A branch's keys end in ">zip[i]>..." (its join's id and index), so they cannot
         # meet the keys of this chain: its ids need only be unique within the branch.

@@ -19,6 +19,7 @@ from typing import Any
 
 from ._codec import pack_key
 from ._model import Chain, Kind, compile_flow
+from ._shared import travels_by_name
 
 __all__ = ["global_names", "shape"]
 
@@ -168,8 +169,6 @@ def _value_key(v: Any, budget: list[Any]) -> Any:
         return (t, tuple(_value_key(x, budget) for x in items))
     if t is dict:
         return (t, tuple((_value_key(k, budget), _value_key(x, budget)) for k, x in v.items()))
-    from ._durable import travels_by_name
-
     name = travels_by_name(v)
     if name is not None:
         return ("by-name", name)

@@ -62,7 +62,8 @@ def _need(value: str | None, flag: str, env: str) -> str:
 
 async def _worker(args: argparse.Namespace) -> int:
     from . import client
-    from ._urls import redact_url, store_from_url, transport_from_url
+    from ._connect import store_from_url, transport_from_url
+    from ._urls import redact_url
     from .runtime import Runtime
 
     from ._signing import Keys
@@ -105,7 +106,7 @@ async def _worker(args: argparse.Namespace) -> int:
 
 async def _inspect(args: argparse.Namespace) -> int:
     from ._tree import render
-    from ._urls import store_from_url
+    from ._connect import store_from_url
 
     from ._ids import check_trace_id, is_run_id
 
@@ -120,7 +121,7 @@ async def _inspect(args: argparse.Namespace) -> int:
 
 
 async def _ls(args: argparse.Namespace) -> int:
-    from ._urls import store_from_url
+    from ._connect import store_from_url
 
     store = store_from_url(_need(args.store, "--store", "DFLOW_STORE"))
     try:

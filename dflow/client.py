@@ -15,9 +15,9 @@ import concurrent.futures
 import threading
 import time
 import uuid
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from . import _durable
 from ._codec import Message, encode
@@ -31,7 +31,7 @@ from .errors import (
     RunNotFoundError,
     UnknownEntryError,
 )
-from ._model import Frame, Kind, Node, compile_flow
+from ._model import Chain, Frame, Kind, compile_flow
 from .memory import MemoryStore, MemoryTransport
 from .runtime import Runtime
 from .store import Store, wait_finished
@@ -49,6 +49,16 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+if TYPE_CHECKING:
+    from typing_extensions import TypeVar as TypeVarWithDefault
+
+    from .flow import DFlow
+
+    #: what a run, a pipeline or an entry outputs; ``Any`` where it is not known (a ``Run``
+    #: made from a trace id, a ``Pipeline`` or ``Run`` annotated without a type)
+    Out_co = TypeVarWithDefault("Out_co", covariant=True, default=Any)
+else:  # a default needs typing_extensions' TypeVar: type checkers read it, the runtime does without
+    Out_co = TypeVar("Out_co", covariant=True)
 
 
 class _LoopThread:
@@ -220,7 +230,7 @@ def configure(
     """
     global _host
     if isinstance(transport, str) or isinstance(store, str):
-        from ._urls import store_from_url, transport_from_url
+        from ._connect import store_from_url, transport_from_url
 
         transport = transport_from_url(transport) if isinstance(transport, str) else transport
         store = store_from_url(store, transport=transport) if isinstance(store, str) else store
@@ -298,8 +308,12 @@ def current_runtime() -> Runtime:
 # -- runs --------------------------------------------------------------------------------
 
 
-class Run:
-    """A handle on one run: wait for its result, read its status and its context."""
+class Run(Generic[Out_co]):
+    """A handle on one run: wait for its result, read its status and its context.
+
+    ``Run[T]``, as ``call()`` on a ``Pipeline[T]`` gives, has a result of type ``T``; a run
+    made from a trace id, ``Run(trace_id)``, is a ``Run[Any]``.
+    """
 
     __slots__ = ("trace_id",)
 
@@ -317,18 +331,20 @@ class Run:
     def __hash__(self) -> int:
         return hash(self.trace_id)
 
-    async def wait(self, timeout: float | None = None) -> Any:
+    async def wait(self, timeout: float | None = None) -> Out_co:
         """Await the run's result. ``RunFailedError`` when it failed, ``RunTimeoutError``
         when ``timeout`` seconds pass first (the run goes on)."""
         host = _current()
         info = await host.arun(wait_finished(host.runtime.store, self.trace_id, timeout))
-        return _outcome(info)
+        result: Out_co = _outcome(info)  # what the flow outputs, as its type says
+        return result
 
-    def result(self, timeout: float | None = None) -> Any:
+    def result(self, timeout: float | None = None) -> Out_co:
         """Block until the run's result (see ``wait``)."""
         host = _current()
         info = host.run(wait_finished(host.runtime.store, self.trace_id, timeout))
-        return _outcome(info)
+        result: Out_co = _outcome(info)  # what the flow outputs, as its type says
+        return result
 
     def info(self) -> RunInfo:
         """The run's status record (``RunNotFoundError`` when there is none)."""
@@ -412,7 +428,7 @@ def _starting(host: _Host, run: Start) -> Coroutine[Any, Any, None]:
                                   result=run.result)
 
 
-def start(run: Start) -> Run:
+def start(run: Start) -> Run[Any]:
     host = _current()
     if host.thread.on_loop():
         raise DFlowError(
@@ -423,18 +439,18 @@ def start(run: Start) -> Run:
     return Run(run.trace_id)
 
 
-async def astart(run: Start) -> Run:
+async def astart(run: Start) -> Run[Any]:
     host = _current()
     await host.arun(_starting(host, run))
     return Run(run.trace_id)
 
 
-class Entry:
+class Entry(Generic[Out_co]):
     """One way into a pipeline: its ``from_call`` head. ``call`` starts a run."""
 
     __slots__ = ("pipeline", "call_type")
 
-    def __init__(self, pipeline: Pipeline, call_type: str) -> None:
+    def __init__(self, pipeline: Pipeline[Out_co], call_type: str) -> None:
         self.pipeline = pipeline
         self.call_type = call_type
 
@@ -446,25 +462,29 @@ class Entry:
         frame = Frame(self.pipeline._chain, 0)
         return entry_run(trace, (frame,), encode(param, f"the parameter of entry {self.call_type!r}"), frame.key)
 
-    def call(self, param: Any = None, trace_id: str | None = None) -> Run:
+    def call(self, param: Any = None, trace_id: str | None = None) -> Run[Out_co]:
         """Start a run with ``param``; ``RunExistsError`` if ``trace_id`` is taken."""
         return start(self._new_run(param, trace_id))
 
-    async def acall(self, param: Any = None, trace_id: str | None = None) -> Run:
+    async def acall(self, param: Any = None, trace_id: str | None = None) -> Run[Out_co]:
         """Async ``call``."""
         return await astart(self._new_run(param, trace_id))
 
 
-class Pipeline:
-    """A checked flow ready to run, made by ``DFlow.init()``."""
+class Pipeline(Generic[Out_co]):
+    """A checked flow ready to run, made by ``DFlow.init()``: a ``Pipeline[T]`` for a
+    ``DFlow[T]``, whose runs are ``Run[T]``."""
 
     __slots__ = ("name", "_chain", "_entries")
+    name: str
+    _chain: Chain
+    _entries: dict[str, Entry[Out_co]]  #: by call type: the from_call head's, or none
 
     def __init__(self) -> None:  # pragma: no cover
         raise TypeError("pipelines are made by DFlow.init()")
 
     @classmethod
-    def _create(cls, flow: Node, name: str | None) -> Pipeline:
+    def _create(cls: type[Pipeline[T]], flow: DFlow[T], name: str | None) -> Pipeline[T]:
         chain = compile_flow(flow)
         self = object.__new__(cls)
         self._chain = chain
@@ -489,7 +509,7 @@ class Pipeline:
         """Call types that start this pipeline."""
         return list(self._entries)
 
-    def entry(self, call_type: str) -> Entry:
+    def entry(self, call_type: str) -> Entry[Out_co]:
         """The entry for ``call_type``; ``UnknownEntryError`` names the ones there are."""
         try:
             return self._entries[call_type]
@@ -512,11 +532,11 @@ class Pipeline:
         frame = Frame(self._chain, 0)
         return Start(trace, (frame,), encode(None), Message(trace, 0, frame.key))
 
-    def call(self, param: Any = None, trace_id: str | None = None) -> Run:
+    def call(self, param: Any = None, trace_id: str | None = None) -> Run[Out_co]:
         """Start a run through the pipeline's only entry (or its ``just`` head)."""
         return start(self._new_run(param, trace_id))
 
-    async def acall(self, param: Any = None, trace_id: str | None = None) -> Run:
+    async def acall(self, param: Any = None, trace_id: str | None = None) -> Run[Out_co]:
         """Async ``call``."""
         return await astart(self._new_run(param, trace_id))
 
@@ -553,7 +573,7 @@ def _check_call(call_type: Any, trace_id: Any) -> None:
         check_trace_id(trace_id)  # raises, saying what is wrong with it
 
 
-def gather(runs: list[Run], timeout: float | None = None) -> list[Any]:
+def gather(runs: Sequence[Run[T]], timeout: float | None = None) -> list[T]:
     """Wait for several runs; results in order (a failed run raises ``RunFailedError``)."""
     host = _current()
     store = host.runtime.store

@@ -142,7 +142,7 @@ class ContextStack:
 
     def __contains__(self, key: object) -> bool:
         if key in self._changes:
-            return self._changes[key] is not None  # type: ignore[index]
+            return self._changes[key] is not None  # pyright: ignore[reportArgumentType]  # key is a str: it is in
         return key in self._data
 
     def keys(self) -> Iterator[str]:

@@ -8,10 +8,10 @@ is called, or ``DFlow.direct_run`` starts a run. Modifiers (``id``, ``name``,
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from types import FunctionType, MethodType
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
 from . import client
 from ._codec import encode, register_hinted_models
@@ -22,12 +22,24 @@ from ._model import Frame
 
 if TYPE_CHECKING:
     from .client import Pipeline, Run
+    from .context import ContextStack
     from .runtime import Runtime
 
 __all__ = ["DFlow", "InitParam", "adirect_run"]
 
 T = TypeVar("T")
 U = TypeVar("U")
+P = TypeVar("P")  # the parameter of a direct_run
+#: the output of a flow: covariant, as a ``DFlow[int]`` is a flow of ``int | str`` too (a
+#: ``zip`` or a ``flat_map`` with flows of several types). Type parameters cost nothing at run
+#: time: ``Generic`` adds no ``__init__`` or ``__new__``, and nodes are made with ``object.__new__``.
+T_co = TypeVar("T_co", covariant=True)
+# the outputs of the flows of a zip or an any
+A = TypeVar("A")
+B = TypeVar("B")
+C = TypeVar("C")
+D = TypeVar("D")
+E = TypeVar("E")
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +50,30 @@ class InitParam(Generic[T]):
     trace_id: str | None = None
 
 
+if TYPE_CHECKING:
+    from typing import ClassVar, Protocol, TypeAlias
+
+    # what direct_run calls: ``builder(param)`` or ``builder(ctx, param)``, sync or async
+    _Builder: TypeAlias = Callable[[P], "DFlow[U] | Awaitable[DFlow[U]]"]
+    _CtxBuilder: TypeAlias = Callable[["ContextStack", P], "DFlow[U] | Awaitable[DFlow[U]]"]
+
+    class _DirectRun(Protocol):
+        """``DFlow.direct_run``, as type checkers see it."""
+
+        @overload
+        def __call__(self, param: InitParam[P], builder: _Builder[P, U]) -> Run[U]: ...
+        @overload
+        def __call__(self, param: InitParam[P], builder: _CtxBuilder[P, U]) -> Run[U]: ...
+        @overload
+        def __call__(self, param: P, builder: _Builder[P, U]) -> Run[U]: ...
+        @overload
+        def __call__(self, param: P, builder: _CtxBuilder[P, U]) -> Run[U]: ...
+        def __call__(self, param: Any, builder: Callable[..., Any]) -> Run[Any]:
+            """Start a run that calls ``builder(value)`` or ``builder(ctx, value)`` and runs the
+            flow it returns. ``param`` is the value, or an ``InitParam`` with a trace id."""
+            ...
+
+
 _ctx_arg_by_code: dict[Any, bool] = {}
 
 
@@ -45,7 +81,8 @@ def _takes_ctx(fn: Callable[..., Any], what: str) -> bool:
     """True when ``fn`` is called as ``fn(ctx, value)``, False for ``fn(value)``. Also
     registers the pydantic models its type hints name, so their values can be rebuilt."""
     t = type(fn)
-    plain = fn.__func__ if t is MethodType else fn  # type: ignore[attr-defined]
+    # (checkers do not narrow fn by ``t is MethodType``)
+    plain = fn.__func__ if t is MethodType else fn  # type: ignore[attr-defined]  # pyright: ignore[reportFunctionMemberAccess]
     if (
         type(plain) is FunctionType
         and not hasattr(plain, "__wrapped__")  # functools.wraps: the signature is the wrapped one's
@@ -90,11 +127,15 @@ def _inspect_ctx_arg(fn: Callable[..., Any], what: str) -> bool:
     return False
 
 
-class DFlow(Node, Generic[T]):
-    """An immutable chain of nodes ending in a value of type ``T``.
+class DFlow(Node, Generic[T_co]):
+    """An immutable chain of nodes ending in a value of type ``T_co``.
 
     Build one with ``DFlow.just``, ``DFlow.from_call``, ``DFlow.delay``, ``DFlow.zip`` or
     ``DFlow.any``, extend it with ``map`` and ``flat_map``, and name every step with ``id``.
+
+    Type checkers follow the value through the chain: ``DFlow.just(1).map(str)`` is a
+    ``DFlow[str]``, an ``async def`` step gives what it returns (not a coroutine), and a
+    function that does not take the flow's value is an error (see ``map``).
     """
 
     # -- sources ---------------------------------------------------------------------
@@ -104,13 +145,26 @@ class DFlow(Node, Generic[T]):
         """A flow whose single node outputs ``value``. Its id is ``"just"`` unless set."""
         return DFlow._node(Kind.JUST, value=value, id="just")
 
+    @overload
     @staticmethod
-    def from_call(call_type: str, on_init: Callable[..., Any] | None = None) -> DFlow[Any]:
+    def from_call(call_type: str, on_init: Callable[[ContextStack], object] | None = None) -> DFlow[Any]: ...
+    @overload
+    @staticmethod
+    def from_call(
+        call_type: str, on_init: Callable[[ContextStack], object] | None = None, *, payload_type: type[U]
+    ) -> DFlow[U]: ...
+    @staticmethod
+    def from_call(
+        call_type: str, on_init: Callable[[ContextStack], object] | None = None, *, payload_type: Any = None
+    ) -> DFlow[Any]:
         """A node that suspends the run until ``DFlow.call(call_type, payload, trace_id)``.
 
         ``on_init(ctx)`` (sync or async) runs after the wait is registered, so it may start
         the outside job that will answer, without a race. At the head of a pipeline the
         node is the pipeline's entry: calling the entry starts a run with the payload.
+
+        ``payload_type`` is for type checkers only: ``from_call("n", payload_type=int)`` is a
+        ``DFlow[int]`` (without it, a ``DFlow[Any]``). It is not checked or converted at run time.
         """
         if not isinstance(call_type, str) or not call_type:
             raise BuildError(f"from_call needs a non-empty call type string, got {call_type!r}")
@@ -125,32 +179,103 @@ class DFlow(Node, Generic[T]):
             raise BuildError(f"delay needs a number of seconds >= 0, got {seconds!r}")
         return DFlow._node(Kind.DELAY, value=(value, float(seconds)), id="delay")
 
+    # The output of a zip is a list (as every tuple becomes one between steps), typed as a
+    # list of the union of its flows' types; up to five flows of different types are told apart.
+    @overload
     @staticmethod
-    def zip(*flows: DFlow[Any] | Iterable[DFlow[Any]]) -> DFlow[list[Any]]:
+    def zip(f1: DFlow[A], /, *, merge: bool = True) -> DFlow[list[A]]: ...
+    @overload
+    @staticmethod
+    def zip(f1: DFlow[A], f2: DFlow[B], /, *, merge: bool = True) -> DFlow[list[A | B]]: ...
+    @overload
+    @staticmethod
+    def zip(f1: DFlow[A], f2: DFlow[B], f3: DFlow[C], /, *, merge: bool = True) -> DFlow[list[A | B | C]]: ...
+    @overload
+    @staticmethod
+    def zip(f1: DFlow[A], f2: DFlow[B], f3: DFlow[C], f4: DFlow[D], /, *, merge: bool = True) -> DFlow[list[A | B | C | D]]: ...
+    @overload
+    @staticmethod
+    def zip(
+        f1: DFlow[A], f2: DFlow[B], f3: DFlow[C], f4: DFlow[D], f5: DFlow[E], /, *, merge: bool = True
+    ) -> DFlow[list[A | B | C | D | E]]: ...
+    @overload
+    @staticmethod
+    def zip(flows: Iterable[DFlow[A]], /, *, merge: bool = True) -> DFlow[list[A]]: ...
+    @overload
+    @staticmethod
+    def zip(*flows: DFlow[A], merge: bool = True) -> DFlow[list[A]]: ...
+    @overload
+    @staticmethod
+    def zip(*flows: DFlow[Any] | Iterable[DFlow[Any]], merge: bool = True) -> DFlow[list[Any]]: ...
+    @staticmethod
+    def zip(*flows: DFlow[Any] | Iterable[DFlow[Any]], merge: bool = True) -> DFlow[list[Any]]:
         """Run the flows concurrently as child runs; output the list of their results.
 
         Each branch gets a copy of the context; what branches ``put`` is merged back, in
-        branch order. The first failing branch fails the zip and cancels the others. Id
-        defaults to ``"zip"``.
+        branch order (``merge=False``: nothing is, the branches' writes stay theirs). The
+        first failing branch fails the zip and cancels the others. Id defaults to ``"zip"``.
         """
-        return DFlow._node(Kind.ZIP, branches=_branches_of("zip", flows), id="zip")
+        return DFlow._node(Kind.ZIP, branches=_branches_of("zip", flows), id="zip", value=_merge(merge))
 
+    @overload
     @staticmethod
-    def any(*flows: DFlow[Any] | Iterable[DFlow[Any]]) -> DFlow[Any]:
+    def any(f1: DFlow[A], /, *, merge: bool = True) -> DFlow[A]: ...
+    @overload
+    @staticmethod
+    def any(f1: DFlow[A], f2: DFlow[B], /, *, merge: bool = True) -> DFlow[A | B]: ...
+    @overload
+    @staticmethod
+    def any(f1: DFlow[A], f2: DFlow[B], f3: DFlow[C], /, *, merge: bool = True) -> DFlow[A | B | C]: ...
+    @overload
+    @staticmethod
+    def any(f1: DFlow[A], f2: DFlow[B], f3: DFlow[C], f4: DFlow[D], /, *, merge: bool = True) -> DFlow[A | B | C | D]: ...
+    @overload
+    @staticmethod
+    def any(
+        f1: DFlow[A], f2: DFlow[B], f3: DFlow[C], f4: DFlow[D], f5: DFlow[E], /, *, merge: bool = True
+    ) -> DFlow[A | B | C | D | E]: ...
+    @overload
+    @staticmethod
+    def any(flows: Iterable[DFlow[A]], /, *, merge: bool = True) -> DFlow[A]: ...
+    @overload
+    @staticmethod
+    def any(*flows: DFlow[A], merge: bool = True) -> DFlow[A]: ...
+    @overload
+    @staticmethod
+    def any(*flows: DFlow[Any] | Iterable[DFlow[Any]], merge: bool = True) -> DFlow[Any]: ...
+    @staticmethod
+    def any(*flows: DFlow[Any] | Iterable[DFlow[Any]], merge: bool = True) -> DFlow[Any]:
         """Run the flows concurrently as child runs; output the first successful result.
 
         Fails only when every branch fails. The other branches are cancelled; what the
-        winner ``put`` is merged back. Id defaults to ``"any"``.
+        winner ``put`` is merged back (``merge=False``: nothing is). ``DFlow.any(flow,
+        merge=False)`` runs ``flow`` as a child run that reads a copy of the run's data and
+        leaves it as it was. Id defaults to ``"any"``.
         """
-        return DFlow._node(Kind.ANY, branches=_branches_of("any", flows), id="any")
+        return DFlow._node(Kind.ANY, branches=_branches_of("any", flows), id="any", value=_merge(merge))
 
     # -- operators -------------------------------------------------------------------
 
-    def map(self, fn: Callable[..., U]) -> DFlow[U]:
+    # A step function takes (value) or (ctx, value), as the runtime reads its signature, and
+    # may return an awaitable (an ``async def``), which the runtime awaits: the overloads say
+    # so, the awaitable ones first (what a function that returns one gives is what it awaits).
+    @overload
+    def map(self, fn: Callable[[T_co], Awaitable[U]]) -> DFlow[U]: ...
+    @overload
+    def map(self, fn: Callable[[ContextStack, T_co], Awaitable[U]]) -> DFlow[U]: ...
+    @overload
+    def map(self, fn: Callable[[T_co], U]) -> DFlow[U]: ...
+    @overload
+    def map(self, fn: Callable[[ContextStack, T_co], U]) -> DFlow[U]: ...
+    def map(self, fn: Callable[..., Any]) -> DFlow[Any]:
         """Apply ``fn(value)`` or ``fn(ctx, value)`` (sync or ``async def``) as a new step."""
         return DFlow._node(Kind.MAP, source=self, fn=fn, ctx_arg=_takes_ctx(fn, "map"))
 
-    def flat_map(self, fn: Callable[..., DFlow[U]]) -> DFlow[U]:
+    @overload
+    def flat_map(self, fn: Callable[[T_co], DFlow[U] | Awaitable[DFlow[U]]]) -> DFlow[U]: ...
+    @overload
+    def flat_map(self, fn: Callable[[ContextStack, T_co], DFlow[U] | Awaitable[DFlow[U]]]) -> DFlow[U]: ...
+    def flat_map(self, fn: Callable[..., DFlow[Any] | Awaitable[DFlow[Any]]]) -> DFlow[Any]:
         """Continue with the flow that ``fn(value)`` or ``fn(ctx, value)`` returns at run time.
 
         The returned flow runs in place of this node, then the rest of this chain follows.
@@ -159,7 +284,7 @@ class DFlow(Node, Generic[T]):
 
     # -- modifiers of the last node --------------------------------------------------
 
-    def id(self, id: str) -> DFlow[T]:
+    def id(self, id: str) -> DFlow[T_co]:
         """Name the last node. Its id is part of every step key on its path."""
         if not isinstance(id, str) or not id:
             raise BuildError(f"id must be a non-empty string, got {id!r}")
@@ -167,11 +292,21 @@ class DFlow(Node, Generic[T]):
             raise BuildError(f"id {id!r} may not contain '>', '/' or '[' (they separate step keys)")
         return self._with(_id=id)
 
-    def name(self, name: str) -> DFlow[T]:
+    def name(self, name: str) -> DFlow[T_co]:
         """Give the last node a display name for inspection. Keys use ids, not names."""
         return self._with(_name=str(name))
 
-    def on_error_return(self, fn: Callable[..., T]) -> DFlow[T]:
+    # The handler gets what the step raised: any BaseException (a KeyboardInterrupt raised in a
+    # step fails the step too), or a StepFailedError for a failed zip branch or on_init.
+    @overload
+    def on_error_return(self, fn: Callable[[BaseException], Awaitable[U]]) -> DFlow[T_co | U]: ...
+    @overload
+    def on_error_return(self, fn: Callable[[ContextStack, BaseException], Awaitable[U]]) -> DFlow[T_co | U]: ...
+    @overload
+    def on_error_return(self, fn: Callable[[BaseException], U]) -> DFlow[T_co | U]: ...
+    @overload
+    def on_error_return(self, fn: Callable[[ContextStack, BaseException], U]) -> DFlow[T_co | U]: ...
+    def on_error_return(self, fn: Callable[..., Any]) -> DFlow[Any]:
         """When this node or one before it fails, output ``fn(error)`` / ``fn(ctx, error)``.
 
         An error skips forward over the nodes after the failure to the nearest node with a
@@ -187,7 +322,7 @@ class DFlow(Node, Generic[T]):
         max_backoff: float = 30.0,
         jitter: bool = True,
         on: type[BaseException] | tuple[type[BaseException], ...] = Exception,
-    ) -> DFlow[T]:
+    ) -> DFlow[T_co]:
         """Retry the last node up to ``attempts`` times in all when it raises one of ``on``.
 
         The n-th retry waits ``backoff * 2**(n-1)`` seconds (at most ``max_backoff``), with
@@ -196,7 +331,7 @@ class DFlow(Node, Generic[T]):
         """
         return self._with(_retry=RetryPolicy.build(attempts, backoff, max_backoff, jitter, on))
 
-    def timeout(self, seconds: float) -> DFlow[T]:
+    def timeout(self, seconds: float) -> DFlow[T_co]:
         """Fail the last node with ``StepTimeoutError`` when it runs longer than ``seconds``.
 
         A sync function with a timeout runs in a thread (a thread cannot be stopped, so a
@@ -211,7 +346,7 @@ class DFlow(Node, Generic[T]):
             )
         return self._with(_timeout=float(seconds))
 
-    def in_thread(self) -> DFlow[T]:
+    def in_thread(self) -> DFlow[T_co]:
         """Run the last node's sync function in a worker thread instead of the event loop.
 
         Use it for blocking I/O in plain ``def`` functions; ``async def`` functions never need it.
@@ -222,15 +357,22 @@ class DFlow(Node, Generic[T]):
 
     # -- running ---------------------------------------------------------------------
 
-    def init(self, name: str | None = None) -> Pipeline:
+    def init(self, name: str | None = None) -> Pipeline[T_co]:
         """Check the flow (every id present, none repeated) and return its ``Pipeline``."""
         return client.Pipeline._create(self, name)
 
-    @staticmethod
-    def direct_run(param: Any, builder: Callable[..., DFlow[Any]]) -> Run:
-        """Start a run that calls ``builder(value)`` or ``builder(ctx, value)`` and runs the
-        flow it returns. ``param`` is the value, or an ``InitParam`` with a trace id."""
-        return direct_run(param, builder)
+    if TYPE_CHECKING:
+        # Type checkers see a callable attribute (what it is: see _DirectRun), not a static
+        # method: mypy infers a lambda builder's flow as DFlow[Never] when a generic static
+        # method is reached through the class DFlow, whose type parameter it adds to the call.
+        direct_run: ClassVar[_DirectRun]
+    else:
+
+        @staticmethod
+        def direct_run(param: Any, builder: Callable[..., DFlow[Any] | Awaitable[DFlow[Any]]]) -> Run[Any]:
+            """Start a run that calls ``builder(value)`` or ``builder(ctx, value)`` and runs the
+            flow it returns. ``param`` is the value, or an ``InitParam`` with a trace id."""
+            return direct_run(param, builder)
 
     @staticmethod
     def call(call_type: str, payload: Any, trace_id: str) -> None:
@@ -255,6 +397,14 @@ class DFlow(Node, Generic[T]):
         return client.global_init_for_test(concurrency=concurrency, ttl=ttl)
 
 
+def _merge(merge: bool) -> bool | None:
+    """A zip/any node's value: ``None`` when its branches' writes merge back (the default),
+    ``False`` when they do not."""
+    if not isinstance(merge, bool):
+        raise BuildError(f"merge= is True or False, got {merge!r}")
+    return None if merge else False
+
+
 def _branches_of(op: str, flows: tuple[Any, ...]) -> tuple[DFlow[Any], ...]:
     out: list[DFlow[Any]] = []
     for f in flows:
@@ -274,7 +424,7 @@ def _branches_of(op: str, flows: tuple[Any, ...]) -> tuple[DFlow[Any], ...]:
 _DIRECT = "direct_run"
 
 
-def _direct_new_run(param: Any, builder: Callable[..., DFlow[Any]]) -> client.Start:
+def _direct_new_run(param: Any, builder: Callable[..., DFlow[Any] | Awaitable[DFlow[Any]]]) -> client.Start:
     if isinstance(param, InitParam):
         value, trace_id = param.param, client.new_trace(param.trace_id)
     else:
@@ -285,11 +435,27 @@ def _direct_new_run(param: Any, builder: Callable[..., DFlow[Any]]) -> client.St
     return client.entry_run(trace_id, (frame,), encode(value, "the parameter of direct_run"), frame.key)
 
 
-def direct_run(param: Any, builder: Callable[..., DFlow[Any]]) -> Run:
+@overload
+def direct_run(param: InitParam[P], builder: _Builder[P, U]) -> Run[U]: ...
+@overload
+def direct_run(param: InitParam[P], builder: _CtxBuilder[P, U]) -> Run[U]: ...
+@overload
+def direct_run(param: P, builder: _Builder[P, U]) -> Run[U]: ...
+@overload
+def direct_run(param: P, builder: _CtxBuilder[P, U]) -> Run[U]: ...
+def direct_run(param: Any, builder: Callable[..., DFlow[Any] | Awaitable[DFlow[Any]]]) -> Run[Any]:
     """Start a run of the flow ``builder(value)`` returns (see ``DFlow.direct_run``)."""
     return client.start(_direct_new_run(param, builder))
 
 
-async def adirect_run(param: Any, builder: Callable[..., DFlow[Any]]) -> Run:
+@overload
+async def adirect_run(param: InitParam[P], builder: _Builder[P, U]) -> Run[U]: ...
+@overload
+async def adirect_run(param: InitParam[P], builder: _CtxBuilder[P, U]) -> Run[U]: ...
+@overload
+async def adirect_run(param: P, builder: _Builder[P, U]) -> Run[U]: ...
+@overload
+async def adirect_run(param: P, builder: _CtxBuilder[P, U]) -> Run[U]: ...
+async def adirect_run(param: Any, builder: Callable[..., DFlow[Any] | Awaitable[DFlow[Any]]]) -> Run[Any]:
     """Async ``DFlow.direct_run``: start a run of the flow ``builder(value)`` returns."""
     return await client.astart(_direct_new_run(param, builder))

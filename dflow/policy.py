@@ -53,5 +53,5 @@ class RetryPolicy:
 
     def delay(self, attempt: int) -> float:
         """Seconds to wait before the attempt after ``attempt`` (0-based)."""
-        base = min(self.max_backoff, self.backoff * (2**attempt))
+        base: float = min(self.max_backoff, self.backoff * (2**attempt))  # int ** int is Any to checkers
         return base * random.uniform(0.5, 1.0) if self.jitter else base

@@ -28,6 +28,7 @@ from ._model import Frame, Kind, Node, compile_flow
 from .context import ContextStack, StepRecord, StepStatus
 from .errors import (
     DFlowError,
+    PayloadRejectedError,
     RefusedMessageError,
     RunExistsError,
     SerializationError,
@@ -283,7 +284,8 @@ class Runtime:
             except Exception:
                 log.exception("dflow: polling the store's timers failed; retrying")
                 next_due = None
-            pause = self.poll_interval if next_due is None else min(self.poll_interval, max(0.0, next_due - now))
+            # (next_due is None when the try failed before setting now)
+            pause = self.poll_interval if next_due is None else min(self.poll_interval, max(0.0, next_due - now))  # pyright: ignore[reportPossiblyUnboundVariable]
             await asyncio.sleep(pause)
 
     async def _renew_leases(self) -> None:
@@ -327,12 +329,13 @@ class Runtime:
         try:
             try:
                 record = claim.frames
-                if record is None:
-                    frames: tuple[Frame, ...] = ()
-                else:
-                    frames = self.frames.sealed(msg.trace_id, record) or await self.frames.load(
-                        msg.trace_id, record, store.get_blob
-                    )
+                if not record:  # a run with a step to claim has frames: the store's record is damaged
+                    raise PayloadRejectedError(f"run {msg.trace_id!r} has a step to run but no frames record")
+                frames = self.frames.sealed(msg.trace_id, record) or await self.frames.load(
+                    msg.trace_id, record, store.get_blob
+                )
+                if not frames:
+                    raise PayloadRejectedError(f"the frames record of run {msg.trace_id!r} is empty")
             except StoreError:
                 raise  # the store is unreachable: the message is handed back, the lease lapses
             except DFlowError as exc:

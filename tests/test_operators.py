@@ -160,6 +160,29 @@ def test_zip_branches_get_a_copy_of_the_context_and_their_puts_merge_back() -> N
     assert run(build, 3) == [[0, 1, 2], 0, 2]
 
 
+def test_branches_made_with_merge_false_read_the_context_and_leave_it_as_it_was() -> None:
+    def work(ctx: ContextStack, v: int) -> int:
+        ctx.put("seen", ctx.get("shared"))
+        ctx.put("shared", "changed by a branch")
+        ctx.delete("gone")
+        return v * 10
+
+    def build(ctx: ContextStack, n: int) -> DFlow[Any]:
+        ctx.put("shared", "parent")
+        ctx.put("gone", "still here")
+        isolated = DFlow.zip([DFlow.just(i).map(work).id("work") for i in range(n)], merge=False)
+        alone = DFlow.any(DFlow.just(7).map(work).id("work"), merge=False)
+        return (
+            isolated.map(lambda c, rs: (rs, c.get("shared"), c.get("seen"), c.get("gone"))).id("read")
+            .flat_map(lambda first: alone.map(lambda c, r: [first, r, c.get("shared"), c.get("gone")]).id("read2"))
+            .id("then")
+        )
+
+    assert run(build, 3) == [[[0, 10, 20], "parent", None, "still here"], 70, "parent", "still here"]
+    with pytest.raises(dflow.BuildError, match="merge= is True or False"):
+        DFlow.zip(DFlow.just(1), merge="no")  # type: ignore[call-overload]
+
+
 def test_zip_fails_when_a_branch_fails_and_on_error_return_catches_it() -> None:
     def boom(v: int) -> int:
         raise ValueError(f"branch {v} broke")

@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 
 import dflow
-from dflow._urls import redact_url, store_from_url, transport_from_url
+from dflow._connect import store_from_url, transport_from_url
+from dflow._urls import redact_url
 
-kafka = pytest.importorskip("adapters.kafka")
+kafka = pytest.importorskip("dflow.adapters.kafka")
 
 
 def test_passwords_and_secret_settings_are_redacted() -> None:

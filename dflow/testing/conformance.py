@@ -21,7 +21,7 @@ import functools
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import msgpack
 import pytest
@@ -453,7 +453,9 @@ class StoreContract:
         await until(gone, what="an unreferenced blob expires after the blob TTL")
         await store.close()
 
-    def _fork(self, store: Store, kind: str, n: int) -> Coroutine[Any, Any, tuple[Message, list[Message]]]:
+    def _fork(
+        self, store: Store, kind: Literal["zip", "any"], n: int
+    ) -> Coroutine[Any, Any, tuple[Message, list[Message]]]:
         async def body() -> tuple[Message, list[Message]]:
             new = _new_run(data={"base": 1})
             await store.create_run(new)
@@ -467,7 +469,7 @@ class StoreContract:
                 t = f"{first.trace_id}/{first.seq}-{i}"
                 children.append(NewRun(t, _frames(f"branch-{i}"), encode(i), Message(t, 0, f"{KEYS[1]}[{i}]"),
                                        data=dict(claim.data), parent=Parent(first.trace_id, join.seq, i)))
-            done = await store.commit(claim, [], {}, Fork(kind, children, join))  # type: ignore[arg-type]
+            done = await store.commit(claim, [], {}, Fork(kind, children, join))
             assert done.applied
             assert sorted(m.trace_id for m in done.publish) == sorted(c.trace_id for c in children)
             info = await store.get_run(first.trace_id)
@@ -497,7 +499,7 @@ class StoreContract:
         assert self._joined(store, await self._finish_child(store, children[1], 20), join)
         claim = await store.claim(join, "w", 30)
         assert claim is not None and claim.branches is not None
-        got = sorted((b.index, decode(b.value)) for b in claim.branches)  # type: ignore[arg-type]
+        got = sorted((b.index, None if b.value is None else decode(b.value)) for b in claim.branches)
         assert got == [(0, 10), (1, 20), (2, 30)]
         assert all(b.ok for b in claim.branches)
         assert {k for b in claim.branches for k in b.changes} == {"k10", "k20", "k30"}
@@ -591,8 +593,8 @@ class FusedStoreContract:
         new = _new_run(value=5)
         assert await store.create_run(new) == [], "the store put the message on its transport"
         (d,) = await transport.receive(1, timeout=5)
-        assert Message.decode(d.body) == new.message
-        claim = await store.claim(new.message, "w", 30)  # type: ignore[arg-type]
+        assert new.message is not None and Message.decode(d.body) == new.message
+        claim = await store.claim(new.message, "w", 30)
         assert claim is not None
         done = await store.commit(claim, [_rec(claim.message, 6)], {}, _advance(claim, 6), receipt=d.tag,
                                   take_lease=30)
@@ -631,8 +633,10 @@ class FusedStoreContract:
             seen.append(done.taken.body)
             nxt = _new_run()
             await store.create_run(nxt)
-            claim = await store.claim(nxt.message, "w", 30)  # type: ignore[arg-type]
-            assert claim is not None
+            assert nxt.message is not None
+            next_claim = await store.claim(nxt.message, "w", 30)
+            assert next_claim is not None
+            claim = next_claim
         assert seen == odd, "the stale copy was dropped, the rest handed over in order"
         await transport.close()
         await store.close()
