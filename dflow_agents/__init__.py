@@ -9,13 +9,18 @@
 * ``@tool``: typed functions (plain, async, or returning a ``DFlow``) as model tools;
 * conversation memory per session (:class:`ChatMemory`, :class:`InMemoryChatMemory`,
   :class:`RedisChatMemory`) and :func:`context_window`, what of it fits the model;
-* the text ReAct format: :func:`render_react_prompt` and :func:`parse_react_output`.
+* the text ReAct format: :func:`render_react_prompt` and :func:`parse_react_output`;
+* the agents, each a flow of steps that any worker runs: :class:`ToolCallAgent` (think,
+  then every tool call of the turn at once), :class:`ConversationAgentExecutor` (text
+  ReAct), with :class:`LoopGuard`; :func:`agent_tool` makes an agent the tool of another.
 
 Test doubles live in :mod:`dflow_agents.testing`.
 """
 
 from __future__ import annotations
 
+from .agent import Agent, AgentResult, AgentStatus
+from .agent_tool import AgentDepthError, agent_tool
 from .errors import (
     ModelConfigError,
     ModelConnectionError,
@@ -28,6 +33,7 @@ from .errors import (
     ModelStatusError,
     ModelTimeoutError,
 )
+from .executor import ConversationAgentExecutor
 from .function import (
     AIFunction,
     ModelConfig,
@@ -37,6 +43,7 @@ from .function import (
     qwen_template,
     response_parser,
 )
+from .loopguard import STRATEGY_PROMPT, LoopGuard
 from .memory import ChatMemory, InMemoryChatMemory, RedisChatMemory, context_window, estimate_tokens
 from .messages import ChatMessage, ChatResponse, Role, ToolCall, ToolSpec, Usage, to_openai_messages
 from .model import ChatModel, CompletionModel
@@ -54,16 +61,24 @@ from .react import (
     render_react_scratchpad,
 )
 from .terminate import TERMINATE_DESCRIPTION, TerminateStatus, terminate, terminate_tool
+from .toolcall import DEFAULT_SYSTEM_PROMPT, ToolCallAgent
 from .tools import Tool, ToolResult, tool
 
 __all__ = [  # noqa: RUF022 - plain sorted(), as tests/test_exports.py checks
     "AIFunction",
+    "Agent",
+    "AgentDepthError",
+    "AgentResult",
+    "AgentStatus",
     "ChatMemory",
     "ChatMessage",
     "ChatModel",
     "ChatResponse",
     "CompletionModel",
+    "ConversationAgentExecutor",
+    "DEFAULT_SYSTEM_PROMPT",
     "InMemoryChatMemory",
+    "LoopGuard",
     "ModelConfig",
     "ModelConfigError",
     "ModelConnectionError",
@@ -86,13 +101,16 @@ __all__ = [  # noqa: RUF022 - plain sorted(), as tests/test_exports.py checks
     "ReActStep",
     "RedisChatMemory",
     "Role",
+    "STRATEGY_PROMPT",
     "TERMINATE_DESCRIPTION",
     "TerminateStatus",
     "Tool",
     "ToolCall",
+    "ToolCallAgent",
     "ToolResult",
     "ToolSpec",
     "Usage",
+    "agent_tool",
     "chat_formatter",
     "chat_template",
     "context_window",

@@ -115,7 +115,12 @@ def context_window(
         pinned = goal
     goal_at: int | None = None
     if pinned is not None:
-        goal_at = next((i for i in range(len(body) - 1, -1, -1) if body[i] == pinned), None)
+        role, content = pinned.role, pinned.content  # cheap tests first: model equality is slow
+        goal_at = next(
+            (i for i in range(len(body) - 1, -1, -1)
+             if body[i] is pinned or (body[i].role == role and body[i].content == content and body[i] == pinned)),
+            None,
+        )
 
     # the turns before the goal and after it (an absent goal goes first)
     before = _units(body[:goal_at]) if goal_at is not None else []

@@ -46,9 +46,14 @@ class ModelRequest:
 
     @property
     def turn(self) -> int:
-        """How many assistant turns the conversation already has (the reply's index)."""
+        """How many assistant turns the conversation already has (the reply's index). For a
+        raw prompt: its completed ChatML assistant turns, or, in a prompt without ChatML
+        (a ReAct prompt), the ``Observation:`` lines after its last ``Question:`` line."""
         if self.prompt is not None:
-            return len(_COMPLETED_ASSISTANT.findall(self.prompt))
+            if "<|im_start|>" in self.prompt:
+                return len(_COMPLETED_ASSISTANT.findall(self.prompt))
+            scratchpad = self.prompt.rpartition("\nQuestion:")[2]
+            return len(_OBSERVATION_LINE.findall(scratchpad))
         return sum(1 for m in self.messages if m.role == "assistant")
 
     @property
@@ -69,6 +74,7 @@ class ModelRequest:
 
 
 _COMPLETED_ASSISTANT = re.compile(r"<\|im_start\|>assistant.*?<\|im_end\|>", re.DOTALL)
+_OBSERVATION_LINE = re.compile(r"^Observation:", re.MULTILINE)
 _USER_TURN = re.compile(r"<\|im_start\|>user\n?(.*?)<\|im_end\|>", re.DOTALL)
 _TOOL_RESPONSE = re.compile(r"<tool_response>\n?(.*?)\n?</tool_response>", re.DOTALL)
 

@@ -1,0 +1,274 @@
+"""What every agent shares: its states, its result, and how it runs as a flow.
+
+An agent is a stateless object declared once per process (``dflow.shared`` under its name,
+so flows that capture its methods carry the name, and each worker uses its own instance).
+Everything a run changes lives in the run: the loop's state is the value passed from step
+to step, and the conversation is written to the run's data under the agent's namespace,
+one key per message batch, never rewritten, so ``dflow inspect`` and ``Run.tree()`` show
+each turn's thought, calls and observations.
+
+A run of an agent is ``start`` (load the session's memory, record the task), then a tail
+loop of turns that each subclass defines, then ``finish`` (append the conversation to the
+session's memory, make the :class:`AgentResult`).
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+import warnings
+import weakref
+from collections import OrderedDict
+from collections.abc import Sequence
+from enum import Enum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+import dflow
+from dflow import ContextStack, DFlow, Pipeline, Run
+
+from ._window import estimate_tokens
+from .memory import ChatMemory, _check_session
+from .messages import ChatMessage, Usage
+
+__all__ = ["Agent", "AgentResult", "AgentStatus"]
+
+_NAME = re.compile(r"[A-Za-z0-9_.:@-]{1,64}")
+
+
+class AgentStatus(str, Enum):
+    """Where an agent's run stands. A run starts RUNNING and ends in one of the other
+    three: FINISHED (the task is done: ``terminate`` with ``success``, or an answer),
+    TERMINATED (the agent gave up: ``terminate`` with ``failure``), ERROR (stopped by the
+    framework: ``max_steps``, the loop guard, the token budget, a failing model)."""
+
+    IDLE = "idle"
+    RUNNING = "running"
+    FINISHED = "finished"
+    TERMINATED = "terminated"
+    ERROR = "error"
+
+
+class AgentResult(BaseModel):
+    """How an agent's run ended: its status, its answer and why it stopped."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    status: AgentStatus
+    answer: str = ""  #: the final answer, or ``terminate``'s conclusion
+    reason: str = ""  #: why the run stopped, in a sentence
+    steps: int = 0  #: turns taken
+    usage: Usage = Field(default_factory=Usage)  #: tokens used by every model call
+    session: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Whether the task was done (FINISHED)."""
+        return self.status is AgentStatus.FINISHED
+
+
+dflow.register_model(AgentResult)
+dflow.register_model(Usage)
+
+RUNNING = AgentStatus.RUNNING.value
+_agents: dict[str, weakref.ref[Agent]] = {}  # by name: a second agent of a name replaces the first
+
+
+def check_name(name: object, what: str = "agent") -> str:
+    if not isinstance(name, str) or _NAME.fullmatch(name) is None:
+        raise ValueError(
+            f"{what} name {name!r} is not accepted: use 1-64 letters, digits and _ . : @ - "
+            "(it names the agent's pipeline, its shared object and its keys in a run's data)"
+        )
+    return name
+
+
+def check_session(session: object) -> str | None:
+    """``session`` unless it is not a valid session name (``ValueError`` / ``TypeError``)."""
+    if session is None:
+        return None
+    return _check_session(session)
+
+
+def dump(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
+    """Messages as the JSON data a run stores."""
+    return [m.model_dump(mode="json", exclude_defaults=True) for m in messages]
+
+
+def load(data: Any) -> list[ChatMessage]:
+    """Messages back from what ``dump`` stored."""
+    return [ChatMessage.model_validate(m) for m in data or ()]
+
+
+def usage_of(state: dict[str, Any]) -> Usage:
+    return Usage.model_validate(state["usage"])
+
+
+def add_usage(state: dict[str, Any], usage: Usage) -> None:
+    u = state["usage"]
+    total = usage.total_tokens or usage.prompt_tokens + usage.completion_tokens
+    state["usage"] = {
+        "prompt_tokens": u["prompt_tokens"] + usage.prompt_tokens,
+        "completion_tokens": u["completion_tokens"] + usage.completion_tokens,
+        "total_tokens": u["total_tokens"] + total,
+    }
+
+
+def stop(state: dict[str, Any], status: AgentStatus, reason: str, answer: str | None = None) -> dict[str, Any]:
+    """``state`` ended with ``status`` for ``reason``."""
+    state["status"] = status.value
+    state["reason"] = reason
+    if answer is not None:
+        state["answer"] = answer
+    return state
+
+
+class MessageCache:
+    """The messages of a run's keys, read once per process.
+
+    A conversation's keys are written once each (by the step that made them) and read by
+    every later turn: caching what was *read* (committed data) saves decoding and
+    validating the whole conversation again at each turn. Keys carry a per-invocation
+    nonce, so a trace id used again by a later run cannot hit an old entry. Also keeps the
+    token estimate of each cached message.
+    """
+
+    def __init__(self, size: int = 4096) -> None:
+        self._size = size
+        self._entries: OrderedDict[str, tuple[ChatMessage, ...]] = OrderedDict()
+        self._tokens: dict[int, int] = {}
+
+    def read(self, ctx: ContextStack, key: str) -> tuple[ChatMessage, ...]:
+        """The messages under ``key`` (``()`` when there is nothing)."""
+        hit = self._entries.get(key)
+        if hit is not None:
+            return hit
+        data = ctx.get(key)
+        if data is None:
+            return ()  # not cached: it may be written later
+        messages = tuple(load(data))
+        for m in messages:
+            self._tokens[id(m)] = estimate_tokens(m)
+        self._entries[key] = messages
+        if len(self._entries) > self._size:
+            for m in self._entries.popitem(last=False)[1]:
+                self._tokens.pop(id(m), None)
+        return messages
+
+    def tokens(self, message: ChatMessage) -> int:
+        """The estimated tokens of ``message`` (cached for the messages read here)."""
+        n = self._tokens.get(id(message))
+        return estimate_tokens(message) if n is None else n
+
+
+class Agent:
+    """The base of the agents: a name, an optional session memory, a pipeline to start runs
+    with (``run``), and ``flow`` to embed the agent in another flow.
+
+    Subclasses implement ``_loop(ctx, state) -> DFlow`` (one turn, then ``_loop`` again as a
+    tail ``flat_map``, or ``self._done(state)``) and may extend ``_new_state``.
+    """
+
+    def __init__(self, name: str, *, memory: ChatMemory | None = None) -> None:
+        self.name = check_name(name)
+        if memory is not None and not isinstance(memory, ChatMemory):
+            raise TypeError(f"memory must be a ChatMemory (InMemoryChatMemory, RedisChatMemory), got {memory!r}")
+        self.memory = memory
+        self._pointer = f"dflow_agents/{name}"  # the run's key naming this agent's current invocation
+        self._turns = MessageCache()
+        old = _agents.get(name)
+        if old is not None and old() is not None:
+            warnings.warn(
+                f"a second agent named {name!r} replaces the first in this process: runs of either go to "
+                "the second (give each agent its own name)", RuntimeWarning, stacklevel=3,
+            )
+        _agents[name] = weakref.ref(self)
+        dflow.shared(self, f"dflow_agents.agent:{name}")
+        entry = f"agent.{name}"
+        self.pipeline: Pipeline = (
+            DFlow.from_call(entry).map(self._start).id("start").flat_map(self._loop).id("loop").init(entry)
+        )
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r}>"
+
+    # -- running -----------------------------------------------------------------------
+
+    def run(self, query: str, *, session: str | None = None, trace_id: str | None = None) -> Run:
+        """Start a run of the agent on ``query`` (in ``session``, whose memory it reads and
+        extends); ``run.result()`` is the :class:`AgentResult`."""
+        return self.pipeline.call(self._request(query, session), trace_id=trace_id)
+
+    async def arun(self, query: str, *, session: str | None = None, trace_id: str | None = None) -> Run:
+        """``run`` for async code."""
+        return await self.pipeline.acall(self._request(query, session), trace_id=trace_id)
+
+    def flow(self, query: str, *, session: str | None = None) -> DFlow[AgentResult]:
+        """The agent as a flow to embed in another (in a ``flat_map``): it runs in the
+        caller's run, and outputs the :class:`AgentResult`."""
+        return (
+            DFlow.just(self._request(query, session))
+            .map(self._start).id(f"{self.name}.start")
+            .flat_map(self._loop).id(f"{self.name}.loop")
+        )
+
+    def _request(self, query: str, session: str | None) -> dict[str, Any]:
+        if not isinstance(query, str):
+            raise TypeError(f"an agent's query is a str, got {type(query).__qualname__}")
+        return {"query": query, "session": check_session(session)}
+
+    # -- steps -------------------------------------------------------------------------
+
+    async def _start(self, ctx: ContextStack, request: Any) -> dict[str, Any]:
+        """Record the task and the session's memory in the run; the loop's first state."""
+        if isinstance(request, str):  # pipeline.call("question")
+            request = {"query": request, "session": None}
+        if not isinstance(request, dict) or not isinstance(request.get("query"), str):
+            raise TypeError(f"{self!r} starts from a query (str) or {{'query': str, 'session': str}}, got {request!r}")
+        session = check_session(request.get("session"))
+        history = await self.memory.load(session) if self.memory is not None and session else []
+        ns = f"{self._pointer}/{ctx.idempotency_key}/{uuid.uuid4().hex[:12]}"
+        ctx.put(self._pointer, ns)
+        ctx.put(f"{ns}/head", dump([*history, ChatMessage.user(request["query"])]))
+        state = self._new_state(ns, request["query"], session, len(history))
+        return state
+
+    def _new_state(self, ns: str, query: str, session: str | None, history: int) -> dict[str, Any]:
+        return {
+            "ns": ns,
+            "query": query,
+            "session": session,
+            "history": history,  # messages of the session's memory at the head of the conversation
+            "step": 0,
+            "status": RUNNING,
+            "answer": "",
+            "reason": "",
+            "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+        }
+
+    def _loop(self, ctx: ContextStack, state: dict[str, Any]) -> DFlow[Any]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _done(self, state: dict[str, Any]) -> DFlow[AgentResult]:
+        return DFlow.just(state).map(self._finish).id("finish")
+
+    def _conversation_of_run(self, ctx: ContextStack, state: dict[str, Any]) -> list[ChatMessage]:
+        """The messages this run added to the session (the task and every turn after it)."""
+        raise NotImplementedError  # pragma: no cover - abstract
+
+    async def _finish(self, ctx: ContextStack, state: dict[str, Any]) -> AgentResult:
+        """Append the run's conversation to the session's memory (once, whatever re-runs
+        this step) and give the result."""
+        session = state.get("session")
+        if self.memory is not None and session:
+            messages = self._conversation_of_run(ctx, state)
+            await self.memory.append(session, messages, key=state["ns"])
+        return AgentResult(
+            status=AgentStatus(state["status"]),
+            answer=state.get("answer", ""),
+            reason=state.get("reason", ""),
+            steps=state["step"],
+            usage=usage_of(state),
+            session=session,
+        )

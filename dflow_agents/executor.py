@@ -1,0 +1,237 @@
+"""The text ReAct agent: Thought / Action / Action Input / Observation / Final Answer.
+
+For models without native tool calls, or when the reasoning should be visible as text.
+Each iteration is ``think`` (render the prompt with the scratchpad, complete it, parse what
+the model wrote) and, for an action, a ``tool`` step and ``observe``. A reply that cannot be
+read goes back to the model as the observation, saying what was wrong. The run ends
+FINISHED with the final answer, or ERROR at the iteration limit or when the model keeps
+failing. Only the question and the final answer go to the session's memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+from pydantic_core import to_jsonable_python
+
+from dflow import ContextStack, DFlow
+
+from ._window import context_window
+from .agent import RUNNING, Agent, AgentStatus, add_usage, stop
+from .errors import ModelRetryableError
+from .memory import ChatMemory
+from .messages import ChatMessage, ChatResponse
+from .model import ChatModel, CompletionModel
+from .react import (
+    REACT_STOP,
+    REACT_TEMPLATE,
+    ReActAction,
+    ReActFinalAnswer,
+    ReActParseFailure,
+    ReActStep,
+    parse_react_output,
+    render_react_prompt,
+    render_react_scratchpad,
+)
+from .tools import Tool, ToolResult
+
+__all__ = ["ConversationAgentExecutor"]
+
+
+class ConversationAgentExecutor(Agent):
+    """A ReAct agent over a text model. See the module's docstring.
+
+    Args:
+        name: as for :class:`ToolCallAgent`.
+        model: a ``ChatModel`` or a ``CompletionModel``. ``mode="completion"`` completes
+            the whole prompt as raw text (the classic form); ``mode="chat"`` sends the prompt
+            as the first user message, each step as the model's message and its observation
+            as the next user message. ``"auto"``: chat for a ``ChatModel`` not set to raw
+            mode, completion otherwise.
+        tools: the tools it may call (plain or flow tools).
+        max_iterations: actions (and unreadable replies) before the run stops with ERROR.
+        template: the ReAct prompt, see :data:`REACT_TEMPLATE`.
+        memory: the sessions' memory; the question and the final answer are appended.
+        history_tokens: how much of the session's earlier conversation is shown.
+        max_observation_chars: longer tool results are cut (saying so).
+        model_attempts: as for :class:`ToolCallAgent`.
+        model_options: request options (``temperature``...); ``stop`` defaults to
+            ``REACT_STOP``.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        model: CompletionModel | ChatModel,
+        tools: Sequence[Tool] = (),
+        *,
+        max_iterations: int = 5,
+        mode: Literal["auto", "chat", "completion"] = "auto",
+        template: str = REACT_TEMPLATE,
+        memory: ChatMemory | None = None,
+        history_tokens: int = 4_000,
+        max_observation_chars: int = 4_000,
+        model_attempts: int = 4,
+        model_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        if not isinstance(model, (CompletionModel, ChatModel)):
+            raise TypeError(f"model must be a CompletionModel or a ChatModel, got {model!r}")
+        for t in tools:
+            if not isinstance(t, Tool):
+                raise TypeError(f"tools are Tool objects (made with @tool), got {t!r}")
+        if not isinstance(max_iterations, int) or isinstance(max_iterations, bool) or max_iterations < 1:
+            raise ValueError(f"max_iterations must be an int >= 1, got {max_iterations!r}")
+        render_react_prompt([], "", template=template)  # refuses a template without its placeholders
+        if mode == "auto":
+            raw = getattr(model, "mode", None) == "raw" or not isinstance(model, ChatModel)
+            mode = "completion" if raw else "chat"
+        if mode not in ("chat", "completion"):
+            raise ValueError(f"mode must be 'auto', 'chat' or 'completion', got {mode!r}")
+        if mode == "completion" and not isinstance(model, CompletionModel):
+            raise TypeError(f"mode='completion' needs a model with complete(), and {model!r} has none")
+        if mode == "chat" and not isinstance(model, ChatModel):
+            raise TypeError(f"mode='chat' needs a model with chat(), and {model!r} has none")
+        self.mode = mode
+        self.model = model
+        self.tools = {t.name: t for t in tools}
+        self.max_iterations = max_iterations
+        self.template = template
+        self.history_tokens = history_tokens
+        self.max_observation_chars = max_observation_chars
+        self.model_attempts = model_attempts
+        self.model_options = {"stop": list(REACT_STOP), **(model_options or {})}
+        super().__init__(name, memory=memory)
+
+    def _new_state(self, ns: str, query: str, session: str | None, history: int) -> dict[str, Any]:
+        state = super()._new_state(ns, query, session, history)
+        state.update(steps=[], action=None)
+        return state
+
+    def _loop(self, ctx: ContextStack, state: dict[str, Any]) -> DFlow[Any]:
+        if state["status"] != RUNNING:
+            return self._done(state)
+        return (
+            DFlow.just(state)
+            .map(self._think).id("think").retry(self.model_attempts, backoff=1.0, on=ModelRetryableError)
+            .flat_map(self._act).id("act")
+        )
+
+    def _question(self, ctx: ContextStack, state: dict[str, Any]) -> str:
+        """The question, after what fits of the session's earlier conversation."""
+        if not state["history"]:
+            return str(state["query"])
+        history = self._turns.read(ctx, f"{state['ns']}/head")[: state["history"]]
+        shown = context_window(None, list(history), self.history_tokens, max_observation_chars=None)
+        lines = [f"{'User' if m.role == 'user' else 'Assistant'}: {m.content}"
+                 for m in shown if m.role in ("user", "assistant") and m.content]
+        if not lines:
+            return str(state["query"])
+        return "(Earlier in this conversation:\n" + "\n".join(lines) + ")\n\n" + str(state["query"])
+
+    async def _think(self, ctx: ContextStack, state: dict[str, Any]) -> dict[str, Any]:
+        """Complete the prompt and read the reply: an action, a final answer, or a failure."""
+        state = dict(state)
+        if len(state["steps"]) >= self.max_iterations:
+            return stop(state, AgentStatus.ERROR, f"reached the iteration limit ({self.max_iterations}) without "
+                                                  "a final answer")
+        steps = [ReActStep.model_validate(s) for s in state["steps"]]
+        try:
+            response = await self._complete(self._question(ctx, state), steps)
+        except ModelRetryableError as exc:
+            if ctx.attempt + 1 < self.model_attempts:
+                raise
+            return stop(state, AgentStatus.ERROR, f"the model failed {self.model_attempts} times; last: {exc}")
+        except Exception as exc:  # noqa: BLE001 - a failing model ends the run as ERROR, with the reason
+            return stop(state, AgentStatus.ERROR, f"the model call failed: {type(exc).__name__}: {exc}")
+        add_usage(state, response.usage)
+        parsed = parse_react_output(response.content, list(self.tools.values()))
+        state["step"] += 1
+        if isinstance(parsed, ReActFinalAnswer):
+            return stop(state, AgentStatus.FINISHED, "the model gave its final answer", answer=parsed.answer)
+        if isinstance(parsed, ReActParseFailure):
+            state["steps"] = [*state["steps"], self._step(ReActStep.of(parsed))]
+            state["action"] = None
+        else:
+            state["action"] = parsed.model_dump(mode="json")
+        return state
+
+    async def _complete(self, question: str, steps: list[ReActStep]) -> ChatResponse:
+        tools = list(self.tools.values())
+        if self.mode == "completion":
+            prompt = render_react_prompt(tools, question, steps, template=self.template)
+            return await self.model.complete(prompt, **self.model_options)  # type: ignore[union-attr]
+        messages = [ChatMessage.user(render_react_prompt(tools, question, (), template=self.template))]
+        for step in steps:
+            said, _, observed = render_react_scratchpad([step]).partition("\nObservation:")
+            messages.append(ChatMessage.assistant(("Thought:" + said).strip()))
+            messages.append(ChatMessage.user("Observation:" + observed.removesuffix("\nThought:")))
+        return await self.model.chat(messages, None, **self.model_options)  # type: ignore[union-attr]
+
+    def _act(self, ctx: ContextStack, state: dict[str, Any]) -> DFlow[Any]:
+        """Run the action's tool, then observe; or go on (a parse failure) or end."""
+        action = state.get("action")
+        if state["status"] != RUNNING or action is None:
+            return self._loop(ctx, state)
+        tool = self.tools[action["tool"]]  # the parser only names registered tools
+        if tool.is_flow:  # its value replaces the state: keep the state in the run
+            ctx.put(f"{state['ns']}/state", state)
+            ran = DFlow.just(state).flat_map(self._flow_tool).id("tool")
+        else:
+            ran = DFlow.just(state).map(self._call_tool).id("tool")
+        return ran.flat_map(self._observe).id("observe")
+
+    async def _call_tool(self, state: dict[str, Any]) -> dict[str, Any]:
+        action = state["action"]
+        result = await self.tools[action["tool"]].run(action["tool_input"])
+        return {**state, "observation": result.observation}
+
+    def _flow_tool(self, state: dict[str, Any]) -> DFlow[Any]:
+        action = state["action"]
+        tool = self.tools[action["tool"]]
+        built = tool.flow(action["tool_input"])
+        if isinstance(built, ToolResult):
+            return DFlow.just({**state, "observation": built.observation})
+        return built.map(_as_observation).id("tool-value").on_error_return(_failed_observation)
+
+    def _observe(self, ctx: ContextStack, ran: dict[str, Any]) -> DFlow[Any]:
+        """The observation joins the scratchpad; the next iteration."""
+        if "__observation__" in ran:  # a flow tool's value (or failure): the state is in the run
+            state = dict(ctx.get(f"{ctx.get(self._pointer)}/state"))
+            observation = ran["__observation__"]
+        else:
+            state = {k: v for k, v in ran.items() if k != "observation"}
+            observation = ran["observation"]
+        action = ReActAction.model_validate(state["action"])
+        state["steps"] = [*state["steps"], self._step(ReActStep.of(action, observation))]
+        state["action"] = None
+        return self._loop(ctx, state)
+
+    def _step(self, step: ReActStep) -> dict[str, Any]:
+        limit = self.max_observation_chars
+        text = step.observation
+        if len(text) > limit:
+            head, tail = text[: limit * 3 // 4], text[-(limit // 4):]
+            text = f"{head}\n[… {len(step.observation) - len(head) - len(tail):,} characters cut]\n{tail}"
+        return step.model_copy(update={"observation": text}).model_dump(mode="json")
+
+    def _conversation_of_run(self, ctx: ContextStack, state: dict[str, Any]) -> list[ChatMessage]:
+        messages = [ChatMessage.user(state["query"])]
+        if state["status"] == AgentStatus.FINISHED.value:
+            messages.append(ChatMessage.assistant(state["answer"]))
+        return messages
+
+
+def _as_observation(value: Any) -> dict[str, Any]:
+    if isinstance(value, str):
+        return {"__observation__": value}
+    try:
+        return {"__observation__": ToolResult.of("tool", to_jsonable_python(value)).observation}
+    except Exception:  # noqa: BLE001 - shown as text instead
+        return {"__observation__": str(value)}
+
+
+def _failed_observation(error: BaseException) -> dict[str, Any]:
+    text = f"Error: the tool failed: {type(error).__name__}: {error}"
+    return {"__observation__": text if len(text) <= 500 else text[:500] + "..."}
+

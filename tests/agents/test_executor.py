@@ -1,0 +1,136 @@
+"""ConversationAgentExecutor: the text ReAct loop in local mode, with scripted models."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import dflow
+from dflow import DFlow
+from dflow_agents import ChatResponse, InMemoryChatMemory, ModelRateLimitError, tool
+from dflow_agents.agent import AgentStatus
+from dflow_agents.executor import ConversationAgentExecutor
+from dflow_agents.testing import FunctionModel, ScriptedModel
+
+
+@tool
+def weather(city: str) -> str:
+    """The weather in a city."""
+    return f"sunny in {city}"
+
+
+@tool
+def shout(text: str) -> DFlow[str]:
+    """A flow tool that waits a little, then shouts."""
+    return DFlow.delay(text, 0.02).map(str.upper).id("shout-upper")
+
+
+@tool
+def broken() -> str:
+    """Always fails."""
+    raise OSError("disk on fire")
+
+
+@pytest.fixture
+def local() -> Iterator[dflow.Runtime]:
+    runtime = DFlow.global_init_for_test()
+    yield runtime
+    dflow.shutdown()
+
+
+_names = iter(range(10**6))
+
+
+def executor(model: Any, tools: Any = (), **options: Any) -> ConversationAgentExecutor:
+    return ConversationAgentExecutor(f"react-{next(_names)}", model, tools, **options)
+
+
+def test_actions_observations_and_the_final_answer(local: dflow.Runtime) -> None:
+    model = ScriptedModel([
+        'I need the weather.\nAction: weather\nAction Input: {"city": "Paris"}',
+        'Now shout it.\nAction: shout\nAction Input: {"text": "sunny"}',
+        "I now know the final answer.\nFinal Answer: SUNNY in Paris",
+    ])
+    r = executor(model, [weather, shout], mode="completion").run("How is Paris?").result(10)
+    assert (r.status, r.answer, r.steps) == (AgentStatus.FINISHED, "SUNNY in Paris", 3)
+    last = model.requests[-1].prompt
+    assert last is not None
+    assert "Question: How is Paris?" in last
+    assert "Observation: sunny in Paris" in last and "Observation: SUNNY" in last
+    assert model.requests[0].options["stop"] == ["\nObservation:"]
+
+
+def test_unreadable_replies_and_tool_errors_go_back_to_the_model(local: dflow.Runtime) -> None:
+    model = ScriptedModel([
+        "Action: telepathy\nAction Input: {}",
+        "Action: broken\nAction Input: {}",
+        "Final Answer: gave up",
+    ])
+    r = executor(model, [weather, broken], mode="completion").run("?").result(10)
+    assert r.answer == "gave up"
+    prompt = model.requests[-1].prompt or ""
+    assert 'there is no tool named "telepathy"' in prompt and "weather, broken" in prompt
+    assert "OSError: disk on fire" in prompt
+
+
+def test_the_iteration_limit_ends_the_run_with_error(local: dflow.Runtime) -> None:
+    looping = FunctionModel(lambda m, t: "x", complete=lambda p: 'Action: weather\nAction Input: {"city": "X"}')
+    r = executor(looping, [weather], max_iterations=3, mode="completion").run("?").result(10)
+    assert r.status is AgentStatus.ERROR and "iteration limit (3)" in r.reason and r.steps == 3
+
+
+def test_a_chat_model_gets_the_steps_as_turns(local: dflow.Runtime) -> None:
+    model = ScriptedModel([
+        'Let me look.\nAction: weather\nAction Input: {"city": "Oslo"}',
+        "Final Answer: 42",
+    ])
+    r = executor(model, [weather]).run("meaning?").result(10)
+    assert r.answer == "42"
+    first, second = (req.messages for req in model.requests)
+    assert len(first) == 1 and first[0].role == "user" and "Question: meaning?" in first[0].content
+    assert [m.role for m in second] == ["user", "assistant", "user"]
+    assert second[1].content == 'Thought: Let me look.\nAction: weather\nAction Input: {"city": "Oslo"}'
+    assert second[2].content == "Observation: sunny in Oslo"
+
+
+def test_modes_that_the_model_cannot_serve_are_refused() -> None:
+    class OnlyComplete:
+        async def complete(self, prompt: str, **options: Any) -> ChatResponse:
+            return ChatResponse(content=prompt)
+
+    with pytest.raises(TypeError, match="needs a model with chat"):
+        ConversationAgentExecutor("react-no-chat", OnlyComplete(), [], mode="chat")
+
+
+def test_memory_keeps_question_and_answer_per_session(local: dflow.Runtime) -> None:
+    memory = dflow.shared(InMemoryChatMemory(), "test-executor-memory")
+    model = FunctionModel(lambda m, t: "x", complete=lambda p: "Final Answer: noted")
+    ex = executor(model, [], memory=memory, mode="completion")
+    ex.run("my name is Ann", session="s1").result(10)
+    ex.run("what is my name?", session="s1").result(10)
+    prompt = model.requests[-1].prompt or ""
+    assert "User: my name is Ann" in prompt and "Assistant: noted" in prompt
+    ex.run("hello", session="s2").result(10)
+    assert "Ann" not in (model.requests[-1].prompt or "")
+    assert len(asyncio.run(memory.load("s1"))) == 4
+
+
+def test_a_rate_limited_model_is_retried(local: dflow.Runtime) -> None:
+    calls: list[int] = []
+
+    def flaky(prompt: str) -> str:
+        calls.append(1)
+        if len(calls) == 1:
+            raise ModelRateLimitError("429", retry_after=0.01)
+        return "Final Answer: ok"
+
+    r = executor(FunctionModel(lambda m, t: "x", complete=flaky), [], mode="completion").run("?").result(10)
+    assert r.answer == "ok" and len(calls) == 2
+
+
+def test_a_template_without_its_placeholders_is_refused() -> None:
+    with pytest.raises(ValueError, match="placeholders"):
+        ConversationAgentExecutor("react-bad-template", ScriptedModel([]), [], template="no slots")
