@@ -48,6 +48,13 @@ def _parser() -> argparse.ArgumentParser:
     i = sub.add_parser("inspect", help="print a run's step tree")
     i.add_argument("trace_id")
     i.add_argument("--store", default=os.environ.get("DFLOW_STORE"))
+    c = sub.add_parser("cancel", help="cancel a run: it ends CANCELLED, with its waits, timers and branches")
+    c.add_argument("trace_id")
+    c.add_argument("--reason", default="cancelled from the command line", help="recorded on the run")
+    c.add_argument("--store", default=os.environ.get("DFLOW_STORE"))
+    c.add_argument("--transport", default=os.environ.get("DFLOW_TRANSPORT"),
+                   help="to publish at once what the cancel releases (a parent's join); else the store's "
+                        "outbox hands it out within its redispatch time")
     ls = sub.add_parser("ls", help="list recent runs")
     ls.add_argument("--store", default=os.environ.get("DFLOW_STORE"))
     ls.add_argument("--limit", type=int, default=20)
@@ -120,6 +127,31 @@ async def _inspect(args: argparse.Namespace) -> int:
         await store.close()
 
 
+async def _cancel(args: argparse.Namespace) -> int:
+    from ._connect import store_from_url, transport_from_url
+    from ._ids import check_trace_id, is_run_id
+    from .runtime import _route
+
+    if not is_run_id(args.trace_id):
+        check_trace_id(args.trace_id)  # says what is wrong with it
+    store = store_from_url(_need(args.store, "--store", "DFLOW_STORE"))
+    try:
+        info, publish = await store.cancel(args.trace_id, args.reason)
+        if info is None:
+            print(f"dflow cancel: no run {safe(args.trace_id)} in this store", file=sys.stderr)
+            return 1
+        if publish and args.transport and not store.fused:
+            transport = transport_from_url(args.transport)
+            try:
+                await transport.publish_many([(m.encode(), _route(m)) for m in publish])
+            finally:
+                await transport.close()
+        print(f"{safe(args.trace_id)}: {info.status.value}")
+        return 0
+    finally:
+        await store.close()
+
+
 async def _ls(args: argparse.Namespace) -> int:
     from ._connect import store_from_url
 
@@ -148,7 +180,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     level = getattr(args, "log_level", "WARNING")
     logging.basicConfig(level=str(level).upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    command = {"worker": _worker, "inspect": _inspect, "ls": _ls}[args.command]
+    command = {"worker": _worker, "inspect": _inspect, "ls": _ls, "cancel": _cancel}[args.command]
     try:
         return asyncio.run(command(args))
     except (ConfigurationError, InvalidTraceIdError, ImportError) as exc:

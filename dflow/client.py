@@ -15,7 +15,7 @@ import concurrent.futures
 import threading
 import time
 import uuid
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import AsyncGenerator, Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -27,8 +27,10 @@ from .errors import (
     BuildError,
     ConfigurationError,
     DFlowError,
+    RunCancelledError,
     RunFailedError,
     RunNotFoundError,
+    RunTimeoutError,
     UnknownEntryError,
 )
 from ._model import Chain, Frame, Kind, compile_flow
@@ -355,8 +357,72 @@ class Run(Generic[Out_co]):
         return info
 
     def status(self) -> RunStatus:
-        """Running, waiting, done or failed."""
+        """Running, sleeping, waiting, done, failed or cancelled."""
         return self.info().status
+
+    def cancel(self, reason: str = "cancelled") -> RunInfo:
+        """End the run CANCELLED with ``reason``: its waiting call, its timers and its
+        zip/any branches (recursively) go; a step running now finishes but commits
+        nothing. A run that has ended stays as it ended. Returns the run's state;
+        ``RunNotFoundError`` when there is none."""
+        host = _current()
+        return self._cancelled(host.run(host.runtime.cancel(self.trace_id, _reason(reason))))
+
+    async def acancel(self, reason: str = "cancelled") -> RunInfo:
+        """``cancel`` for async code."""
+        host = _current()
+        return self._cancelled(await host.arun(host.runtime.cancel(self.trace_id, _reason(reason))))
+
+    def _cancelled(self, info: RunInfo | None) -> RunInfo:
+        if info is None:
+            raise RunNotFoundError(f"no run with trace id {self.trace_id!r}", trace_id=self.trace_id)
+        return info
+
+    async def aevents(self, *, timeout: float | None = None) -> AsyncGenerator[StepRecord, None]:
+        """The run's step records as they commit, in order, from any process, from its
+        first; the iteration ends when the run ends. ``RunTimeoutError`` when ``timeout``
+        seconds pass first; ``RunNotFoundError`` when there is no such run. (The steps of
+        zip/any branches are in their own runs; the join's record holds their results.)"""
+        host = _current()
+        store = host.runtime.store
+        deadline = None if timeout is None else time.monotonic() + timeout
+        start = 0
+        while True:
+            wait = 5.0 if deadline is None else max(0.0, min(5.0, deadline - time.monotonic()))
+            records, info = await host.arun(store.watch_steps(self.trace_id, start, wait))
+            if info is None:
+                raise RunNotFoundError(f"no run with trace id {self.trace_id!r}", trace_id=self.trace_id)
+            for record in records:
+                yield record
+            start += len(records)
+            if info.status.finished:
+                return
+            if deadline is not None and time.monotonic() >= deadline and not records:
+                raise RunTimeoutError(f"run {self.trace_id!r} did not end within {timeout}s; the run goes on",
+                                      trace_id=self.trace_id)
+
+    def events(self, *, timeout: float | None = None) -> Iterator[StepRecord]:
+        """``aevents`` for plain code: a blocking iterator."""
+        host = _current()
+        if host.thread.on_loop():
+            raise DFlowError("Run.events() blocks: on the runtime's event loop use `async for e in run.aevents()`")
+        agen = self.aevents(timeout=timeout)
+
+        async def step() -> tuple[bool, StepRecord | None]:
+            try:
+                return True, await agen.__anext__()
+            except StopAsyncIteration:
+                return False, None
+
+        try:
+            while True:
+                more, record = host.run(step())
+                if not more:
+                    return
+                assert record is not None
+                yield record
+        finally:
+            host.run(agen.aclose())
 
     def tree(self) -> str:
         """The run's step tree as text: status, timings, values and errors of each step,
@@ -384,7 +450,17 @@ class Run(Generic[Out_co]):
         return ContextStack(self.trace_id, data, seq=info.seq, steps=tuple(steps))
 
 
+def _reason(reason: object) -> str:
+    if not isinstance(reason, str):
+        raise TypeError(f"a cancel reason is a str, got {type(reason).__qualname__}")
+    return reason[:1000]
+
+
 def _outcome(info: RunInfo) -> Any:
+    if info.status is RunStatus.CANCELLED:
+        reason = str((info.error or {}).get("message", ""))
+        raise RunCancelledError(f"run {info.trace_id!r} was cancelled: {reason}", trace_id=info.trace_id,
+                                reason=reason)
     if info.status is RunStatus.FAILED:
         err = info.error or {}
         raise RunFailedError(

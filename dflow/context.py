@@ -21,10 +21,15 @@ class RunStatus(str, Enum):
     WAITING = "waiting"  #: suspended: in ``from_call``, or joining ``zip``/``any`` branches
     DONE = "done"  #: finished with a result
     FAILED = "failed"  #: finished with an error
+    CANCELLED = "cancelled"  #: ended by ``Run.cancel``; ``error`` holds the reason
 
     @property
     def finished(self) -> bool:
-        return self in (RunStatus.DONE, RunStatus.FAILED)
+        """Whether the run has ended (done, failed or cancelled)."""
+        return self in _ENDED
+
+
+_ENDED = frozenset((RunStatus.DONE, RunStatus.FAILED, RunStatus.CANCELLED))
 
 
 class StepStatus(str, Enum):

@@ -19,6 +19,7 @@
     │   ├── InvalidTraceIdError     a trace id with characters or a length not allowed
     │   ├── NotWaitingError         ``DFlow.call`` on a run not waiting for that call
     │   ├── RunFailedError          the awaited run ended failed
+    │   ├── RunCancelledError       the awaited run was cancelled
     │   └── RunTimeoutError         waiting for a run's result timed out
     ├── StepTimeoutError            a step ran longer than its ``timeout``
     ├── StepFailedError             an error recorded elsewhere (a branch, an on_init)
@@ -44,6 +45,7 @@ __all__ = [
     "NotWaitingError",
     "PayloadRejectedError",
     "RefusedMessageError",
+    "RunCancelledError",
     "RunError",
     "RunExistsError",
     "RunFailedError",
@@ -150,6 +152,14 @@ class RunFailedError(RunError):
     def __init__(self, message: str, *, trace_id: str, error: dict[str, Any]) -> None:
         super().__init__(message, trace_id=trace_id)
         self.error = error
+
+
+class RunCancelledError(RunError):
+    """The run was cancelled (``Run.cancel``, ``dflow cancel``); ``reason`` says why."""
+
+    def __init__(self, message: str, *, trace_id: str, reason: str) -> None:
+        super().__init__(message, trace_id=trace_id)
+        self.reason = reason
 
 
 class RunTimeoutError(RunError, TimeoutError):

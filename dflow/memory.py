@@ -151,6 +151,7 @@ class MemoryStore(Store):
         self._blob_runs: dict[str, int] = {}  # live runs referencing each blob
         self._blob_expiry: deque[tuple[float, str]] = deque()
         self._waiters: dict[str, list[asyncio.Future[RunInfo]]] = {}
+        self._watchers: dict[str, list[asyncio.Future[None]]] = {}  # of runs' step records
         self._tokens = itertools.count(1)
         self._timer_seq = itertools.count()
         self._quiet = False
@@ -230,8 +231,14 @@ class MemoryStore(Store):
         for fut in self._waiters.pop(run.trace_id, ()):
             if not fut.done():
                 fut.set_result(run.info())
+        self._wake_watchers(run.trace_id)
         if run.parent is not None:
             self._arrive(run, now, out)
+
+    def _wake_watchers(self, trace_id: str) -> None:
+        for fut in self._watchers.pop(trace_id, ()):
+            if not fut.done():
+                fut.set_result(None)
 
     def _arrive(self, child: _Run, now: float, out: list[Message]) -> None:
         link = child.parent
@@ -381,6 +388,8 @@ class MemoryStore(Store):
         self._leased.pop(run.trace_id, None)
         run.updated = now
         run.records.extend(records)
+        if run.trace_id in self._watchers:
+            self._wake_watchers(run.trace_id)
         if changes:
             data = run.data
             for k, v in changes.items():
@@ -567,9 +576,67 @@ class MemoryStore(Store):
         run = self._runs.get(trace_id)
         return dict(run.data) if run is not None else {}
 
-    async def get_steps(self, trace_id: str) -> list[StepRecord]:
+    async def get_steps(self, trace_id: str, start: int = 0) -> list[StepRecord]:
         run = self._runs.get(trace_id)
-        return list(run.records) if run is not None else []
+        return run.records[max(0, start):] if run is not None else []
+
+    async def watch_steps(
+        self, trace_id: str, start: int, timeout: float
+    ) -> tuple[list[StepRecord], RunInfo | None]:
+        run = self._runs.get(trace_id)
+        if run is not None and len(run.records) <= start and not run.status.finished:
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._watchers.setdefault(trace_id, []).append(fut)
+            try:
+                await asyncio.wait_for(fut, timeout)
+            except asyncio.TimeoutError:
+                pass
+            finally:
+                futs = self._watchers.get(trace_id)
+                if futs and fut in futs:
+                    futs.remove(fut)
+                    if not futs:
+                        del self._watchers[trace_id]
+            run = self._runs.get(trace_id)
+        if run is None:
+            return [], None
+        return run.records[max(0, start):], run.info()
+
+    async def cancel(self, trace_id: str, reason: str) -> tuple[RunInfo | None, list[Message]]:
+        run = self._runs.get(trace_id)
+        if run is None:
+            return None, []
+        out: list[Message] = []
+        if not run.status.finished:
+            now = time.time()
+            gone: set[str] = set()
+            self._cancel(run, {"type": "dflow.RunCancelled", "message": reason, "step": ""}, now, out, gone)
+            if gone:  # their timers and unclaimed messages go too
+                self._timers = [e for e in self._timers if e[2].trace_id not in gone]
+                heapq.heapify(self._timers)
+                for ident in [i for i, (_, m) in self._outbox.items() if m.trace_id in gone]:
+                    del self._outbox[ident]
+        return run.info(), out
+
+    def _cancel(self, run: _Run, error: dict[str, Any], now: float, out: list[Message], gone: set[str]) -> None:
+        """End ``run`` and the branches its open join waits for (first: their arrivals
+        must not reach a join that is going away)."""
+        gone.add(run.trace_id)
+        run.status = RunStatus.CANCELLED
+        run.error = dict(error)
+        run.updated = now
+        run.waiting_for = None
+        run.init_pending = False
+        run.parked = None
+        self._leased.pop(run.trace_id, None)
+        j = run.join
+        if j is not None and not j.closed:
+            j.closed = True
+            for child_id in j.children:
+                child = self._runs.get(child_id)
+                if child is not None and not child.status.finished:
+                    self._cancel(child, error, now, out, gone)
+        self._finished(run, now, out)
 
     async def get_blob(self, ref: str) -> bytes | None:
         return self._blobs.get(ref)

@@ -25,7 +25,7 @@ from ._codec import FAIL, JOIN, RUN, Message, decode, encode
 from ._durable import ChainCodec
 from ._frames import FrameCodec
 from ._model import Frame, Kind, Node, compile_flow
-from .context import ContextStack, StepRecord, StepStatus
+from .context import ContextStack, RunInfo, StepRecord, StepStatus
 from .errors import (
     DFlowError,
     PayloadRejectedError,
@@ -192,6 +192,12 @@ class Runtime:
                 f"limit of {self.max_value_bytes} bytes"
             )
         await self.publish(await self.store.resume(trace_id, call_type, payload, failed=failed, seq=seq))
+
+    async def cancel(self, trace_id: str, reason: str) -> RunInfo | None:
+        """End a run CANCELLED (see ``Store.cancel``); its state, ``None`` if there is none."""
+        info, publish = await self.store.cancel(trace_id, reason)
+        await self.publish(publish)
+        return info
 
     # -- loops -----------------------------------------------------------------------
 

@@ -20,6 +20,8 @@ worker re-ran the step) is refused: each step's result is committed exactly once
 
 from __future__ import annotations
 
+import asyncio
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -260,8 +262,33 @@ class Store(ABC):
         """The run's global data, encoded."""
 
     @abstractmethod
-    async def get_steps(self, trace_id: str) -> list[StepRecord]:
-        """The run's step records, oldest first."""
+    async def get_steps(self, trace_id: str, start: int = 0) -> list[StepRecord]:
+        """The run's step records from the ``start``-th, oldest first."""
+
+    async def watch_steps(
+        self, trace_id: str, start: int, timeout: float
+    ) -> tuple[list[StepRecord], RunInfo | None]:
+        """The run's step records from the ``start``-th and its state, read together (so
+        when the state says it ended, the records are all there). When there are none yet
+        and the run goes on, wait up to ``timeout`` seconds for some. ``None`` for a run
+        that does not exist. (This default polls; stores override it to be woken.)"""
+        deadline = time.monotonic() + timeout
+        pause = 0.01
+        while True:
+            info = await self.get_run(trace_id)
+            records = await self.get_steps(trace_id, start) if info is not None else []
+            if records or info is None or info.status.finished or time.monotonic() >= deadline:
+                return records, info
+            await asyncio.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+            pause = min(pause * 2, 0.25)
+
+    @abstractmethod
+    async def cancel(self, trace_id: str, reason: str) -> tuple[RunInfo | None, list[Message]]:
+        """End the run CANCELLED with ``reason``, and the zip/any branches it waits for,
+        recursively: its waiting call, timers, leases and queued messages go, and a step
+        running now commits nothing. A run that has ended is left as it is. Returns the
+        run's state (``None`` when there is no such run) and the messages to publish (a
+        cancelled branch counts as a failed one at its parent's join, which may end)."""
 
     @abstractmethod
     async def get_blob(self, ref: str) -> bytes | None:

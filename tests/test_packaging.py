@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from dflow.adapters.redis._scripts import SCRIPTS
+
 ROOT = Path(__file__).resolve().parent.parent
 LUA = sorted(p.name for p in (ROOT / "adapters" / "redis" / "lua").glob("*.lua"))
 
@@ -127,7 +129,7 @@ def test_the_installed_wheel_reads_its_scripts_and_keeps_the_old_name(wheel: Pat
     seen = _run(OLD_NAME, tmp_path, path=site)
     _check_old_name(seen, site / "dflow" / "adapters")
     scripts = seen["scripts"]
-    assert isinstance(scripts, dict) and len(scripts) == 8 and all(scripts.values())
+    assert isinstance(scripts, dict) and len(scripts) == len(SCRIPTS) and all(scripts.values())
     code = (
         "import json, sys, dflow\n"
         "from importlib import resources\n"

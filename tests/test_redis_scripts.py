@@ -32,7 +32,7 @@ def test_every_lua_file_is_used_and_every_script_is_assembled_from_its_files() -
     on_disk = {p.name[:-4] for p in lua.iterdir() if p.name.endswith(".lua")}
     used = {f for s in SCRIPTS.values() for f in s.files}
     assert used == on_disk
-    assert set(SCRIPTS) == {"CREATE", "CLAIM", "COMMIT", "RESUME", "INIT_DONE", "EXTEND", "PARK", "DUE"}
+    assert set(SCRIPTS) == {"CREATE", "CLAIM", "COMMIT", "RESUME", "INIT_DONE", "EXTEND", "PARK", "DUE", "CANCEL"}
     for s in SCRIPTS.values():
         assert s.files[-1] not in FRAGMENTS and set(s.files[:-1]) <= FRAGMENTS
         assert s.source == "\n".join(_lua(f) for f in s.files)

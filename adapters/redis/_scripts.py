@@ -20,7 +20,7 @@ Keys, under a prefix P: ``P:r:<trace>`` run hash, ``P:d:<trace>`` data hash, ``P
 step records (list), ``P:c:<trace>`` keys a branch run changed (set), ``P:j:<trace>`` join
 state, ``P:js:<trace>`` branch results in arrival order, ``P:ja:<trace>`` arrived branch
 indexes, ``P:jc:<trace>`` branch run ids, ``P:w:<trace>`` channels of processes waiting for
-the run to finish; global sorted sets ``P:outbox`` (published, not yet claimed),
+the run to finish, ``P:e:<trace>`` channels of processes following its step records; global sorted sets ``P:outbox`` (published, not yet claimed),
 ``P:timers``, ``P:leases``, ``P:runs`` (by creation) and ``P:expiry`` (finished runs, by the
 time their keys expire: ``DUE`` takes them out of ``P:runs`` then); ``P:b:<ref>`` signed
 flow blobs and ``P:bn:<ref>`` how many live runs reference each (a blob no run references
@@ -43,7 +43,9 @@ from importlib import resources
 from keyword import iskeyword
 from typing import Any
 
-__all__ = ["CLAIM", "COMMIT", "CREATE", "DUE", "EXTEND", "INIT_DONE", "PARK", "RESUME", "SCRIPTS", "Script"]
+__all__ = [
+    "CANCEL", "CLAIM", "COMMIT", "CREATE", "DUE", "EXTEND", "INIT_DONE", "PARK", "RESUME", "SCRIPTS", "Script",
+]
 
 
 class Script:
@@ -125,6 +127,12 @@ INIT_DONE = Script("INIT_DONE", ("init_done",), ("prefix", "trace", "seq"))
 EXTEND = Script("EXTEND", ("extend",), ("prefix", "now", "lease"), ("claims",))
 PARK = Script("PARK", ("park",), ("prefix", "trace", "token", "reason", "now", "msg", "base", "cap"))
 DUE = Script("DUE", ("emit", "due"), ("prefix", "now", "limit", "redispatch", "stream"))
+CANCEL = Script(
+    "CANCEL", ("emit", "blobs", "finish", "cancel"),
+    ("prefix", "trace", "now", "ttl_ms", "redispatch", "stream", "error"),
+)
 
-SCRIPTS: dict[str, Script] = {s.name: s for s in (CREATE, CLAIM, COMMIT, RESUME, INIT_DONE, EXTEND, PARK, DUE)}
+SCRIPTS: dict[str, Script] = {
+    s.name: s for s in (CREATE, CLAIM, COMMIT, RESUME, INIT_DONE, EXTEND, PARK, DUE, CANCEL)
+}
 

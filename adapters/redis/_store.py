@@ -320,10 +320,65 @@ class RedisStore(Store):
             h = cast("dict[bytes, bytes]", await self.redis.hgetall(f"{self.prefix}:d:{trace_id}"))
         return {k.decode(): v for k, v in h.items()}
 
-    async def get_steps(self, trace_id: str) -> list[StepRecord]:
+    async def get_steps(self, trace_id: str, start: int = 0) -> list[StepRecord]:
         with store_errors():
-            raw = cast("list[bytes]", await self.redis.lrange(f"{self.prefix}:s:{trace_id}", 0, -1))
+            raw = cast("list[bytes]", await self.redis.lrange(f"{self.prefix}:s:{trace_id}", max(0, start), -1))
         return [_unrecord(r) for r in raw]
+
+    async def watch_steps(
+        self, trace_id: str, start: int, timeout: float
+    ) -> tuple[list[StepRecord], RunInfo | None]:
+        """Woken by the notification each commit of the run publishes to the channels
+        registered with it (``P:e:<trace>``), and looking again now and then in case one
+        was missed."""
+        if self._watch is None:
+            self._watch = FinishWatch(self.redis, self.prefix)
+        waiter = Waiter()
+        deadline = time.monotonic() + timeout
+        self._watch.add([trace_id], waiter)
+        try:
+            register = True
+            pause = self._poll_pause
+            while True:
+                records, info = await self._steps_and_run(trace_id, start, self._watch.channel if register else None)
+                register = False
+                now = time.monotonic()
+                if records or info is None or info.status.finished or now >= deadline:
+                    return records, info
+                await waiter.sleep(min(pause, deadline - now))
+                waiter.take()
+                pause = min(pause * 2, 2.0)
+        finally:
+            self._watch.remove([trace_id], waiter)
+
+    async def _steps_and_run(
+        self, trace_id: str, start: int, channel: str | None
+    ) -> tuple[list[StepRecord], RunInfo | None]:
+        """The records from ``start`` and the run's hash, read in one transaction; with
+        ``channel``, registered first to hear of the run's commits."""
+        ek = f"{self.prefix}:e:{trace_id}"
+        with store_errors():
+            async with self.redis.pipeline(transaction=True) as pipe:
+                if channel is not None:
+                    pipe.sadd(ek, channel)
+                    pipe.expire(ek, max(1, int(self.ttl)))
+                pipe.lrange(f"{self.prefix}:s:{trace_id}", max(0, start), -1)
+                pipe.hgetall(f"{self.prefix}:r:{trace_id}")
+                replies = await pipe.execute()
+        raw, h = replies[-2], replies[-1]
+        if not h:
+            return [], None
+        return [_unrecord(r) for r in raw], _info(trace_id, h)
+
+    async def cancel(self, trace_id: str, reason: str) -> tuple[RunInfo | None, list[Message]]:
+        error = msgpack.packb({"type": "dflow.RunCancelled", "message": reason, "step": ""})
+        r = await self._run_script("CANCEL", _scripts.CANCEL.args(
+            prefix=self.prefix, trace=trace_id, now=time.time(), ttl_ms=int(self.ttl * 1000),
+            redispatch=self.redispatch_after, stream=self._stream, error=error,
+        ))
+        if not r:
+            return None, []
+        return await self.get_run(trace_id), [Message.decode(m) for m in r[1]]
 
     async def get_blob(self, ref: str) -> bytes | None:
         with store_errors():
@@ -394,7 +449,7 @@ class RedisStore(Store):
                     t = trace_ids[i]
                     await self.redis.delete(f"{self.prefix}:w:{t}")
                     raise RunNotFoundError(f"no run with trace id {t!r} (never started, or expired)", trace_id=t)
-            ended = [i for i, st in enumerate(statuses) if st in (b"done", b"failed")]
+            ended = [i for i, st in enumerate(statuses) if st in (b"done", b"failed", b"cancelled")]
             if ended:
                 async with self.redis.pipeline(transaction=False) as pipe:
                     for i in ended:

@@ -545,6 +545,90 @@ class StoreContract:
         await store.close()
 
     @_sync
+    async def test_cancel_ends_the_run_and_the_branches_it_waits_for(self, make_store: Callable[..., Store]) -> None:
+        store = make_store()
+        join, children = await self._fork(store, "zip", 3)
+        running = await store.claim(children[0], "w", 30)  # a branch in the middle of a step
+        assert running is not None
+        sleeping = await store.claim(children[1], "w", 30)
+        assert sleeping is not None
+        wake = Message(children[1].trace_id, 1, "later", 0, CONTINUE)
+        await store.commit(sleeping, [], {}, Advance(None, encode(1), wake, at=time.time() + 0.2))
+        info, publish = await store.cancel(join.trace_id, "the user went away")
+        assert info is not None and info.status is RunStatus.CANCELLED and info.status.finished
+        assert info.error == {"type": "dflow.RunCancelled", "message": "the user went away", "step": ""}
+        assert publish == [], "nothing waits for a cancelled root"
+        for child in children:
+            c = await store.get_run(child.trace_id)
+            assert c is not None and c.status is RunStatus.CANCELLED, child.trace_id
+        assert not (await store.commit(running, [_rec(children[0])], {"late": encode(1)}, Finish(encode(2)))).applied
+        assert await store.get_data(children[0].trace_id) == dict(running.data), "the running step commits nothing"
+        assert await store.claim(join, "w", 30) is None and await store.claim(children[2], "w", 30) is None
+        await asyncio.sleep(0.25)
+        assert [m for m in (await store.due(time.time()))[0]
+                if m.trace_id in {join.trace_id, *(c.trace_id for c in children)}] == [], "no timer, no message left"
+        again, _ = await store.cancel(join.trace_id, "twice")
+        assert again is not None and again.error is not None and again.error["message"] == "the user went away"
+        assert await store.cancel("no-such-run", "x") == (None, [])
+        assert (await store.wait_many([join.trace_id], 1))[0].status is RunStatus.CANCELLED
+        await store.close()
+
+    @_sync
+    async def test_cancel_of_a_waiting_run_and_of_one_branch(self, make_store: Callable[..., Store]) -> None:
+        store = make_store()
+        new = _new_run()
+        await store.create_run(new)
+        assert new.message is not None
+        claim = await store.claim(new.message, "w1", 30)
+        assert claim is not None
+        await store.commit(claim, [], {}, Wait("approve"))
+        info, _ = await store.cancel(new.trace_id, "no longer needed")
+        assert info is not None and info.status is RunStatus.CANCELLED and info.waiting_for is None
+        with pytest.raises(NotWaitingError):
+            await store.resume(new.trace_id, "approve", encode(1))
+        # a branch cancelled alone counts as a failed branch at its parent's zip
+        join, children = await self._fork(store, "zip", 2)
+        _, publish = await store.cancel(children[1].trace_id, "this one only")
+        assert self._joined(store, publish, join)
+        claim2 = await store.claim(join, "w", 30)
+        assert claim2 is not None and claim2.branches is not None
+        assert [(b.index, b.ok, (b.error or {}).get("type")) for b in claim2.branches] == [
+            (1, False, "dflow.RunCancelled")
+        ]
+        await store.close()
+
+    @_sync
+    async def test_watch_steps_reads_records_from_an_index_and_wakes_on_commit(
+        self, make_store: Callable[..., Store]
+    ) -> None:
+        store = make_store()
+        new = _new_run()
+        await store.create_run(new)
+        assert new.message is not None
+        records, info = await store.watch_steps(new.trace_id, 0, 1)
+        assert [r.key for r in records] == [KEYS[0]] and info is not None and info.status is RunStatus.RUNNING
+        t0 = time.monotonic()
+        nothing, _ = await store.watch_steps(new.trace_id, 1, 0.2)
+        assert nothing == [] and time.monotonic() - t0 >= 0.15, "nothing new: it waited"
+        first = new.message
+        claim = await store.claim(first, "w1", 30)
+        assert claim is not None
+
+        async def later() -> None:
+            await asyncio.sleep(0.1)
+            await store.commit(claim, [_rec(first, "a")], {}, Finish(encode("end")))
+
+        task = asyncio.ensure_future(later())
+        t0 = time.monotonic()
+        records, info = await store.watch_steps(new.trace_id, 1, 5)
+        await task
+        assert time.monotonic() - t0 < 2, "woken by the commit, not by the timeout"
+        assert [r.key for r in records] == [KEYS[1]] and info is not None and info.status is RunStatus.DONE
+        assert [r.key for r in await store.get_steps(new.trace_id, 1)] == [KEYS[1]]
+        assert await store.watch_steps("no-such-run", 0, 0.1) == ([], None)
+        await store.close()
+
+    @_sync
     async def test_finished_runs_expire(self, make_store: Callable[..., Store]) -> None:
         store = make_store(ttl=0.1)
         new = _new_run()

@@ -133,6 +133,7 @@ local child = lease[4] ~= false
 local i = 22
 local n = tonumber(ARGV[18])
 if n > 0 then redis.call('RPUSH', P..':s:'..t, unpack(ARGV, i, i + n - 1)) end
+tell_watchers(P, t)
 i = i + n
 n = tonumber(ARGV[19])
 if n > 0 then

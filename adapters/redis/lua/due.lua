@@ -23,8 +23,9 @@ for _, m in ipairs(redis.call('ZRANGEBYSCORE', P..':outbox', '-inf', now, 'LIMIT
   redis.call('ZREM', P..':outbox', m)
   local ok, f = pcall(cmsgpack.unpack, m)
   if ok and type(f) == 'table' and type(f[1]) == 'string' then
-    local r = redis.call('HMGET', P..':r:'..f[1], 'seq', 'attempt')
-    if r[1] and tonumber(r[1]) == f[2] and tonumber(r[2]) == f[4] then
+    local r = redis.call('HMGET', P..':r:'..f[1], 'seq', 'attempt', 'status')
+    local live = r[3] == 'running' or r[3] == 'sleeping' or r[3] == 'waiting'
+    if live and tonumber(r[1]) == f[2] and tonumber(r[2]) == f[4] then
       emit(P, now, redispatch, m, out)  -- published and never claimed: publish again
     end
   else

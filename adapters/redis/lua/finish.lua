@@ -3,12 +3,17 @@
 -- (``arrive``), tells the processes waiting for it, and lets its keys expire after the ttl.
 local function run_keys(P, t)
   return {P..':r:'..t, P..':d:'..t, P..':s:'..t, P..':c:'..t, P..':j:'..t, P..':js:'..t, P..':ja:'..t,
-          P..':jc:'..t}
+          P..':jc:'..t, P..':e:'..t}
 end
 
 local CANCELLED = cmsgpack.pack({type = 'dflow.Cancelled', step = '',
   message = 'cancelled: its zip/any join closed without it (a winner was found, or a branch failed)'})
 local finished
+
+-- The processes following the run's step records (``watch_steps``) hear of each change.
+local function tell_watchers(P, t)
+  for _, channel in ipairs(redis.call('SMEMBERS', P..':e:'..t)) do redis.pcall('PUBLISH', channel, t) end
+end
 
 
 local function arrive(P, t, rk, now, redispatch, ttl, out)
@@ -61,6 +66,7 @@ finished = function(P, t, rk, now, redispatch, ttl, out)
   -- pcall: a user without pub/sub rights (Redis 7 ACLs) must not break the commit; waiters poll.
   for _, channel in ipairs(redis.call('SMEMBERS', wk)) do redis.pcall('PUBLISH', channel, t) end
   redis.call('DEL', wk)
+  tell_watchers(P, t)
   if ttl > 0 then
     for _, k in ipairs(run_keys(P, t)) do redis.call('PEXPIRE', k, ttl) end
     redis.call('ZADD', P..':expiry', now + ttl / 1000, t)

@@ -1,0 +1,56 @@
+-- CANCEL: end a run CANCELLED, and the zip/any branches its open join waits for, and theirs:
+-- each gets the status and the error, its join is closed (so no branch arrives at it), its
+-- timer goes, and ``finished`` drops its lease, its wait and its frames, tells its waiters,
+-- and hands the cancelled run to its own parent's join (where it counts as failed). Queued
+-- messages of these runs are dropped when they come: the run no longer expects them.
+-- Returns false when there is no such run, else {the status it had, messages to publish}.
+--
+-- ARGV, as _scripts.CANCEL lays it out (a test holds this list to it):
+--   ARGV[1]  prefix       P, before every key
+--   ARGV[2]  trace        the run id
+--   ARGV[3]  now          seconds
+--   ARGV[4]  ttl_ms       how long a finished run is kept
+--   ARGV[5]  redispatch   seconds before an unclaimed outbox message is published again
+--   ARGV[6]  stream       the stream step messages go to ('' for the outbox)
+--   ARGV[7]  error        the error recorded on each cancelled run (msgpack)
+-- KEYS: none (every key is built from P).
+local P, t = ARGV[1], ARGV[2]
+local now, ttl, redispatch = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+STREAM = ARGV[6]
+local err = ARGV[7]
+local rk = P..':r:'..t
+local status = redis.call('HGET', rk, 'status')
+if not status then return false end
+local out = {}
+if status == 'done' or status == 'failed' or status == 'cancelled' then return {status, out} end
+
+local function drop_timer(ct, due)
+  -- the timer's entry: near its due time (the score went through a string), naming this run
+  local at = tonumber(due)
+  if not at then return end
+  for _, m in ipairs(redis.call('ZRANGEBYSCORE', P..':timers', at - 0.001, at + 0.001)) do
+    local ok, f = pcall(cmsgpack.unpack, m)
+    if ok and type(f) == 'table' and f[1] == ct then redis.call('ZREM', P..':timers', m) end
+  end
+end
+
+local todo = {t}
+local i = 1
+while i <= #todo do
+  local ct = todo[i]
+  i = i + 1
+  local crk = P..':r:'..ct
+  local due = redis.call('HGET', crk, 'due')
+  if due then drop_timer(ct, due) end
+  redis.call('HSET', crk, 'status', 'cancelled', 'error', err, 'updated', tostring(now))
+  local jk = P..':j:'..ct
+  if redis.call('HGET', jk, 'closed') == '0' then
+    redis.call('HSET', jk, 'closed', '1')
+    for _, child in ipairs(redis.call('LRANGE', P..':jc:'..ct, 0, -1)) do
+      local st = redis.call('HGET', P..':r:'..child, 'status')
+      if st == 'running' or st == 'waiting' or st == 'sleeping' then todo[#todo + 1] = child end
+    end
+  end
+  finished(P, ct, crk, now, redispatch, ttl, out)
+end
+return {status, out}

@@ -1,0 +1,204 @@
+"""Agents on real worker processes: ``dflow worker`` subprocesses serving
+``tests.integration.agent_app`` over Redis Streams or Kafka, with the Redis store.
+
+* the same ``ToolCallAgent`` gives the same ``AgentResult`` in local mode and on workers;
+* a worker killed (``kill -9``) while a tool call is in flight costs only that step: a new
+  worker runs it again and the conversation completes, every other tool ran exactly once;
+* sessions of a ``RedisChatMemory`` agent stay apart, and outlive the worker processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+
+import pytest
+import redis
+
+import dflow
+from dflow import DFlow, StepStatus
+from dflow_agents import AgentResult, AgentStatus, RedisChatMemory
+
+from . import agent_app as app
+from .conftest import SECRET, kafka_test_settings
+from .workers import Workers
+
+# kafka-python 3.0's connection layer sometimes leaves a socket for the garbage collector.
+pytestmark = [
+    pytest.mark.filterwarnings("ignore::ResourceWarning"),
+    pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
+]
+
+# As in test_distributed.py: a member that dies is noticed after the session timeout.
+KAFKA_GROUP = {"session_timeout_ms": 6000, "heartbeat_interval_ms": 500, "metadata_max_age_ms": 30000}
+LEASE = 2.0  # seconds before the step of a killed worker is taken over
+
+
+class Cluster:
+    """Worker processes serving ``agent_app``, and this process as a client (``connect``)."""
+
+    def __init__(self, redis_url: str, prefix: str, transport_url: str) -> None:
+        self.redis_url = redis_url
+        self.prefix = prefix
+        self.transport_url = transport_url
+        self.store_url = f"{redis_url}?prefix={prefix}&redispatch_after=2"
+        env = {"DFLOW_SECRET": SECRET, "DFLOW_TEST_REDIS": redis_url, "DFLOW_TEST_PREFIX": prefix,
+               "DFLOW_AGENTS_BLOCK_NETWORK": "1"}
+        self.workers = Workers("tests.integration.agent_app", transport_url, self.store_url, env, lease=LEASE)
+        self.r = redis.Redis.from_url(redis_url, decode_responses=True)
+
+    def connect(self) -> None:
+        """Make this process a client of the workers (it runs no step itself)."""
+        dflow.configure(self.transport_url, self.store_url, secret=SECRET, consume=False)
+
+    def close(self) -> None:
+        self.workers.stop()
+        dflow.shutdown()
+        self.r.close()
+
+    def counts(self, key: str) -> dict[str, int]:
+        return {str(k): int(v) for k, v in self.r.hgetall(key).items()}
+
+
+@pytest.fixture(params=["redis-streams", "kafka"])
+def cluster(request: pytest.FixtureRequest, redis_url: str, prefix: str) -> Iterator[Cluster]:
+    """Workers on Redis Streams or on Kafka (none started yet); the store is Redis either way."""
+    if request.param == "kafka":
+        bootstrap = request.getfixturevalue("kafka_bootstrap")
+        settings = "&".join(f"{k}={v}" for k, v in {**kafka_test_settings(), **KAFKA_GROUP}.items())
+        url = f"kafka://{bootstrap}?topic={prefix}-steps&group={prefix}-workers&partitions=4&{settings}"
+    else:
+        url = f"{redis_url}?stream={prefix}:steps&redeliver_after=2"
+    c = Cluster(redis_url, prefix, url)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def runs_of(trace_id: str) -> Iterator[list[dflow.StepRecord]]:
+    """The step records of a run and of its zip branches, recursively."""
+    steps = list(dflow.Run(trace_id).context().steps)
+    yield steps
+    for s in steps:
+        if s.status is StepStatus.FORKED:
+            for child in s.output:
+                yield from runs_of(child)
+
+
+def committed_tools(trace_id: str) -> Counter[str]:
+    """Committed tool steps of a run, by tool name."""
+    return Counter(
+        s.output["name"]
+        for steps in runs_of(trace_id)
+        for s in steps
+        if s.status is StepStatus.DONE and s.key.split(">")[0].split("/")[0] == "tool"
+    )
+
+
+def worker_pids(trace_id: str) -> set[int]:
+    """The processes that ran the steps of a run (a worker id is ``host:pid:n``)."""
+    return {int(s.worker.split(":")[1]) for steps in runs_of(trace_id) for s in steps if s.worker}
+
+
+def wait_for(what: str, ok: Callable[[], bool], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not ok():
+        assert time.monotonic() < deadline, f"timed out waiting: {what}"
+        time.sleep(0.05)
+
+
+EXPECTED = AgentResult(status=AgentStatus.FINISHED, answer=app.CALC_ANSWER,
+                       reason="terminate was called with status success", steps=3)
+
+
+@pytest.mark.timeout(120)
+def test_same_agent_same_result_in_local_mode_and_on_workers(cluster: Cluster) -> None:
+    c = cluster
+    local_job, remote_job = f"{c.prefix}:local", f"{c.prefix}:workers"
+    DFlow.global_init_for_test()
+    try:
+        local = app.calc.run(app.calc_task(local_job)).result(10)
+    finally:
+        dflow.shutdown()
+    c.connect()
+    c.workers.start(1)
+    run = app.calc.run(app.calc_task(remote_job))
+    remote = run.result(60)
+    assert local == EXPECTED
+    assert remote == local, "the same agent gives the same result in local mode and on workers"
+    for job in (local_job, remote_job):
+        assert c.counts(f"{job}:tool-execs") == {f"{job}:{k}": 1 for k in app.CALC_KEYS}
+        assert c.counts(f"{job}:model-calls") == {"turn-0": 1, "turn-1": 1, "turn-2": 1}
+    assert committed_tools(run.trace_id) == {"add": 1, "capital": 1, "multiply": 1, "terminate": 1}
+    assert worker_pids(run.trace_id) == {c.workers.procs[0].pid}, "every step ran on the worker process"
+
+
+@pytest.mark.timeout(120)
+def test_worker_killed_while_a_tool_call_is_in_flight(cluster: Cluster) -> None:
+    c = cluster
+    job = c.prefix
+    held = f"{job}:capital"  # a branch of turn 0's zip, next to add's
+    c.r.sadd(f"{job}:hold", held)
+    c.connect()
+    c.workers.start(1)
+    first = c.workers.procs[0].pid
+    run = app.calc.run(app.calc_task(job))
+    wait_for("the held tool call to start", lambda: c.r.lrange(f"{job}:holding", 0, -1) == [held], 30)
+    # add ran alongside: wait for its commit, so that the only step in flight is the held one
+    wait_for("add to commit", lambda: committed_tools(run.trace_id) == {"add": 1}, 10)
+    c.workers.kill_one()
+    c.workers.start(1)  # one at a time (tansu does not re-form a group that several members join at once)
+    second = c.workers.procs[-1].pid
+    killed_at = time.monotonic()
+    result = run.result(60)
+    recovery = time.monotonic() - killed_at
+    assert result == EXPECTED, "the conversation completes with the right answer"
+    execs = c.counts(f"{job}:tool-execs")
+    assert execs == {f"{job}:add": 1, f"{job}:capital": 2, f"{job}:multiply": 1}, (
+        "every tool call ran exactly once, except the one in flight at the kill, which ran again"
+    )
+    assert c.counts(f"{job}:model-calls") == {"turn-0": 1, "turn-1": 1, "turn-2": 1}, "no model call ran twice"
+    assert committed_tools(run.trace_id) == {"add": 1, "capital": 1, "multiply": 1, "terminate": 1}
+    assert worker_pids(run.trace_id) == {first, second}
+    assert recovery < 30, f"the step of the killed worker was taken over after {recovery:.1f} s"
+
+
+@pytest.mark.timeout(120)
+def test_sessions_keep_apart_and_outlive_the_workers(cluster: Cluster) -> None:
+    c = cluster
+    ann, bob = f"{c.prefix}-ann", f"{c.prefix}-bob"
+    chat = app.chat
+    c.connect()
+    c.workers.start(1)
+
+    def ask(*pairs: tuple[str, str]) -> list[str]:
+        runs = [chat.run(query, session=session) for session, query in pairs]
+        return [r.answer for r in dflow.gather(runs, timeout=60)]
+
+    assert ask((ann, "I am Ann"), (bob, "I am Bob")) == ["I am Ann", "I am Bob"]
+    assert ask((ann, "who am I?"), (bob, "who am I?")) == ["I am Ann | who am I?", "I am Bob | who am I?"]
+    assert c.workers.stop() == [0], "the worker exits cleanly on SIGTERM"
+    c.workers.start(1)  # a new process: the memory is in Redis, not in a worker
+    assert ask((bob, "and now?"), (ann, "and now?")) == [
+        "I am Bob | who am I? | and now?", "I am Ann | who am I? | and now?",
+    ]
+    assert ask((f"{c.prefix}-cyd", "hello")) == ["hello"], "a new session starts empty"
+
+    async def load(session: str) -> list[tuple[str, str]]:
+        memory = RedisChatMemory(c.redis_url, prefix=f"{c.prefix}:memory")
+        try:
+            return [(m.role, m.content) for m in await memory.load(session)]
+        finally:
+            await memory.aclose()
+
+    stored = asyncio.run(load(ann))
+    assert stored == [
+        ("user", "I am Ann"), ("assistant", "I am Ann"),
+        ("user", "who am I?"), ("assistant", "I am Ann | who am I?"),
+        ("user", "and now?"), ("assistant", "I am Ann | who am I? | and now?"),
+    ], "each run appended its task and answer once, under the test's prefix"
+    assert "Bob" not in repr(stored)
+
