@@ -73,6 +73,7 @@ class Split:
     kind: Literal["zip", "any"]
     branches: list[Branch]
     join: Message
+    frames: tuple[Frame, ...] | None = None  #: where the run waits, when it moved (``None``: it did not)
 
 
 Outcome = Go | Wait | Split | Finish | Fail

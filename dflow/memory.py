@@ -354,7 +354,7 @@ class MemoryStore(Store):
             if transition.frames is not None and transition.frames.blobs:
                 self._check_blobs([transition.frames])
         elif isinstance(transition, Fork):
-            self._check_blobs([c.frames for c in transition.children])
+            self._check_blobs([transition.frames, *(c.frames for c in transition.children)])
             for child in transition.children:
                 if child.trace_id in self._runs:
                     raise RunExistsError(
@@ -425,6 +425,9 @@ class MemoryStore(Store):
                 self._leased[run.trace_id] = run
         elif isinstance(transition, Fork):
             msg = transition.join
+            if transition.frames is not None:
+                run.frames = transition.frames.record
+                self._set_blobs(run, transition.frames.blobs, now)
             run.status = RunStatus.WAITING
             run.seq, run.attempt, run.key, run.kind = msg.seq, msg.attempt, msg.key, msg.kind
             run.join = _Join(transition.kind, len(transition.children), msg, [c.trace_id for c in transition.children])

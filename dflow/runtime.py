@@ -366,6 +366,12 @@ class Runtime:
                         node._name,
                     )
                 ]
+                if type(outcome) is interp.Split and outcome.frames is not None:  # a flat_map forked at once
+                    at = outcome.frames[-1]
+                    records.append(StepRecord(
+                        outcome.join.key, outcome.join.seq - 1, StepStatus.FORKED, 0, self.worker_id, started, 0.0,
+                        None, encode([b.trace_id for b in outcome.branches]), None, at.chain.nodes[at.pos]._name,
+                    ))
                 changes = ctx._changes
             except BaseException as exc:
                 if not self._step_error(exc):
@@ -416,7 +422,8 @@ class Runtime:
                        parent=b.parent)
                 for b in outcome.branches
             ]
-            return Fork(outcome.kind, children, outcome.join)
+            moved = self.frames.dump(outcome.join.trace_id, outcome.frames)[0] if outcome.frames else None
+            return Fork(outcome.kind, children, outcome.join, moved)
         return outcome
 
     def _resealed(self, trace_id: str, transition: Transition) -> Transition:
@@ -428,6 +435,8 @@ class Runtime:
             for child in transition.children:
                 if child.frames is not None:
                     child.frames = self.frames.reseal(child.frames)
+            if transition.frames is not None:
+                transition.frames = self.frames.reseal(transition.frames)
         return transition
 
     def _step_error(self, exc: BaseException) -> bool:
@@ -488,7 +497,14 @@ class Runtime:
                 inner = await call_step(node, node._fn, node._ctx_arg, ctx, decode(claim.value), self._pool)
                 chain = compile_flow(inner, f"the flow returned by flat_map step {msg.key!r}")
                 outcome = interp.enter(msg, frames, chain)
-                if chain.nodes[0]._kind != Kind.JUST:
+                head = chain.nodes[0]._kind
+                if (head == Kind.ZIP or head == Kind.ANY) and isinstance(outcome, interp.Go) and outcome.frames:
+                    # the zip/any starts its branches in this step (one step less to fan out)
+                    at = outcome.frames[-1]
+                    split = interp.split(outcome.message, outcome.frames, at.chain.nodes[at.pos], self.max_branches)
+                    split.frames = outcome.frames
+                    return split, StepStatus.DONE, None  # (_process records the fork as well)
+                if head != Kind.JUST:
                     return outcome, StepStatus.DONE, None
                 return outcome, StepStatus.DONE, outcome.result if isinstance(outcome, Finish) else outcome.value
             if nk == Kind.JUST:

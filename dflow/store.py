@@ -138,6 +138,7 @@ class Fork:
     kind: Literal["zip", "any"]
     children: list[NewRun]
     join: Message
+    frames: Frames | None = None  #: the run's frames from here on (``None``: unchanged)
 
 
 @dataclass(slots=True)

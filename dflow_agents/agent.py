@@ -19,7 +19,7 @@ import uuid
 import warnings
 import weakref
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from enum import Enum
 from typing import Any
 
@@ -186,9 +186,9 @@ class Agent:
         _agents[name] = weakref.ref(self)
         dflow.shared(self, f"dflow_agents.agent:{name}")
         entry = f"agent.{name}"
-        self.pipeline: Pipeline = (
-            DFlow.from_call(entry).map(self._start).id("start").flat_map(self._loop).id("loop").init(entry)
-        )
+        self.pipeline: Pipeline = self._retrying(
+            DFlow.from_call(entry).map(self._start).id("start").flat_map(self._loop).id("loop")
+        ).init(entry)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"
@@ -207,7 +207,7 @@ class Agent:
     def flow(self, query: str, *, session: str | None = None) -> DFlow[AgentResult]:
         """The agent as a flow to embed in another (in a ``flat_map``): it runs in the
         caller's run, and outputs the :class:`AgentResult`."""
-        return (
+        return self._retrying(
             DFlow.just(self._request(query, session))
             .map(self._start).id(f"{self.name}.start")
             .flat_map(self._loop).id(f"{self.name}.loop")
@@ -247,8 +247,12 @@ class Agent:
             "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
         }
 
-    def _loop(self, ctx: ContextStack, state: dict[str, Any]) -> DFlow[Any]:  # pragma: no cover - abstract
-        raise NotImplementedError
+    def _loop(self, ctx: ContextStack, state: dict[str, Any]) -> DFlow[Any] | Awaitable[DFlow[Any]]:
+        raise NotImplementedError  # pragma: no cover - abstract
+
+    def _retrying(self, flow: DFlow[Any]) -> DFlow[Any]:
+        """``flow`` (whose last node is the loop step) with the retry policy of the loop."""
+        return flow
 
     def _done(self, state: dict[str, Any]) -> DFlow[AgentResult]:
         return DFlow.just(state).map(self._finish).id("finish")

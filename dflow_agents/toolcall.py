@@ -134,15 +134,18 @@ class ToolCallAgent(Agent):
                      guard=LoopGuard.new_state() if self.loop_guard else None)
         return state
 
-    def _loop(self, ctx: ContextStack, state: dict[str, Any]) -> DFlow[Any]:
-        """The next turn (``think``, then ``act``), or the end."""
+    async def _loop(self, ctx: ContextStack, value: Any) -> DFlow[Any]:
+        """One turn, as one step: the results of the last turn's calls (when ``value``
+        holds them) become observations, then the model is asked what to do next; the
+        turn's calls follow (``act``), or the end."""
+        state = value if isinstance(value, dict) and "ns" in value else self._observe(ctx, value)
         if state["status"] != RUNNING:
             return self._done(state)
-        return (
-            DFlow.just(state)
-            .map(self._think).id("think").retry(self.model_attempts, backoff=self.model_retry_backoff, on=ModelRetryableError)
-            .flat_map(self._act).id("act")
-        )
+        state = await self._think(ctx, state)
+        return DFlow.just(state).flat_map(self._act).id("act")
+
+    def _retrying(self, flow: DFlow[Any]) -> DFlow[Any]:
+        return flow.retry(self.model_attempts, backoff=self.model_retry_backoff, on=ModelRetryableError)
 
     def _conversation(self, ctx: ContextStack, state: dict[str, Any]) -> list[ChatMessage]:
         """The session's history, the task, then every turn so far, from the run's data."""
@@ -194,7 +197,9 @@ class ToolCallAgent(Agent):
         return await self.model.chat(prompt, self.specs, **self.model_options)
 
     async def _think(self, ctx: ContextStack, state: dict[str, Any]) -> dict[str, Any]:
-        """Ask the model what to do next; record its reply (thought and calls)."""
+        """Ask the model what to do next; record its reply (thought and calls). A
+        retryable model error is raised while attempts remain (the loop step's retry
+        policy calls again, on a store timer); then the run stops with ERROR."""
         state = dict(state)
         step = state["step"]
         if step >= self.max_steps:
@@ -234,14 +239,15 @@ class ToolCallAgent(Agent):
         return state
 
     def _act(self, ctx: ContextStack, state: dict[str, Any]) -> DFlow[Any]:
-        """Run the turn's calls, concurrently (a ``zip`` of one step per call), then observe
-        their results; a turn without calls goes on to the next turn or the end."""
-        if state["status"] != RUNNING or not state["calls"]:
-            if state["status"] == RUNNING:  # text only, and the loop goes on
-                state = dict(state)
-                self._guard(state, [])
-                state["step"] += 1
-            return self._loop(ctx, state)
+        """Run the turn's calls, concurrently (a ``zip`` of one step per call); their
+        results go to the next turn. A turn without calls goes on, or ends the run."""
+        if state["status"] != RUNNING:
+            return self._done(state)
+        if not state["calls"]:  # text only, and the loop goes on
+            state = dict(state)
+            self._guard(state, [])
+            state["step"] += 1
+            return self._retrying(DFlow.just(state).flat_map(self._loop).id("loop"))
         branches: list[DFlow[Any]] = []
         for call in state["calls"]:
             tool = self.tools.get(call["name"])
@@ -250,7 +256,7 @@ class ToolCallAgent(Agent):
             else:
                 branches.append(DFlow.just(call).map(self._call_tool).id("tool"))
         calls = branches[0] if len(branches) == 1 else DFlow.zip(branches)
-        return calls.flat_map(self._observe).id("observe")
+        return self._retrying(calls.flat_map(self._loop).id("loop"))
 
     async def _call_tool(self, call: dict[str, Any]) -> dict[str, Any]:
         """One tool call; every failure is a result the model reads."""
@@ -276,9 +282,9 @@ class ToolCallAgent(Agent):
             error="UnknownTool", call_id=call["id"],
         )
 
-    def _observe(self, ctx: ContextStack, results: Any) -> DFlow[Any]:
+    def _observe(self, ctx: ContextStack, results: Any) -> dict[str, Any]:
         """The results, in call order, become the turn's observations; ``terminate`` and the
-        loop guard may end the loop. Then the next turn."""
+        loop guard may end the loop."""
         if not isinstance(results, list):  # a single call ran without a zip
             results = [results]
         ns = ctx.get(self._pointer)
@@ -301,7 +307,7 @@ class ToolCallAgent(Agent):
                 stop(state, AgentStatus.TERMINATED, "terminate was called with status failure", conclusion)
         else:
             self._guard(state, [m.content for m in messages])
-        return self._loop(ctx, state)
+        return state
 
     def _result(self, call: dict[str, Any], raw: Any) -> ToolResult:
         if isinstance(raw, dict) and raw.get("__flow_value__", False) is not False:

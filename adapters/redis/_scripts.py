@@ -111,8 +111,9 @@ CLAIM = Script(
 )
 # The fields of each transition, in ``fields``: advance: frames, value, msg, seq, attempt,
 # key, at, message kind, blobs ('=' when unchanged); wait: call_type, init_pending; fork:
-# kind, join msg, join seq, join key, n, then for each branch: trace, frames, value, msg, key,
-# index, blobs; finish: result; fail: error.
+# kind, join msg, join seq, join key, n, frames ('' when unchanged), blobs ('=' when
+# unchanged), then for each branch: trace, frames, value, msg, key, index, blobs; finish:
+# result; fail: error.
 COMMIT = Script(
     "COMMIT", ("emit", "blobs", "finish", "claim_step", "commit"),
     ("prefix", "trace", "token", "now", "ttl_ms", "redispatch", "claim_kind", "stream", "group", "receipt", "taker",

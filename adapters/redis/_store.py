@@ -222,7 +222,14 @@ class RedisStore(Store):
         elif isinstance(transition, Fork):
             j = transition.join
             kind = "fork"
-            fields = [transition.kind, j.encode(), j.seq, j.key, len(transition.children)]
+            moved = transition.frames
+            if moved is None:
+                frames_arg, moved_refs = b"", "="  # the run stays at its frames
+            else:
+                frames_arg, moved_refs = moved.record, " ".join(moved.blobs)
+                refs.update(moved.blobs)
+                blobs.update(moved.new_blobs)
+            fields = [transition.kind, j.encode(), j.seq, j.key, len(transition.children), frames_arg, moved_refs]
             for child in transition.children:
                 assert child.message is not None and child.parent is not None and child.frames is not None
                 refs.update(child.frames.blobs)

@@ -132,4 +132,4 @@ def test_a_client_in_another_process_receives_every_step_of_an_agent_run(setup: 
     expected = [(s.key, s.seq, s.status.value) for s in run.context().steps]
     assert seen == expected
     keys = [k for k, _, _ in seen]
-    assert sum(k.startswith("think") for k in keys) == 4 and keys[-1].startswith("finish")
+    assert sum(k.startswith("loop") for k in keys) == 4 and keys[-1].startswith("finish")

@@ -177,15 +177,20 @@ elseif kind == 'wait' then
     redis.call('ZADD', P..':leases', until_, t)
   end
 elseif kind == 'fork' then
-  -- kind, join msg, join seq, join key, n, then per child: trace, frames, value, msg, key, index, blobs
+  -- kind, join msg, join seq, join key, n, frames ('' when unchanged), blobs ('=' when unchanged),
+  -- then per child: trace, frames, value, msg, key, index, blobs
   local jk = P..':j:'..t
   redis.call('DEL', jk, P..':js:'..t, P..':ja:'..t, P..':jc:'..t)
   local nchild = tonumber(ARGV[i + 4])
   redis.call('HSET', jk, 'kind', ARGV[i], 'n', ARGV[i + 4], 'msg', ARGV[i + 1], 'closed', '0')
   redis.call('HSET', rk, 'status', 'waiting', 'seq', ARGV[i + 2], 'attempt', '0', 'key', ARGV[i + 3], 'kind', '2')
+  if ARGV[i + 5] ~= '' then  -- the run moved to the zip/any (a flat_map that returned it forks at once)
+    redis.call('HSET', rk, 'frames', ARGV[i + 5])
+    if ARGV[i + 6] ~= '=' then set_blobs(P, rk, ARGV[i + 6]) end
+  end
   local data = redis.call('HGETALL', dk)
   local jseq = ARGV[i + 2]
-  i = i + 5
+  i = i + 7
   for c = 1, nchild do
     local ct = ARGV[i]
     local crk = P..':r:'..ct
