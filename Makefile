@@ -24,8 +24,9 @@ test: $(VENV)/.all  ## run the whole test suite
 
 bench: $(VENV)/.all  ## run the benchmarks and keep their results in benchmarks/results/
 	$(PY) benchmarks/bench_local.py
-	$(PY) -m pip install --quiet 'celery[redis]' 'dramatiq[redis]'
+	$(PY) -m pip install --quiet 'celery[redis]' 'dramatiq[redis]' langgraph
 	$(PY) benchmarks/bench_distributed.py
+	$(PY) benchmarks/bench_agents.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

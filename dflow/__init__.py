@@ -6,6 +6,8 @@ with ``init()``, and run it in local mode (``DFlow.global_init_for_test()``) or 
 
 from __future__ import annotations
 
+from ._codec import register_model
+from ._durable import shared
 from .client import (
     Entry,
     Pipeline,
@@ -16,8 +18,6 @@ from .client import (
     global_init_for_test,
     shutdown,
 )
-from ._codec import register_model
-from ._durable import shared
 from .context import ContextStack, RunInfo, RunStatus, StepRecord, StepStatus
 from .errors import (
     BuildError,

@@ -11,8 +11,8 @@ import logging
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .client import Pipeline
     from ._model import Chain
+    from .client import Pipeline
 
 log = logging.getLogger("dflow")
 

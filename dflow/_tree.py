@@ -9,7 +9,6 @@ from ._codec import decode
 from .context import StepRecord, StepStatus
 from .store import Store
 
-
 _NODE = re.compile("[>/]")
 # Control characters (terminal escapes among them) and the marks that reorder text.
 _UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2066-\u2069\ufeff]")

@@ -70,10 +70,9 @@ def _need(value: str | None, flag: str, env: str) -> str:
 async def _worker(args: argparse.Namespace) -> int:
     from . import client
     from ._connect import store_from_url, transport_from_url
+    from ._signing import Keys
     from ._urls import redact_url
     from .runtime import Runtime
-
-    from ._signing import Keys
 
     Keys(os.environ.get("DFLOW_SECRET"))  # a worker signs and checks flows: refuse to start without a key
     if args.app_dir is not None:
@@ -112,10 +111,9 @@ async def _worker(args: argparse.Namespace) -> int:
 
 
 async def _inspect(args: argparse.Namespace) -> int:
-    from ._tree import render
     from ._connect import store_from_url
-
     from ._ids import check_trace_id, is_run_id
+    from ._tree import render
 
     if not is_run_id(args.trace_id):
         check_trace_id(args.trace_id)  # says what is wrong with it

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import os
 import concurrent.futures
+import os
 import threading
 import time
 import uuid
@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from . import _durable
 from ._codec import Message, encode
 from ._ids import check_trace_id, is_run_id
+from ._model import Chain, Frame, Kind, compile_flow
 from .context import ContextStack, RunInfo, RunStatus, StepRecord, StepStatus
 from .errors import (
     BuildError,
@@ -33,7 +34,6 @@ from .errors import (
     RunTimeoutError,
     UnknownEntryError,
 )
-from ._model import Chain, Frame, Kind, compile_flow
 from .memory import MemoryStore, MemoryTransport
 from .runtime import Runtime
 from .store import Store, wait_finished

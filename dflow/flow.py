@@ -15,10 +15,9 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
 from . import client
 from ._codec import encode, register_hinted_models
-from ._model import CONSUMED, Chain, Kind, Node, _chain_from, _fn_name, _site_text, compile_flow  # noqa: F401
+from ._model import CONSUMED, Chain, Frame, Kind, Node, _chain_from, _fn_name, _site_text, compile_flow  # noqa: F401
 from .errors import BuildError
 from .policy import RetryPolicy
-from ._model import Frame
 
 if TYPE_CHECKING:
     from .client import Pipeline, Run

@@ -22,7 +22,6 @@ from dflow import (
     StepStatus,
     StepTimeoutError,
 )
-
 from tests.support.recorder import recorder
 
 pytestmark = pytest.mark.usefixtures("local")

@@ -322,3 +322,27 @@ def test_agents_refuse_what_they_cannot_use() -> None:
         ToolCallAgent("no/slash", ScriptedModel([]), [])
     with pytest.raises(ValueError, match="max_steps"):
         ToolCallAgent("zero-steps", ScriptedModel([]), [], max_steps=0)
+
+
+@tool
+async def crawl(site: str) -> str:
+    """Crawl a site (takes a while)."""
+    SPANS[f"crawl-{site}-start"] = (time.monotonic(), 0.0)
+    await asyncio.sleep(0.5)
+    SPANS[f"crawl-{site}-end"] = (time.monotonic(), 0.0)
+    return f"{site} crawled"
+
+
+def test_an_agent_cancelled_while_its_tools_run(local: dflow.Runtime) -> None:
+    model = ScriptedModel([reply(calls=[call("crawl", site="a"), call("crawl", site="b")]), reply("never asked")])
+    run = agent(model, [crawl]).run("crawl both")
+    deadline = time.monotonic() + 5
+    while "crawl-b-start" not in SPANS or "crawl-a-start" not in SPANS:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert run.cancel("the user closed the chat").status is dflow.RunStatus.CANCELLED
+    with pytest.raises(dflow.RunCancelledError, match="closed the chat"):
+        run.result(5)
+    time.sleep(0.7)  # the crawls finish; nothing they return is committed or asked of the model
+    assert "crawl-a-end" in SPANS and len(model.requests) == 1
+    assert run.status() is dflow.RunStatus.CANCELLED

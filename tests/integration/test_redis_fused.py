@@ -17,8 +17,8 @@ import redis
 import dflow
 from dflow import DFlow
 from dflow._codec import Message, encode
-from dflow._model import Frame
 from dflow._connect import store_from_url
+from dflow._model import Frame
 from dflow.adapters.redis import RedisStore, RedisStreamsTransport
 from dflow.adapters.redis._errors import connect
 from dflow.adapters.redis._store import fusable
