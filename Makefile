@@ -27,6 +27,8 @@ bench: $(VENV)/.all  ## run the benchmarks and keep their results in benchmarks/
 	$(PY) -m pip install --quiet 'celery[redis]' 'dramatiq[redis]' langgraph
 	$(PY) benchmarks/bench_distributed.py
 	$(PY) benchmarks/bench_agents.py
+	$(PY) benchmarks/bench_crawler.py
+	$(PY) benchmarks/bench_pulling.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -3,6 +3,7 @@
     dflow worker MODULE [MODULE ...] --transport URL --store URL [--concurrency N] [--app-dir DIR]
     dflow inspect TRACE_ID --store URL
     dflow ls --store URL [--limit N]
+    dflow serve MODULE [MODULE ...] --transport URL --store URL [--host H] [--port P]
 
 URLs default to the environment: ``DFLOW_TRANSPORT``, ``DFLOW_STORE``; the shared secret
 that signs flows is ``DFLOW_SECRET``.
@@ -55,6 +56,26 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--transport", default=os.environ.get("DFLOW_TRANSPORT"),
                    help="to publish at once what the cancel releases (a parent's join); else the store's "
                         "outbox hands it out within its redispatch time")
+    sv = sub.add_parser(
+        "serve", help="serve the HTTP API (sessions, runs, events, calls; OpenAPI docs at /docs)",
+        description="Serve the HTTP API for the pipelines MODULEs build. DFLOW_SERVER_TOKEN is the admin token "
+                    "that creates sessions (required unless --host is a loopback address); DFLOW_SERVER_SECRET "
+                    "signs session tokens (the same on every server process); DFLOW_SECRET signs flows.",
+    )
+    sv.add_argument("modules", nargs="+", metavar="MODULE", help="module(s) that build the flows (import paths); "
+                    "each may list route providers in DFLOW_ROUTES")
+    sv.add_argument("--transport", default=os.environ.get("DFLOW_TRANSPORT"), help="redis://... or kafka://...")
+    sv.add_argument("--store", default=os.environ.get("DFLOW_STORE"), help="redis://...")
+    sv.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    sv.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: a free one, logged)")
+    sv.add_argument("--pipeline", action="append", default=[], metavar="NAME",
+                    help="serve only this pipeline (repeatable; default: every pipeline the modules build)")
+    sv.add_argument("--token-ttl", type=float, default=3600.0, help="seconds a session token lasts (default 3600)")
+    sv.add_argument("--run-steps", action="store_true", help="also run steps in this process (default: workers do)")
+    sv.add_argument("--concurrency", type=int, default=64, help="steps run at once with --run-steps (default 64)")
+    sv.add_argument("--grace", type=float, default=10.0, help="seconds to finish requests on SIGTERM (default 10)")
+    sv.add_argument("--log-level", default=os.environ.get("DFLOW_LOG_LEVEL", "INFO"))
+    sv.add_argument("--app-dir", default=None, metavar="DIR", help="look for MODULEs in DIR first")
     ls = sub.add_parser("ls", help="list recent runs")
     ls.add_argument("--store", default=os.environ.get("DFLOW_STORE"))
     ls.add_argument("--limit", type=int, default=20)
@@ -150,6 +171,17 @@ async def _cancel(args: argparse.Namespace) -> int:
         await store.close()
 
 
+async def _serve(args: argparse.Namespace) -> int:
+    from .server import serve
+
+    return await serve(
+        args.modules, store=_need(args.store, "--store", "DFLOW_STORE"),
+        transport=_need(args.transport, "--transport", "DFLOW_TRANSPORT"), host=args.host, port=args.port,
+        run_steps=args.run_steps, concurrency=args.concurrency, grace=args.grace, pipelines=args.pipeline,
+        token_ttl=args.token_ttl, app_dir=args.app_dir, log_level=args.log_level,
+    )
+
+
 async def _ls(args: argparse.Namespace) -> int:
     from ._connect import store_from_url
 
@@ -178,7 +210,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     level = getattr(args, "log_level", "WARNING")
     logging.basicConfig(level=str(level).upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    command = {"worker": _worker, "inspect": _inspect, "ls": _ls, "cancel": _cancel}[args.command]
+    command = {"worker": _worker, "inspect": _inspect, "ls": _ls, "cancel": _cancel, "serve": _serve}[args.command]
     try:
         return asyncio.run(command(args))
     except (ConfigurationError, InvalidTraceIdError, ImportError) as exc:

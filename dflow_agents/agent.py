@@ -84,11 +84,30 @@ def check_name(name: object, what: str = "agent") -> str:
     return name
 
 
+#: the key of a run's data naming the ``dflow serve`` session the run was started in (what
+#: ``dflow.server.SESSION_KEY`` names; read here without importing the server)
+SESSION_KEY = "dflow/session"
+
+
 def check_session(session: object) -> str | None:
     """``session`` unless it is not a valid session name (``ValueError`` / ``TypeError``)."""
     if session is None:
         return None
     return _check_session(session)
+
+
+def run_session(ctx: ContextStack, session: object) -> str | None:
+    """The memory session a run may use: ``session``, checked, and for a run started through
+    ``dflow serve`` only its own session's (``PermissionError`` for another: a client must
+    not read or extend the memory of a session it does not hold the token of)."""
+    session = check_session(session)
+    owner = ctx.get(SESSION_KEY)
+    if session is not None and owner is not None and session != owner:
+        raise PermissionError(
+            f"this run was started in server session {owner!r} and may not use the memory of session "
+            f"{session!r}: leave the session out (or start the run with POST /agents/{{name}}/runs)"
+        )
+    return session
 
 
 def dump(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
@@ -226,7 +245,7 @@ class Agent:
             request = {"query": request, "session": None}
         if not isinstance(request, dict) or not isinstance(request.get("query"), str):
             raise TypeError(f"{self!r} starts from a query (str) or {{'query': str, 'session': str}}, got {request!r}")
-        session = check_session(request.get("session"))
+        session = run_session(ctx, request.get("session"))
         history = await self.memory.load(session) if self.memory is not None and session else []
         ns = f"{self._pointer}/{ctx.idempotency_key}/{uuid.uuid4().hex[:12]}"
         ctx.put(self._pointer, ns)

@@ -26,6 +26,7 @@ LAYERS: list[set[str]] = [
     {"runtime", "adapters"},  # the worker loop; the Redis and Kafka adapters
     {"_connect"},  # stores and transports from URLs (imports the adapters)
     {"client"},  # Runtime's owner, Pipeline, Run
+    {"server"},  # the HTTP API (dflow serve): only the command line imports it
     {"flow", "cli", "testing"},  # DFlow's entry points; the command line; the contract suites
     {"__init__"},
 ]

@@ -1,0 +1,157 @@
+"""The HTTP routes of pulled jobs and agent chats (FastAPI, imported only by a server).
+
+Their annotations name FastAPI's types at module level, where FastAPI resolves them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections import OrderedDict
+from collections.abc import Awaitable
+from typing import Any, Protocol
+
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ._jobboard import Job, JobBoard
+from .agent import Agent
+from .pulling import (
+    JobAnsweredError,
+    JobError,
+    JobExpiredError,
+    JobForbiddenError,
+    JobNotFoundError,
+    RouteHost,
+    answer_job,
+)
+
+__all__ = ["agent_router", "job_router"]
+
+_JOB_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_STATUS: dict[type[JobError], int] = {
+    JobNotFoundError: 404, JobForbiddenError: 403, JobAnsweredError: 409, JobExpiredError: 410,
+}
+
+
+class Caller(Protocol):
+    """The caller's session, as ``require_session`` gives it."""
+
+    @property
+    def id(self) -> str: ...
+
+
+class Report(BaseModel):
+    """A client's report: ``result`` (any JSON) when it did the job, ``error`` when it could not."""
+
+    model_config = ConfigDict(extra="forbid")
+    result: Any = Field(None, description="what the job produced: the tool's observation")
+    error: str | None = Field(None, description="why the job could not be done", max_length=4000)
+
+
+class Chat(BaseModel):
+    """A message to an agent."""
+
+    model_config = ConfigDict(extra="forbid")
+    query: str = Field(description="the task or message", max_length=100_000)
+
+
+def _body_schema(model: type[BaseModel]) -> dict[str, Any]:
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": model.model_json_schema()}}}}
+
+
+def job_router(host: RouteHost, board: JobBoard, max_report_bytes: int, max_wait: float) -> APIRouter:
+    """The job endpoints (see ``dflow_agents.pulling.job_routes``)."""
+    router = APIRouter(prefix="/jobs", tags=["jobs"])
+    seen: OrderedDict[str, Job] = OrderedDict()  # the jobs this process handed out, not yet reported
+
+    @router.get("")
+    async def pull(
+        request: Request,
+        wait: float = Query(30.0, ge=0, le=max_wait, description="seconds to wait for a job"),
+        limit: int = Query(10, ge=1, le=100, description="jobs to return at most"),
+        session: Caller = Depends(host.require_session),
+    ) -> dict[str, Any]:
+        """The session's jobs not yet handed out (a long poll: waits up to ``wait`` seconds)."""
+        jobs = await _unless_gone(request, board.pull(session.id, wait=wait, limit=limit))
+        for j in jobs:  # a report of it needs no read of the board
+            seen[j.id] = j
+            if len(seen) > 10_000:
+                seen.popitem(last=False)
+        return {"jobs": [j.public() for j in jobs]}
+
+    @router.get("/{job_id}")
+    async def get(job_id: str, session: Caller = Depends(host.require_session)) -> dict[str, Any]:
+        """One job of the session, and its state."""
+        job = await board.get(job_id) if _JOB_ID.fullmatch(job_id) else None
+        if job is None:
+            raise HTTPException(404, f"no job {job_id[:64]!r} (never posted, or forgotten)")
+        if job.session != session.id:
+            raise HTTPException(403, f"job {job_id!r} belongs to another session: this token cannot see it")
+        return job.public()
+
+    @router.post("/{job_id}", openapi_extra=_body_schema(Report))
+    async def report(job_id: str, request: Request, session: Caller = Depends(host.require_session)) -> dict[str, Any]:
+        """Report a job's ``result`` (or the ``error`` that stopped it); the run resumes."""
+        if _JOB_ID.fullmatch(job_id) is None:
+            raise HTTPException(404, f"no job {job_id[:64]!r}: job ids are 1 to 64 letters, digits, _ and -")
+        body = await host.read_json(request, max_report_bytes)
+        if not isinstance(body, dict) or ("result" in body) == ("error" in body):
+            raise HTTPException(422, 'a report is a JSON object with either "result" (any JSON) or "error" (text)')
+        try:
+            parsed = Report.model_validate(body)
+        except ValidationError as exc:
+            raise HTTPException(422, f"not a report: {exc.errors(include_url=False)[0]['msg']}") from None
+        if "error" in body and parsed.error is None:
+            raise HTTPException(422, 'a report\'s "error" is text saying why the job could not be done')
+        try:
+            job = await answer_job(board, session.id, job_id, result=parsed.result, error=parsed.error,
+                                   known=seen.get(job_id))
+        except JobError as exc:
+            raise HTTPException(_STATUS.get(type(exc), 409), str(exc)) from None
+        seen.pop(job_id, None)
+        return {"id": job.id, "state": job.state}
+
+    return router
+
+
+async def _unless_gone(request: Request, pulling: Awaitable[list[Job]]) -> list[Job]:
+    """What ``pulling`` gives, unless the client hangs up first: then the pull is cancelled,
+    so that no job is handed to a client that is gone."""
+    pull = asyncio.ensure_future(pulling)
+
+    async def gone() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watch = asyncio.ensure_future(gone())
+    try:
+        await asyncio.wait({pull, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not pull.done():
+            pull.cancel()
+            await asyncio.wait({pull})
+    if pull.cancelled():
+        return []
+    return pull.result()
+
+
+def agent_router(host: RouteHost, agents: dict[str, Agent]) -> APIRouter:
+    """``POST /agents/{name}/runs`` (see ``dflow_agents.pulling.agent_routes``)."""
+    router = APIRouter(prefix="/agents", tags=["agents"])
+
+    @router.post("/{name}/runs", status_code=201, openapi_extra=_body_schema(Chat))
+    async def chat(name: str, request: Request, session: Caller = Depends(host.require_session)) -> dict[str, Any]:
+        """Start a run of the agent on ``query`` in this session (also its memory session)."""
+        agent = agents.get(name)
+        if agent is None:
+            raise HTTPException(404, f"no agent {name[:64]!r}; agents: {', '.join(sorted(agents)) or 'none'}")
+        try:
+            body = Chat.model_validate(await host.read_json(request))
+        except ValidationError as exc:
+            raise HTTPException(422, f'a chat message is {{"query": "..."}}: {exc.errors(include_url=False)[0]["msg"]}') from None
+        run = await host.start_run(agent.pipeline, {"query": body.query, "session": session.id}, session.id)
+        return {"trace_id": run.trace_id, "session": session.id}
+
+    return router

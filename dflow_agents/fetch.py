@@ -1,0 +1,512 @@
+"""The built-in fetcher: web pages as compact markdown, with their links, for agents.
+
+:class:`Fetcher` gets a page over HTTP (httpx) within limits: timeouts, a byte budget per
+page (the body is streamed and reading stops at the budget), redirects followed to a limit
+(a loop is reported, not followed) or handed back to the caller, content that is not HTML
+or text skipped with a note. Every failure is a :class:`Page` whose ``note`` says what
+happened, never an exception.
+
+:func:`html_to_markdown` turns HTML into compact markdown (beautifulsoup4 and markdownify:
+scripts, styles, navigation and forms dropped, whitespace collapsed) and lists its links,
+absolute and normalised by :func:`normalize_url` (w3lib's ``canonicalize_url``, fragment
+and default port dropped). :class:`Robots` reads robots.txt with the standard library's
+``urllib.robotparser``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import urllib.robotparser
+import weakref
+from collections.abc import Awaitable, Callable
+from typing import Any
+from urllib.parse import urljoin, urlsplit, urlunsplit
+
+import httpx
+from bs4 import BeautifulSoup
+from markdownify import MarkdownConverter
+from pydantic import BaseModel, ConfigDict, Field
+from w3lib.url import canonicalize_url
+
+from .tools import Tool
+
+__all__ = [  # noqa: RUF022 - plain sorted(), as tests/test_exports.py checks
+    "Fetcher",
+    "Page",
+    "Robots",
+    "USER_AGENT",
+    "html_to_markdown",
+    "normalize_url",
+]
+
+#: What the fetcher calls itself, in requests and when it reads robots.txt.
+USER_AGENT = "dflow-crawler/0.2"
+
+MAX_URL = 2048  #: longer URLs are not fetched nor listed
+_REDIRECTS = frozenset((301, 302, 303, 307, 308))
+_HTML = ("text/html", "application/xhtml+xml")
+_DEFAULT_PORT = {"http": 80, "https": 443}
+_NOISE = frozenset(("script", "style", "noscript", "template", "nav", "footer", "aside", "form", "iframe", "svg",
+                    "canvas", "button", "select", "textarea", "input", "head"))
+_NOISE_ROLES = frozenset(("navigation", "banner", "search"))
+_POOLS, _POOL = 8, 8  # HTTP clients per event loop, connections per client
+_THREAD_ABOVE = 128 * 1024  # HTML bodies larger than this are converted off the event loop
+
+
+def normalize_url(url: str, base: str | None = None) -> str | None:
+    """``url`` (resolved against ``base``) in one canonical form, or ``None`` when it is not an
+    http(s) URL with a host, or is longer than 2048 characters.
+
+    Canonical: scheme and host in lower case, the default port and the fragment dropped, the
+    path resolved (``a/../b``), percent-encoding made uniform and query arguments sorted
+    (w3lib's ``canonicalize_url``), so two spellings of one page compare equal.
+    """
+    if not isinstance(url, str):
+        return None
+    url = url.strip()
+    if not url or len(url) > MAX_URL:
+        return None
+    try:
+        absolute = urljoin(base, url) if base else url
+        parts = urlsplit(absolute)
+        scheme = parts.scheme.lower()
+        if scheme not in _DEFAULT_PORT or not parts.hostname:
+            return None
+        canon = canonicalize_url(absolute, keep_fragments=False)
+        parts = urlsplit(canon)
+        port = parts.port
+    except ValueError:  # a bad port, an unclosed IPv6 bracket...
+        return None
+    if port == _DEFAULT_PORT[scheme]:
+        host = parts.hostname or ""
+        netloc = f"[{host}]" if ":" in host else host
+        if parts.username or parts.password:
+            netloc = parts.netloc.rsplit("@", 1)[0] + "@" + netloc
+        canon = urlunsplit((parts.scheme, netloc, parts.path, parts.query, ""))
+    return canon if len(canon) <= MAX_URL else None
+
+
+def origin_of(url: str) -> str:
+    """``scheme://host[:port]`` of an URL (as :func:`normalize_url` writes it)."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc.rsplit('@', 1)[-1]}"
+
+
+class Page(BaseModel):
+    """What fetching one URL gave: the page as markdown and its links, or why not.
+
+    ``ok`` is True when the body was read (HTML or text). Otherwise ``note`` says what
+    happened (an HTTP error, a redirect, content that is not HTML, a timeout...); for a
+    redirect the fetcher did not follow, ``redirect`` is where it points.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    url: str  #: the URL asked for (normalised)
+    ok: bool = False
+    status: int = 0  #: the HTTP status, 0 when there was no response
+    final_url: str | None = None  #: where redirects led, when followed
+    redirect: str | None = None  #: where a redirect not followed points (normalised)
+    content_type: str = ""
+    title: str = ""
+    markdown: str = ""
+    links: list[str] = Field(default_factory=list)  #: absolute, normalised, in page order, once each
+    bytes: int = 0  #: body bytes read
+    truncated: bool = False  #: the body was longer than the byte budget, or the text than ``max_chars``
+    note: str = ""
+
+    def observation(self) -> str:
+        """The page as a model reads it: title, markdown, then its links (or the note)."""
+        where = self.final_url or self.url
+        if not self.ok:
+            return f"{where}: {self.note or 'nothing could be read'}"
+        lines = [f"# {self.title}"] if self.title else []
+        lines += [f"({where})", "", self.markdown]
+        if self.note:
+            lines += ["", f"Note: {self.note}"]
+        if self.links:
+            lines += ["", "Links:", *(f"- {u}" for u in self.links)]
+        return "\n".join(lines).strip()
+
+
+class _Converter(MarkdownConverter):
+    """markdownify with compact settings: ATX headings, no images, links as written."""
+
+    def __init__(self) -> None:
+        super().__init__(heading_style="ATX", bullets="*", autolinks=False, strip=["img"],
+                         escape_underscores=False, escape_asterisks=False, escape_misc=False)
+
+
+_BLANKS = re.compile(r"\n[ \t]*(?:\n[ \t]*)+")
+_TRAILING = re.compile(r"[ \t]+\n")
+_SPACES = re.compile(r"[ \t\u00a0]{2,}")
+
+
+def html_to_markdown(
+    html: str | bytes,
+    url: str,
+    *,
+    encoding: str | None = None,
+    max_chars: int = 40_000,
+    max_links: int = 1_000,
+) -> tuple[str, str, list[str], bool]:
+    """HTML as ``(title, markdown, links, truncated)``.
+
+    Scripts, styles, navigation, footers, asides and forms are dropped, images too (their
+    text is empty); links become absolute, normalised URLs (relative to ``<base href>`` or
+    ``url``), listed once each in page order (at most ``max_links``); blank lines and runs of
+    spaces are collapsed; the markdown is cut at ``max_chars`` (``truncated`` then).
+    """
+    soup = BeautifulSoup(_decoded(html, encoding), "html.parser")
+    tags = soup.find_all(True)  # one walk (bs4's filtered searches cost more than the walk itself)
+    title, base = "", url
+    for tag in tags:
+        if tag.name == "title" and not title:
+            title = _SPACES.sub(" ", tag.get_text(" ", strip=True))[:300]
+        elif tag.name == "base" and tag.get("href") is not None and base == url:
+            base = normalize_url(str(tag.get("href")), url) or url
+        elif tag.name == "body":
+            break
+    links: list[str] = []
+    seen: set[str] = set()
+    noise: list[Any] = []
+    inside: set[int] = set()  # the tags within noise (their links are not the page's)
+    for tag in tags:
+        if id(tag) in inside:
+            continue
+        if tag.name in _NOISE or tag.get("role") in _NOISE_ROLES:
+            noise.append(tag)
+            inside.update(map(id, tag.find_all(True)))
+        elif tag.name == "a":
+            href = tag.get("href")
+            target = normalize_url(str(href), base) if href is not None else None
+            if target is None or (target not in seen and len(links) >= max_links):
+                tag.unwrap()  # not a link the reader can follow: its text stays
+                continue
+            tag.attrs = {"href": target}
+            if target not in seen:
+                seen.add(target)
+                links.append(target)
+    for tag in noise:
+        tag.decompose()
+    markdown = _Converter().convert_soup(soup).replace("\x00", "")
+    markdown = _SPACES.sub(" ", _TRAILING.sub("\n", markdown))
+    markdown = _BLANKS.sub("\n\n", markdown).strip()
+    truncated = len(markdown) > max_chars
+    if truncated:
+        markdown = markdown[:max_chars].rstrip() + "\n\n[... cut]"
+    return title, markdown, links, truncated
+
+
+def _decoded(html: str | bytes, encoding: str | None) -> str | bytes:
+    """``html`` as text when its encoding is known (or it is UTF-8); bytes for bs4 to detect."""
+    if isinstance(html, str):
+        return html
+    if encoding:
+        try:
+            return html.decode(encoding, errors="replace")
+        except LookupError:  # an encoding Python does not know
+            return html
+    try:
+        return html.decode("utf-8")
+    except UnicodeDecodeError:
+        return html
+
+
+class Robots:
+    """A site's robots.txt rules (RFC 9309): read from its text; a robots.txt that is
+    missing (4xx) allows everything, one that could not be fetched (5xx, no answer)
+    disallows everything."""
+
+    __slots__ = ("_parser", "status", "text")
+
+    def __init__(self, status: int, text: str = "") -> None:
+        self.status = int(status)
+        self.text = str(text)
+        self._parser: urllib.robotparser.RobotFileParser | None = None
+
+    def to_data(self) -> dict[str, Any]:
+        """The rules as JSON data (what a run keeps)."""
+        return {"status": self.status, "text": self.text}
+
+    @classmethod
+    def from_data(cls, data: Any) -> Robots:
+        """Rules back from :meth:`to_data`."""
+        return cls(int(data["status"]), str(data.get("text") or ""))
+
+    def allows(self, url: str, user_agent: str = USER_AGENT) -> bool:
+        """Whether ``user_agent`` may fetch ``url``."""
+        if 400 <= self.status < 500:
+            return True
+        if not 200 <= self.status < 300:
+            return False
+        if self._parser is None:
+            parser = urllib.robotparser.RobotFileParser()
+            parser.parse(self.text.splitlines())
+            self._parser = parser
+        return self._parser.can_fetch(user_agent, url)
+
+    def __repr__(self) -> str:
+        return f"Robots(status={self.status}, {len(self.text)} chars)"
+
+
+class Fetcher:
+    """Fetches pages over HTTP as :class:`Page` objects. See the module's docstring.
+
+    Args:
+        max_bytes: body bytes read per page; reading stops there (``truncated``).
+        max_chars: characters of markdown kept per page.
+        max_links: links listed per page.
+        timeout: seconds for connecting, and between bytes received.
+        deadline: seconds for a whole fetch, redirects included.
+        max_redirects: redirects followed (when following) before giving up.
+        user_agent: the ``User-Agent`` header, also the name robots.txt rules are read for.
+        headers: more request headers.
+        trust_env: use the proxy settings of the environment.
+
+    One HTTP client per event loop; ``await fetcher.aclose()`` closes the running loop's.
+    Declare a fetcher ``dflow.shared`` when a flow captures it.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_bytes: int = 2_000_000,
+        max_chars: int = 40_000,
+        max_links: int = 1_000,
+        timeout: float = 10.0,
+        deadline: float = 30.0,
+        max_redirects: int = 5,
+        user_agent: str = USER_AGENT,
+        headers: dict[str, str] | None = None,
+        trust_env: bool = True,
+    ) -> None:
+        for name, value in (("max_bytes", max_bytes), ("max_chars", max_chars), ("max_links", max_links)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if not isinstance(max_redirects, int) or isinstance(max_redirects, bool) or max_redirects < 0:
+            raise ValueError(f"max_redirects must be an int >= 0, got {max_redirects!r}")
+        for name, seconds in (("timeout", timeout), ("deadline", deadline)):
+            if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or seconds <= 0:
+                raise ValueError(f"{name} must be a number of seconds > 0, got {seconds!r}")
+        if not isinstance(user_agent, str) or not user_agent.strip():
+            raise ValueError(f"user_agent must be a non-empty str, got {user_agent!r}")
+        self.max_bytes = max_bytes
+        self.max_chars = max_chars
+        self.max_links = max_links
+        self.timeout = float(timeout)
+        self.deadline = float(deadline)
+        self.max_redirects = max_redirects
+        self.user_agent = user_agent.strip()
+        self.headers = {"user-agent": self.user_agent, "accept": "text/html,application/xhtml+xml,text/plain;q=0.9,"
+                        "*/*;q=0.5", **(headers or {})}
+        self.trust_env = trust_env
+        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list[httpx.AsyncClient]] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._turn = 0
+
+    def __repr__(self) -> str:
+        return f"Fetcher(max_bytes={self.max_bytes}, timeout={self.timeout:g})"
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_clients"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._clients = weakref.WeakKeyDictionary()
+
+    def _client(self) -> httpx.AsyncClient:
+        """One of the running loop's clients, in turn. Several small pools rather than one
+        large one: httpx's pool scans every connection for each request it schedules, so
+        one pool serving many requests at once costs time that grows with their number."""
+        loop = asyncio.get_running_loop()
+        clients = self._clients.get(loop)
+        if clients is None or clients[0].is_closed:
+            limits = httpx.Limits(max_connections=_POOL, max_keepalive_connections=_POOL)
+            clients = self._clients[loop] = [
+                httpx.AsyncClient(headers=self.headers, timeout=httpx.Timeout(self.timeout), follow_redirects=False,
+                                  limits=limits, trust_env=self.trust_env)
+                for _ in range(_POOLS)
+            ]
+        self._turn = (self._turn + 1) % _POOLS
+        return clients[self._turn]
+
+    async def aclose(self) -> None:
+        """Close the HTTP clients of the running event loop (new ones open on next use)."""
+        for client in self._clients.pop(asyncio.get_running_loop(), None) or ():
+            await client.aclose()
+
+    # -- fetching ------------------------------------------------------------------------
+
+    async def fetch(
+        self,
+        url: str,
+        *,
+        follow_redirects: bool = True,
+        allowed: Callable[[str], bool | Awaitable[bool]] | None = None,
+    ) -> Page:
+        """The page at ``url``. With ``follow_redirects=False`` a redirect is returned as a
+        page with ``redirect`` set; ``allowed(url)`` is asked before each request (robots.txt
+        rules) and a refused URL is not requested. Never raises for what the web does."""
+        start = normalize_url(url) if isinstance(url, str) else None
+        if start is None:
+            shown = repr(url)[:200]
+            return Page(url=str(url)[:MAX_URL], note=f"not fetched: {shown} is not an http(s) URL of at most "
+                                                      f"{MAX_URL} characters")
+        try:
+            return await asyncio.wait_for(self._fetch(start, follow_redirects, allowed), self.deadline)
+        except asyncio.TimeoutError:
+            return Page(url=start, note=f"gave up after {self.deadline:g} s (the deadline of a fetch)")
+        except Exception as exc:  # noqa: BLE001 - an URL httpx refuses, a parser's surprise: a note, not a crash
+            return Page(url=start, note=f"the fetch failed: {type(exc).__name__}: {str(exc)[:300]}")
+
+    async def _fetch(
+        self, start: str, follow: bool, allowed: Callable[[str], bool | Awaitable[bool]] | None
+    ) -> Page:
+        client = self._client()
+        current = start
+        chain = [start]
+        for _ in range(self.max_redirects + 1):
+            if allowed is not None:
+                verdict = allowed(current)
+                if not isinstance(verdict, bool):
+                    verdict = await verdict
+                if not verdict:
+                    return Page(url=start, final_url=_other(current, start),
+                                note=f"not fetched: robots.txt disallows {current}")
+            try:
+                async with client.stream("GET", current) as response:
+                    location = response.headers.get("location")
+                    if response.status_code in _REDIRECTS and location:
+                        target = normalize_url(location, current)
+                        if target is None:
+                            return Page(url=start, status=response.status_code,
+                                        note=f"HTTP {response.status_code}: a redirect to an unusable location "
+                                             f"{location[:200]!r}")
+                        if not follow:
+                            return Page(url=start, status=response.status_code, redirect=target,
+                                        note=f"HTTP {response.status_code}: redirects to {target}")
+                        if target in chain:
+                            return Page(url=start, status=response.status_code,
+                                        note="a redirect loop: " + " -> ".join([*chain, target]))
+                        chain.append(target)
+                        current = target
+                        continue
+                    return await self._read(start, current, response)
+            except httpx.TimeoutException as exc:
+                return Page(url=start, final_url=_other(current, start),
+                            note=f"timed out after {self.timeout:g} s ({type(exc).__name__})")
+            except httpx.HTTPError as exc:
+                return Page(url=start, final_url=_other(current, start),
+                            note=f"the request failed: {type(exc).__name__}: {str(exc)[:300]}")
+        return Page(url=start, note=f"more than {self.max_redirects} redirects: " + " -> ".join(chain))
+
+    async def _read(self, start: str, current: str, response: httpx.Response) -> Page:
+        status = response.status_code
+        final = _other(current, start)
+        ctype = response.headers.get("content-type", "").split(";")[0].strip().lower()
+        if status >= 400 or status < 200:
+            return Page(url=start, final_url=final, status=status, content_type=ctype,
+                        note=f"HTTP {status} {response.reason_phrase}".strip())
+        if ctype and not ctype.startswith(_HTML) and ctype != "text/plain":
+            return Page(url=start, final_url=final, status=status, content_type=ctype,
+                        note=f"skipped: {ctype} is not HTML or text")
+        body = bytearray()
+        truncated = False
+        async for chunk in response.aiter_bytes():  # decoded (gzip...) bytes count against the budget
+            room = self.max_bytes - len(body)
+            if len(chunk) > room:
+                body += chunk[:room]
+                truncated = True
+                break  # leaving the stream closes the connection: the rest is never read
+            body += chunk
+        notes = [f"the body was cut at the byte budget of {self.max_bytes} bytes"] if truncated else []
+        if ctype == "text/plain" or (not ctype and not _looks_like_html(body)):
+            text = body.decode(response.charset_encoding or "utf-8", errors="replace").replace("\x00", "")
+            cut = len(text) > self.max_chars
+            return Page(url=start, ok=True, final_url=final, status=status, content_type=ctype or "text/plain",
+                        markdown=text[: self.max_chars], bytes=len(body), truncated=truncated or cut,
+                        note="; ".join(notes))
+        convert = (current, response.charset_encoding)
+        if len(body) > _THREAD_ABOVE:
+            title, markdown, links, cut = await asyncio.to_thread(self._convert, bytes(body), *convert)
+        else:
+            title, markdown, links, cut = self._convert(bytes(body), *convert)
+        if cut:
+            notes.append(f"the text was cut at {self.max_chars} characters")
+        return Page(url=start, ok=True, final_url=final, status=status, content_type=ctype or "text/html",
+                    title=title, markdown=markdown, links=links, bytes=len(body), truncated=truncated or cut,
+                    note="; ".join(notes))
+
+    def _convert(self, body: bytes, url: str, encoding: str | None) -> tuple[str, str, list[str], bool]:
+        return html_to_markdown(body, url, encoding=encoding, max_chars=self.max_chars, max_links=self.max_links)
+
+    # -- robots.txt ----------------------------------------------------------------------
+
+    async def robots(self, origin: str) -> Robots:
+        """The robots.txt rules of ``origin`` (``scheme://host[:port]``), fetched now,
+        following up to five redirects and reading at most 512 KiB."""
+        url = normalize_url(origin.rstrip("/") + "/robots.txt")
+        if url is None:
+            return Robots(0)
+        client = self._client()
+        try:
+            for _ in range(6):
+                async with client.stream("GET", url) as response:
+                    location = response.headers.get("location")
+                    if response.status_code in _REDIRECTS and location:
+                        url = normalize_url(location, url) or ""
+                        if not url:
+                            return Robots(0)
+                        continue
+                    if response.status_code >= 300:
+                        return Robots(response.status_code)
+                    body = bytearray()
+                    async for chunk in response.aiter_bytes():
+                        body += chunk
+                        if len(body) >= 512 * 1024:
+                            break
+                    text = bytes(body[: 512 * 1024]).decode("utf-8", errors="replace")
+                    return Robots(response.status_code, text)
+        except (httpx.HTTPError, asyncio.TimeoutError):
+            return Robots(0)
+        return Robots(0)
+
+    # -- as a tool -----------------------------------------------------------------------
+
+    def as_tool(self, name: str = "fetch_page", *, robots: bool = True) -> Tool:
+        """This fetcher as a tool a model calls with a ``url``: it answers with the page's
+        markdown and links (redirects followed; robots.txt honoured unless ``robots=False``,
+        its rules kept per site for ten minutes in this process)."""
+        cache: dict[str, tuple[float, Robots]] = {}
+
+        async def allowed(url: str) -> bool:
+            origin = origin_of(url)
+            loop = asyncio.get_running_loop()
+            hit = cache.get(origin)
+            if hit is None or loop.time() - hit[0] > 600:
+                hit = cache[origin] = (loop.time(), await self.robots(origin))
+                if len(cache) > 1000:
+                    cache.pop(next(iter(cache)))
+            return hit[1].allows(url, self.user_agent)
+
+        async def fetch_page(url: str) -> str:
+            """Fetch a web page and read it as markdown, with the links it holds.
+
+            Args:
+                url: the http(s) URL of the page
+            """
+            page = await self.fetch(url, allowed=allowed if robots else None)
+            return page.observation()
+
+        return Tool(fetch_page, name=name)
+
+
+def _other(url: str, start: str) -> str | None:
+    return url if url != start else None
+
+
+def _looks_like_html(body: bytes | bytearray) -> bool:
+    return bytes(body[:512]).lstrip().startswith(b"<")

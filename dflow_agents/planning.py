@@ -1,0 +1,518 @@
+"""PlanningFlow: plan a task, run each step with an executor agent, summarise. A run is a
+chain of steps that any worker runs:
+
+1. **plan**: the planner (a ``ChatModel`` or an ``AIFunction``) is offered the ``planning``
+   tool and asked for a plan; the plan it creates is kept in the run's data under an id of
+   the run's own. A call that fails (bad arguments, a missing title...) goes back to it as
+   the observation, up to ``plan_attempts`` replies; a reply without a planning call, or no
+   planner at all, gives the default plan (three steps built from the request). A
+   :class:`~dflow_agents.PlanDraft` (from a template) skips this step.
+2. **steps**, one after the other (a tail ``flat_map``, so a worker that dies mid-plan costs
+   only the step it was running): the first step not done is marked in progress and given
+   to the executor its ``[TYPE]`` tag names (``[SEARCH] find ...`` goes to
+   ``executors["search"]``; no tag or an unknown one: the default executor), run as a child
+   run that reads a copy of the run's data and leaves it as it was, with a prompt showing
+   the plan. FINISHED marks the step completed with the agent's answer as its note; ERROR
+   (``max_steps``, a failing model...) marks it blocked and goes on; TERMINATED (the agent
+   gave up) marks it blocked and aborts the plan: the later steps stay not started.
+3. **finalize**: the finalizer summarises the plan and the steps' results into the answer,
+   once. An aborted plan is not summarised: its answer is the executor's conclusion.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import re
+import warnings
+import weakref
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+import dflow
+from dflow import ContextStack, DFlow, Pipeline, Run
+
+from .agent import (
+    RUNNING,
+    Agent,
+    AgentResult,
+    AgentStatus,
+    add_usage,
+    check_name,
+    check_session,
+    dump,
+    run_session,
+    load,
+    stop,
+)
+from .errors import ModelRetryableError
+from .function import AIFunction
+from .messages import ChatMessage, ChatResponse, Usage
+from .model import ChatModel
+from .plan_tool import apply_call, planning_tool
+from .plans import (
+    MAX_NOTE_CHARS,
+    Plan,
+    PlanBook,
+    PlanDraft,
+    PlanningResult,
+    PlanStepStatus,
+    StepResult,
+    default_plan,
+    step_tag,
+)
+from .templates import PlanTemplate, PlanTemplates
+from .toolcall import _with_ids
+
+__all__ = ["FINALIZE_PROMPT", "PLANNER_PROMPT", "PlanningFlow", "default_step_prompt"]
+
+#: What the planner is told by default.
+PLANNER_PROMPT = (
+    "You are a planning assistant. Make a concise plan of clear, actionable steps for the user's "
+    "task: the key milestones, not small sub-steps, each one something a single agent can do. "
+    "Create it by calling the planning tool with the command 'create', a title and the steps."
+)
+
+#: What the finalizer is told by default.
+FINALIZE_PROMPT = (
+    "You are a planning assistant. A plan has been carried out for the user's request. From the "
+    "plan and the results of its steps, write the answer for the user: the outcome, what was "
+    "found or done, and what is still open."
+)
+
+_KEY = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+StepPrompt = Callable[[str, Plan, int], "str | Awaitable[str]"]
+Finalizer = Callable[[str, Plan, Sequence[StepResult]], "str | Awaitable[str]"]
+_flows: dict[str, weakref.ref[PlanningFlow]] = {}
+
+
+def default_step_prompt(request: str, plan: Plan, index: int) -> str:
+    """What an executor is told: the plan as it stands, the request, and the one step to do."""
+    _, text = step_tag(plan.steps[index])
+    return (
+        f"CURRENT PLAN STATUS:\n{plan.text()}\n"
+        f"THE USER'S REQUEST (for context):\n{request}\n\n"
+        f"YOUR CURRENT TASK:\nYou are now working on step {index}: \"{text}\"\n\n"
+        "Do only this step, with the tools you have. When it is done, answer with a short summary "
+        "of what you did and what you found."
+    )
+
+
+def _results_text(steps: Sequence[StepResult]) -> str:
+    """A line per step run (each answer cut at ``MAX_NOTE_CHARS``)."""
+    lines = []
+    for s in steps:
+        said = s.answer or s.reason or "(no answer)"
+        if len(said) > MAX_NOTE_CHARS:
+            said = said[: MAX_NOTE_CHARS - 3] + "..."
+        lines.append(f"Step {s.index} ({s.status.value}, by {s.executor}): {said}")
+    return "\n".join(lines)
+
+
+def _note(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= MAX_NOTE_CHARS else text[: MAX_NOTE_CHARS - 3] + "..."
+
+
+class PlanningFlow:
+    """Plans a task, runs each step with an executor agent, and summarises. See the
+    module's docstring.
+
+    Args:
+        name: names its pipeline (``planning.<name>``), its shared object and its keys in a
+            run's data; unique per process.
+        executors: the agents that carry out steps: one agent, or a mapping from tag
+            (``"search"`` for steps tagged ``[SEARCH]``; letters, digits, ``_`` ``-``,
+            matched without regard to case) to agent.
+        model: the planner and the finalizer, unless ``planner`` / ``finalizer`` say
+            otherwise. ``None``: the default plan and a plain list of results.
+        planner: a ``ChatModel`` or an ``AIFunction`` (returning a ``ChatResponse``) offered
+            the ``planning`` tool.
+        finalizer: a ``ChatModel``, an ``AIFunction`` (returning a ``ChatResponse`` or a
+            ``str``), or ``fn(request, plan, steps) -> str`` (sync or async).
+        default_executor: the tag of the executor of untagged steps (default: the first).
+        descriptions: what each executor does, told to the planner so it tags the steps.
+        planner_prompt / finalize_prompt: the system prompts of those calls.
+        step_prompt: ``fn(request, plan, index) -> str`` (sync or async), the executor's task.
+        default_plan: ``fn(request) -> PlanDraft``, the plan when the planner makes none.
+        plan_attempts: planner replies before the default plan is used (a failed planning
+            call goes back to the planner as the observation).
+        model_attempts / model_retry_backoff: a planner or finalizer call that fails with a
+            retryable error (rate limit, timeout) is made again, on a store timer.
+        model_options: request options for a ``ChatModel`` (``temperature``...).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        executors: Agent | Mapping[str, Agent],
+        model: ChatModel | AIFunction[Any] | None = None,
+        *,
+        planner: ChatModel | AIFunction[Any] | None = None,
+        finalizer: ChatModel | AIFunction[Any] | Finalizer | None = None,
+        default_executor: str | None = None,
+        descriptions: Mapping[str, str] | None = None,
+        planner_prompt: str = PLANNER_PROMPT,
+        finalize_prompt: str = FINALIZE_PROMPT,
+        step_prompt: StepPrompt = default_step_prompt,
+        default_plan: Callable[[str], PlanDraft] = default_plan,
+        plan_attempts: int = 3,
+        model_attempts: int = 4,
+        model_retry_backoff: float = 1.0,
+        model_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.name = check_name(name, "planning flow")
+        self.executors = _executors(executors)
+        if default_executor is not None and default_executor.lower() not in self.executors:
+            raise ValueError(
+                f"default_executor {default_executor!r} is not one of the executors' tags: "
+                f"{', '.join(self.executors)}"
+            )
+        self.default_executor = default_executor.lower() if default_executor else next(iter(self.executors))
+        self.descriptions = {k.lower(): str(v) for k, v in (descriptions or {}).items()}
+        unknown = sorted(set(self.descriptions) - set(self.executors))
+        if unknown:
+            raise ValueError(f"descriptions name executors that do not exist: {', '.join(unknown)}")
+        self.planner = planner if planner is not None else model
+        self.finalizer = finalizer if finalizer is not None else model
+        if self.planner is not None and not isinstance(self.planner, (ChatModel, AIFunction)):
+            raise TypeError(f"planner must be a ChatModel or an AIFunction, got {self.planner!r}")
+        if not (self.finalizer is None or callable(self.finalizer) or isinstance(self.finalizer, ChatModel)):
+            raise TypeError(
+                "finalizer must be a ChatModel, an AIFunction or fn(request, plan, steps), "
+                f"got {self.finalizer!r}"
+            )
+        for what, fn in (("step_prompt", step_prompt), ("default_plan", default_plan)):
+            if not callable(fn):
+                raise TypeError(f"{what} must be callable, got {fn!r}")
+        for what, n in (("plan_attempts", plan_attempts), ("model_attempts", model_attempts)):
+            if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+                raise ValueError(f"{what} must be an int >= 1, got {n!r}")
+        self.planner_prompt = planner_prompt
+        self.finalize_prompt = finalize_prompt
+        self.step_prompt = step_prompt
+        self.default_plan = default_plan
+        self.plan_attempts = plan_attempts
+        self.model_attempts = model_attempts
+        self.model_retry_backoff = float(model_retry_backoff)
+        self.model_options = dict(model_options or {})
+        self._state_key = f"dflow_agents/planning/{name}"
+        old = _flows.get(name)
+        if old is not None and old() is not None:
+            warnings.warn(
+                f"a second planning flow named {name!r} replaces the first in this process "
+                "(give each its own name)",
+                RuntimeWarning, stacklevel=2,
+            )
+        _flows[name] = weakref.ref(self)
+        dflow.shared(self, f"dflow_agents.planning:{name}")
+        entry = f"planning.{name}"
+        self.pipeline: Pipeline[PlanningResult] = (
+            DFlow.from_call(entry).map(self._start).id("start").flat_map(self._plan).id("plan")
+            .retry(self.model_attempts, backoff=self.model_retry_backoff, on=ModelRetryableError)
+        ).init(entry)
+
+    def __repr__(self) -> str:
+        return f"<PlanningFlow {self.name!r}: {', '.join(self.executors)}>"
+
+    # -- running -----------------------------------------------------------------------
+
+    def run(
+        self, request: str | PlanDraft, *, session: str | None = None, trace_id: str | None = None
+    ) -> Run[PlanningResult]:
+        """Start a run on ``request`` (a ``PlanDraft``: run that plan, no planner call);
+        ``run.result()`` is the :class:`PlanningResult`. ``session`` goes to the executors."""
+        return self.pipeline.call(self._request(request, session), trace_id=trace_id)
+
+    async def arun(
+        self, request: str | PlanDraft, *, session: str | None = None, trace_id: str | None = None
+    ) -> Run[PlanningResult]:
+        """``run`` for async code."""
+        return await self.pipeline.acall(self._request(request, session), trace_id=trace_id)
+
+    def run_template(
+        self, template: PlanTemplate, parameters: Mapping[str, str], *, session: str | None = None,
+        trace_id: str | None = None,
+    ) -> Run[PlanningResult]:
+        """Run the plan of ``template`` filled with ``parameters`` (``ValueError`` when one is
+        missing or unknown)."""
+        return self.run(template.fill(parameters), session=session, trace_id=trace_id)
+
+    async def arun_template(
+        self, templates: PlanTemplates, name: str, parameters: Mapping[str, str], *,
+        version: int | None = None, session: str | None = None, trace_id: str | None = None,
+    ) -> Run[PlanningResult]:
+        """Load template ``name`` (its latest version unless ``version``) from ``templates``
+        and run its plan filled with ``parameters``."""
+        template = await templates.get(name, version)
+        return await self.arun(template.fill(parameters), session=session, trace_id=trace_id)
+
+    def flow(self, request: str | PlanDraft, *, session: str | None = None) -> DFlow[PlanningResult]:
+        """The planning flow to embed in another flow (in a ``flat_map``): its plan is kept
+        in the caller's run."""
+        return (
+            DFlow.just(self._request(request, session)).map(self._start).id(f"{self.name}.start")
+            .flat_map(self._plan).id(f"{self.name}.plan")
+            .retry(self.model_attempts, backoff=self.model_retry_backoff, on=ModelRetryableError)
+        )
+
+    def _request(self, request: str | PlanDraft, session: str | None) -> dict[str, Any]:
+        if isinstance(request, PlanDraft):
+            return {"request": request.request or request.title, "session": check_session(session),
+                    "draft": request.model_dump(mode="json")}
+        if not isinstance(request, str):
+            raise TypeError(
+                "a planning flow starts from a request (str) or a PlanDraft, "
+                f"got {type(request).__qualname__}"
+            )
+        if not request.strip():
+            raise ValueError("the request is empty: say what the plan is for")
+        return {"request": request, "session": check_session(session), "draft": None}
+
+    # -- planning ----------------------------------------------------------------------
+
+    def _start(self, ctx: ContextStack, request: Any) -> dict[str, Any]:
+        """The run's state; a given plan (a draft) is stored at once."""
+        if isinstance(request, str):  # pipeline.call("the request")
+            request = self._request(request, None)
+        if not isinstance(request, dict) or not isinstance(request.get("request"), str):
+            raise TypeError(
+                f"{self!r} starts from a request (str) or {{'request': str, ...}}, got {request!r:.200}"
+            )
+        plan_id = "plan_" + hashlib.sha256(ctx.idempotency_key.encode()).hexdigest()[:12]
+        state: dict[str, Any] = {
+            "plan_id": plan_id, "request": request["request"],
+            "session": run_session(ctx, request.get("session")),
+            "status": RUNNING, "reason": "", "answer": "", "source": "model", "template": None, "attempt": 0,
+            "messages": [], "steps": [], "current": None,
+            "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+        }
+        if request.get("draft") is not None:
+            draft = PlanDraft.model_validate(request["draft"])
+            PlanBook(ctx).create(plan_id, draft.title, draft.steps)
+            state.update(source="template" if draft.template else "given", template=draft.template)
+        return state
+
+    async def _plan(self, ctx: ContextStack, state: dict[str, Any]) -> DFlow[PlanningResult]:
+        """One reply of the planner, then the first step; or another reply, after a failed call."""
+        book = PlanBook(ctx)
+        if book.get(state["plan_id"]) is not None:
+            return await self._next(ctx, state)
+        if self.planner is None:
+            return await self._next(ctx, self._fallback(book, state, "no planner was given"))
+        state = dict(state)
+        messages = load(state["messages"]) or self._planner_messages(state["request"])
+        try:
+            response = await self._ask_planner(messages)
+        except ModelRetryableError as exc:
+            if ctx.attempt + 1 < self.model_attempts:
+                raise  # the plan step's retry policy calls again
+            why = f"the planner failed {self.model_attempts} times; last: {exc}"
+            return self._end(stop(state, AgentStatus.ERROR, why))
+        except Exception as exc:  # noqa: BLE001 - a failing planner ends the run as ERROR, with the reason
+            why = f"the planner failed: {type(exc).__name__}: {exc}"
+            return self._end(stop(state, AgentStatus.ERROR, why))
+        add_usage(state, response.usage)
+        calls = _with_ids(response.tool_calls, state["attempt"])
+        if not calls:
+            state = self._fallback(book, state, "the planner did not call the planning tool")
+            return await self._next(ctx, state)
+        observations = [apply_call(book, call, plan_id=state["plan_id"]) for call in calls]
+        if book.get(state["plan_id"]) is not None:
+            return await self._next(ctx, state)
+        state["attempt"] += 1
+        if state["attempt"] >= self.plan_attempts:
+            why = f"the planner's calls failed {self.plan_attempts} times; last: {observations[-1].content}"
+            return await self._next(ctx, self._fallback(book, state, why))
+        state["messages"] = dump([*messages, ChatMessage.assistant(response.content, calls), *observations])
+        return (
+            DFlow.just(state).flat_map(self._plan).id("plan")
+            .retry(self.model_attempts, backoff=self.model_retry_backoff, on=ModelRetryableError)
+        )
+
+    def _planner_messages(self, request: str) -> list[ChatMessage]:
+        system = self.planner_prompt
+        if len(self.executors) > 1:
+            lines = [f"[{k.upper()}]: {self.descriptions.get(k, 'the ' + a.name + ' agent')}"
+                     for k, a in self.executors.items()]
+            system += (
+                "\n\nEach step is carried out by one of these agents. Start a step's text with the tag of "
+                "the agent that should do it; a step without a tag goes to "
+                f"[{self.default_executor.upper()}].\n"
+                + "\n".join(lines)
+            )
+        return [ChatMessage.system(system),
+                ChatMessage.user(f"Create a plan with clear steps to accomplish this task: {request}")]
+
+    async def _ask_planner(self, messages: list[ChatMessage]) -> ChatResponse:
+        planner = self.planner
+        if isinstance(planner, AIFunction):
+            response = await planner({"messages": messages, "tools": [planning_tool.spec]})
+            if not isinstance(response, ChatResponse):
+                raise TypeError(
+                    f"the planner AI function returned {type(response).__name__}, not a ChatResponse"
+                )
+            return response
+        assert planner is not None
+        return await planner.chat(messages, [planning_tool.spec], **self.model_options)
+
+    def _fallback(self, book: PlanBook, state: dict[str, Any], why: str) -> dict[str, Any]:
+        draft = self.default_plan(state["request"])
+        if not isinstance(draft, PlanDraft):
+            raise TypeError(f"default_plan returned {type(draft).__name__}, not a PlanDraft")
+        book.create(state["plan_id"], draft.title, draft.steps)
+        return {**state, "source": "default", "reason": f"the default plan was used: {why}"}
+
+    # -- the steps ---------------------------------------------------------------------
+
+    def _executor_for(self, step: str) -> tuple[str, Agent]:
+        tag, _ = step_tag(step)
+        key = tag if tag in self.executors else self.default_executor
+        return key, self.executors[key]
+
+    async def _next(self, ctx: ContextStack, state: dict[str, Any]) -> DFlow[PlanningResult]:
+        """Give the first step not done to its executor (a child run); or finalize."""
+        if state["status"] != RUNNING:
+            return self._end(state)
+        book = PlanBook(ctx)
+        plan = book.get(state["plan_id"])
+        if plan is None:
+            why = f"the plan {state['plan_id']!r} is gone from the run"
+            return self._end(stop(dict(state), AgentStatus.ERROR, why))
+        index = plan.next_step()
+        if index is None:
+            return (
+                DFlow.just(state).map(self._finalize).id("finalize")
+                .retry(self.model_attempts, backoff=self.model_retry_backoff, on=ModelRetryableError)
+            )
+        key, agent = self._executor_for(plan.steps[index])
+        plan = book.put(plan.with_step(index, PlanStepStatus.IN_PROGRESS))
+        prompt = self.step_prompt(state["request"], plan, index)
+        if inspect.isawaitable(prompt):
+            prompt = await prompt
+        if not isinstance(prompt, str):
+            raise TypeError(f"step_prompt returned {type(prompt).__name__}, not a str")
+        ctx.put(self._state_key, {**state, "current": {"index": index, "executor": key}})
+        executor = DFlow.any(agent.flow(prompt, session=state["session"]), merge=False).id("executor")
+        return (
+            executor.on_error_return(_executor_failed)
+            .map(self._record).id("record")
+            .flat_map(self._next).id("next")
+        )
+
+    def _record(self, ctx: ContextStack, outcome: Any) -> dict[str, Any]:
+        """Mark the step with how its agent ended; a TERMINATED agent aborts the plan."""
+        state = dict(ctx.get(self._state_key))
+        index, key = state["current"]["index"], state["current"]["executor"]
+        book = PlanBook(ctx)
+        plan = book.get(state["plan_id"])
+        assert plan is not None, "the plan of a running step is in the run's data"
+        if isinstance(outcome, AgentResult):
+            result = outcome
+            add_usage(state, result.usage)
+        else:
+            result = AgentResult(status=AgentStatus.ERROR, reason=str(outcome.get("__error__", outcome)))
+        if result.status is AgentStatus.FINISHED:
+            book.put(plan.with_step(index, PlanStepStatus.COMPLETED, _note(result.answer or "(no answer)")))
+        else:
+            said = f"{result.status.value}: {result.reason}" + (f". {result.answer}" if result.answer else "")
+            book.put(plan.with_step(index, PlanStepStatus.BLOCKED, _note(said)))
+        step = StepResult(index=index, step=plan.steps[index], executor=key, agent=self.executors[key].name,
+                          status=result.status, answer=result.answer, reason=result.reason)
+        state["steps"] = [*state["steps"], step.model_dump(mode="json")]
+        state["current"] = None
+        if result.status is AgentStatus.TERMINATED:
+            stop(state, AgentStatus.TERMINATED,
+                  f"the plan was aborted at step {index} ({plan.steps[index]!r}): "
+                  f"the agent {step.agent!r} gave up: "
+                  f"{result.reason}", result.answer)
+        return state
+
+    # -- the end -----------------------------------------------------------------------
+
+    async def _finalize(self, ctx: ContextStack, state: dict[str, Any]) -> PlanningResult:
+        """Summarise the plan and its results into the answer."""
+        state = dict(state)
+        plan = PlanBook(ctx).get(state["plan_id"])
+        assert plan is not None
+        steps = [StepResult.model_validate(s) for s in state["steps"]]
+        try:
+            answer = await self._summary(state, plan, steps)
+        except ModelRetryableError as exc:
+            if ctx.attempt + 1 < self.model_attempts:
+                raise
+            answer = _results_text(steps)
+            state["reason"] = f"every step was run; the finalizer failed {self.model_attempts} times: {exc}"
+        except Exception as exc:  # noqa: BLE001 - the steps were run: their results are the answer
+            answer = _results_text(steps)
+            state["reason"] = f"every step was run; the finalizer failed: {type(exc).__name__}: {exc}"
+        else:
+            state["reason"] = state["reason"] or "every step was run and the plan summarised"
+        stop(state, AgentStatus.FINISHED, state["reason"], answer)
+        return self._result(ctx, state)
+
+    async def _summary(self, state: dict[str, Any], plan: Plan, steps: list[StepResult]) -> str:
+        finalizer, request = self.finalizer, state["request"]
+        if finalizer is None:
+            return f"Plan completed: {plan.title}\n{_results_text(steps)}"
+        text = f"The request: {request}\n\n{plan.text()}\nThe results of the steps:\n{_results_text(steps)}"
+        if isinstance(finalizer, AIFunction):
+            out = await finalizer({"system": self.finalize_prompt, "input": text, "request": request,
+                                   "plan": plan.text(), "results": _results_text(steps)})
+        elif isinstance(finalizer, ChatModel):
+            messages = [ChatMessage.system(self.finalize_prompt), ChatMessage.user(text)]
+            out = await finalizer.chat(messages, None, **self.model_options)
+        else:
+            out = finalizer(request, plan, steps)
+            if inspect.isawaitable(out):
+                out = await out
+        if isinstance(out, ChatResponse):
+            add_usage(state, out.usage)
+            return out.content
+        if not isinstance(out, str):
+            raise TypeError(f"the finalizer returned {type(out).__name__}, not a str or a ChatResponse")
+        return out
+
+    def _end(self, state: dict[str, Any]) -> DFlow[PlanningResult]:
+        return DFlow.just(state).map(self._result).id("result")
+
+    def _result(self, ctx: ContextStack, state: dict[str, Any]) -> PlanningResult:
+        plan = PlanBook(ctx).get(state["plan_id"])
+        return PlanningResult(
+            status=AgentStatus(state["status"]), answer=state["answer"], reason=state["reason"], plan=plan,
+            plan_text=plan.text() if plan is not None else "",
+            source=state["source"], template=state["template"],
+            steps=[StepResult.model_validate(s) for s in state["steps"]],
+            usage=Usage.model_validate(state["usage"]), session=state["session"],
+        )
+
+
+def _executor_failed(error: BaseException) -> dict[str, str]:
+    text = f"the executor's run failed: {type(error).__name__}: {error}"
+    return {"__error__": text if len(text) <= 500 else text[:500] + "..."}
+
+
+def _executors(executors: object) -> dict[str, Agent]:
+    if isinstance(executors, Agent):
+        return {"default": executors}
+    if not isinstance(executors, Mapping) or not executors:
+        raise TypeError(
+            f"executors is an agent or a non-empty mapping of tag to agent, got {executors!r:.200}"
+        )
+    out: dict[str, Agent] = {}
+    for key, agent in executors.items():
+        if not isinstance(key, str) or _KEY.fullmatch(key) is None:
+            raise ValueError(
+                f"executor tag {key!r} is not accepted: use 1-64 letters, digits, _ and - (as in [SEARCH])"
+            )
+        if not isinstance(agent, Agent):
+            raise TypeError(
+                f"executor {key!r} is not an agent (ToolCallAgent, ConversationAgentExecutor): {agent!r:.200}"
+            )
+        if key.lower() in out:
+            raise ValueError(
+                f"two executors are tagged {key.lower()!r} (tags are matched without regard to case)"
+            )
+        out[key.lower()] = agent
+    return out

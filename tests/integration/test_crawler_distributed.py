@@ -1,0 +1,130 @@
+"""The deep crawler on real worker processes: ``dflow worker`` subprocesses serving
+``tests.integration.crawler_app`` over Redis Streams, the Redis store, and the shop of
+``tests/agents/site.py`` served by this process on 127.0.0.1.
+
+* a crawl on a worker process gives what it gives in local mode, and requests the same
+  pages, each once (robots.txt included), never one robots.txt disallows;
+* a worker killed (``kill -9``) while a wave's page is in flight costs that page only: a new
+  worker fetches it again and the crawl completes; every other page was requested once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+
+import pytest
+
+import dflow
+from dflow import DFlow, StepStatus
+from dflow_agents import AgentStatus
+from tests.agents import site as S
+
+from . import crawler_app as app
+from .conftest import SECRET
+from .workers import Workers
+
+LEASE = 2.0  # seconds before the step of a killed worker is taken over
+
+
+class Cluster:
+    """Worker processes serving ``crawler_app``, and this process as a client."""
+
+    def __init__(self, redis_url: str, prefix: str) -> None:
+        self.transport_url = f"{redis_url}?stream={prefix}:steps&redeliver_after=2"
+        self.store_url = f"{redis_url}?prefix={prefix}&redispatch_after=2"
+        env = {"DFLOW_SECRET": SECRET, "DFLOW_AGENTS_BLOCK_NETWORK": "1"}
+        self.workers = Workers("tests.integration.crawler_app", self.transport_url, self.store_url, env, lease=LEASE)
+
+    def connect(self) -> None:
+        dflow.configure(self.transport_url, self.store_url, secret=SECRET, consume=False)
+
+    def close(self) -> None:
+        self.workers.stop()
+        dflow.shutdown()
+
+
+@pytest.fixture
+def cluster(redis_url: str, prefix: str) -> Iterator[Cluster]:
+    c = Cluster(redis_url, prefix)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def runs_of(trace_id: str) -> Iterator[list[dflow.StepRecord]]:
+    """The step records of a run and of its zip branches, recursively."""
+    steps = list(dflow.Run(trace_id).context().steps)
+    yield steps
+    for s in steps:
+        if s.status is StepStatus.FORKED:
+            for child in s.output:
+                yield from runs_of(child)
+
+
+def committed_fetches(trace_id: str) -> list[str]:
+    """The URLs of the fetch steps a run has committed (one step per page)."""
+    return [s.input for steps in runs_of(trace_id) for s in steps
+            if s.status is StepStatus.DONE and s.key.split(">")[0] == "fetch"]
+
+
+def wait_for(what: str, ok: Callable[[], bool], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not ok():
+        assert time.monotonic() < deadline, f"timed out waiting: {what}"
+        time.sleep(0.05)
+
+
+@pytest.mark.timeout(120)
+def test_a_crawl_on_a_worker_matches_local_mode(cluster: Cluster) -> None:
+    DFlow.global_init_for_test()
+    try:
+        with S.Site(S.shop()) as site:
+            local = app.crawler.run(S.TASK, url=site.url("/")).result(30)
+            local_paths = site.paths()
+    finally:
+        dflow.shutdown()
+    cluster.connect()
+    cluster.workers.start(1)
+    with S.Site(S.shop()) as site:
+        run = app.crawler.run(S.TASK, url=site.url("/"))
+        remote = run.result(60)
+        paths = site.paths()
+    assert local.status is AgentStatus.FINISHED and local.answer.startswith("Summary: The Zephyr 9")
+    assert remote == local, "the same crawl, the same result"
+    assert sorted(paths) == sorted(local_paths), "the same pages"
+    assert max(Counter(paths).values()) == 1, "each URL requested once (robots.txt too)"
+    assert not [p for p in paths if p.startswith("/private/")]
+    pid = cluster.workers.procs[0].pid
+    workers = {int(s.worker.split(":")[1]) for steps in runs_of(run.trace_id) for s in steps if s.worker}
+    assert workers == {pid}, "every step ran on the worker process"
+    assert len(committed_fetches(run.trace_id)) == len(paths) - 1, "one committed fetch step per page"
+
+
+@pytest.mark.timeout(120)
+def test_a_crawl_survives_a_worker_killed_while_a_page_is_in_flight(cluster: Cluster) -> None:
+    held = "/p/laptops/zephyr-9.html"  # in the first wave of depth 2, with 15 others
+    cluster.connect()
+    cluster.workers.start(1)
+    with S.Site(S.shop()) as site:
+        gate = site.hold(held)
+        run = app.crawler.run(S.TASK, url=site.url("/"))
+        wait_for("the held page to be requested", lambda: site.holding == [held], 30)
+
+        def rest_of_the_wave_committed() -> bool:  # the wave cannot end (and no later page start) without it
+            requested = {h.path for h in site.hits if h.path.startswith(("/p/", "/c/laptops/")) and h.path != held}
+            committed = {u.removeprefix(site.base_url) for u in committed_fetches(run.trace_id)}
+            return len(requested) == 15 and requested <= committed
+
+        wait_for("the rest of the wave to commit", rest_of_the_wave_committed, 30)
+        cluster.workers.kill_one()
+        gate.set()  # the killed worker's request ends; nobody reads its answer
+        cluster.workers.start(1)
+        result = run.result(60)
+        counts = Counter(site.paths())
+    assert result.status is AgentStatus.FINISHED and result.answer.startswith("Summary: The Zephyr 9"), result
+    assert counts[held] == 2, "the page in flight at the kill was fetched again"
+    assert {p: n for p, n in counts.items() if n != 1} == {held: 2}, "every other URL was requested once"
+    assert len(committed_fetches(run.trace_id)) == sum(counts.values()) - 2, "one committed fetch per page"

@@ -1,0 +1,397 @@
+"""The HTTP API (``dflow.server``) over real sockets, on the in-memory runtime: sessions and
+their tokens, starting runs, status, the step events as server-sent events until the run
+ends, answering a ``from_call``, cancelling; every token check (missing, garbage, forged,
+expired: 401; another session's run: 403; the admin token for sessions); bodies that are
+too big or not JSON; route providers; ``dflow serve`` refusing an open server off loopback."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import APIRouter, Depends
+
+import dflow
+from dflow import DFlow
+from dflow.errors import ConfigurationError
+from dflow.server import SESSION_KEY, AdminToken, Server, ServerThread, Session, TokenError, Tokens, create_app
+
+ADMIN = "admin-token-of-the-server-tests-0123456789"
+SECRET = "server-secret-of-the-server-tests-0123456789"
+
+echo = DFlow.from_call("srv-echo").map(lambda x: {"echo": x}).id("wrap").init("srv-echo")
+
+
+def _ask(question: Any) -> DFlow[Any]:
+    return DFlow.from_call("answer")
+
+
+ask = (
+    DFlow.from_call("srv-ask").map(lambda q: f"Q: {q}").id("question")
+    .flat_map(_ask).id("wait")
+    .map(lambda a: {"answered": a}).id("done")
+    .init("srv-ask")
+)
+session_of_run = DFlow.from_call("srv-whose").map(lambda ctx, _: ctx.get(SESSION_KEY)).id("read").init("srv-whose")
+
+
+@pytest.fixture(scope="module")
+def runtime() -> Iterator[dflow.Runtime]:
+    rt = DFlow.global_init_for_test()
+    yield rt
+    dflow.shutdown()
+
+
+@pytest.fixture(scope="module")
+def tokens() -> Tokens:
+    return Tokens(SECRET, ttl=600)
+
+
+@pytest.fixture(scope="module")
+def url(runtime: dflow.Runtime, tokens: Tokens) -> Iterator[str]:
+    app = create_app(tokens=tokens, admin_token=ADMIN, pipelines=["srv-echo", "srv-ask", "srv-whose"])
+    with ServerThread(app) as base:
+        yield base
+
+
+@pytest.fixture
+def api(url: str) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=url, timeout=20) as client:
+        yield client
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def new_session(api: httpx.Client) -> dict[str, Any]:
+    r = api.post("/sessions", headers=bearer(ADMIN))
+    assert r.status_code == 201, r.text
+    return r.json()
+
+
+def start(api: httpx.Client, token: str, pipeline: str, param: Any = None, **extra: Any) -> httpx.Response:
+    return api.post("/runs", headers=bearer(token), json={"pipeline": pipeline, "param": param, **extra})
+
+
+def wait_status(api: httpx.Client, token: str, trace: str, *, until: str, timeout: float = 10) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        r = api.get(f"/runs/{trace}", headers=bearer(token))
+        assert r.status_code == 200, r.text
+        if r.json()["status"] == until:
+            return r.json()
+        assert time.monotonic() < deadline, f"run {trace} is {r.json()['status']}, not {until}"
+        time.sleep(0.01)
+
+
+def sse(api: httpx.Client, path: str, headers: dict[str, str]) -> list[tuple[str, str, Any]]:
+    """(event, id, data) of each event of a stream, read until the server ends it."""
+    events: list[tuple[str, str, Any]] = []
+    with api.stream("GET", path, headers=headers) as r:
+        assert r.status_code == 200, r.read()
+        assert r.headers["content-type"].startswith("text/event-stream")
+        fields: dict[str, str] = {}
+        for line in r.iter_lines():
+            if not line:
+                if "data" in fields:
+                    events.append((fields.get("event", "message"), fields.get("id", ""), json.loads(fields["data"])))
+                fields = {}
+            elif not line.startswith(":"):
+                name, _, value = line.partition(": ")
+                fields[name] = value
+    return events
+
+
+# -- the happy paths --------------------------------------------------------------------------
+
+
+def test_health_and_the_openapi_docs(api: httpx.Client) -> None:
+    assert api.get("/health").json() == {"ok": True}
+    assert api.get("/docs").status_code == 200
+    paths = api.get("/openapi.json").json()["paths"]
+    assert {"/sessions", "/runs", "/runs/{trace_id}", "/runs/{trace_id}/events",
+            "/runs/{trace_id}/calls/{call_type}", "/runs/{trace_id}/cancel"} <= set(paths)
+    assert "requestBody" in paths["/runs"]["post"]
+
+
+def test_the_admin_starts_a_run_in_a_new_session_and_its_token_reads_it(api: httpx.Client) -> None:
+    r = start(api, ADMIN, "srv-echo", {"n": 1})
+    assert r.status_code == 201, r.text
+    body = r.json()
+    assert set(body) == {"trace_id", "session", "token", "expires_at"}
+    done = wait_status(api, body["token"], body["trace_id"], until="done")
+    assert done["result"] == {"echo": {"n": 1}} and done["finished"] is True and done["error"] is None
+    # a second run with the session's token joins the session: no new token
+    again = start(api, body["token"], "srv-whose")
+    assert again.status_code == 201 and set(again.json()) == {"trace_id", "session"}
+    assert again.json()["session"] == body["session"]
+    whose = wait_status(api, body["token"], again.json()["trace_id"], until="done")
+    assert whose["result"] == body["session"]  # the run's data names its session from its creation
+
+
+def test_events_stream_every_step_in_order_until_the_run_ends(api: httpx.Client) -> None:
+    s = new_session(api)
+    trace = start(api, s["token"], "srv-ask", "why?").json()["trace_id"]
+    wait_status(api, s["token"], trace, until="waiting")
+    r = api.post(f"/runs/{trace}/calls/answer", headers=bearer(s["token"]), json={"because": 42})
+    assert r.status_code == 202 and r.json()["delivered"] is True
+    events = sse(api, f"/runs/{trace}/events", bearer(s["token"]))
+    steps = [e for e in events if e[0] == "step"]
+    assert [e[1] for e in steps] == [str(i) for i in range(len(steps))]
+    assert [d["status"] for _, _, d in steps] == ["entry", "done", "done", "waiting", "done", "done"]
+    assert steps[1][2]["output"] == "Q: why?" and steps[-1][2]["output"] == {"answered": {"because": 42}}
+    assert events[-1][0] == "end"
+    assert events[-1][2]["status"] == "done" and events[-1][2]["result"] == {"answered": {"because": 42}}
+    # reconnecting with Last-Event-ID goes on after that step
+    resumed = sse(api, f"/runs/{trace}/events", {**bearer(s["token"]), "Last-Event-ID": "3"})
+    assert [e[1] for e in resumed if e[0] == "step"] == ["4", "5"] and resumed[-1][0] == "end"
+
+
+def test_events_follow_a_live_run_and_end_when_it_does(api: httpx.Client, url: str) -> None:
+    import threading
+
+    s = new_session(api)
+    trace = start(api, s["token"], "srv-ask", "live?").json()["trace_id"]
+    wait_status(api, s["token"], trace, until="waiting")
+
+    def answer_later() -> None:
+        time.sleep(0.3)
+        with httpx.Client(base_url=url) as other:
+            other.post(f"/runs/{trace}/calls/answer", headers=bearer(s["token"]), json="yes")
+
+    t = threading.Thread(target=answer_later)
+    t.start()
+    t0 = time.monotonic()
+    events = sse(api, f"/runs/{trace}/events", bearer(s["token"]))
+    t.join()
+    assert time.monotonic() - t0 >= 0.25  # the stream stayed open while the run waited
+    assert events[-1][0] == "end" and events[-1][2]["result"] == {"answered": "yes"}
+
+
+def test_answering_a_call_the_run_is_not_waiting_for_is_409(api: httpx.Client) -> None:
+    s = new_session(api)
+    trace = start(api, s["token"], "srv-ask", "?").json()["trace_id"]
+    wait_status(api, s["token"], trace, until="waiting")
+    r = api.post(f"/runs/{trace}/calls/something-else", headers=bearer(s["token"]), json=1)
+    assert r.status_code == 409 and "something-else" in r.json()["detail"]
+    assert api.get(f"/runs/{trace}", headers=bearer(s["token"])).json()["status"] == "waiting"
+    assert api.post(f"/runs/{trace}/calls/answer", headers=bearer(s["token"]), json=1).status_code == 202
+    wait_status(api, s["token"], trace, until="done")
+    assert api.post(f"/runs/{trace}/calls/answer", headers=bearer(s["token"]), json=2).status_code == 409
+
+
+def test_cancel_ends_the_run_and_its_stream(api: httpx.Client) -> None:
+    s = new_session(api)
+    trace = start(api, s["token"], "srv-ask", "?").json()["trace_id"]
+    wait_status(api, s["token"], trace, until="waiting")
+    r = api.post(f"/runs/{trace}/cancel", headers=bearer(s["token"]), json={"reason": "user left"})
+    assert r.status_code == 200 and r.json()["status"] == "cancelled"
+    assert "user left" in json.dumps(r.json()["error"])
+    events = sse(api, f"/runs/{trace}/events", bearer(s["token"]))
+    assert events[-1][0] == "end" and events[-1][2]["status"] == "cancelled"
+    assert api.post(f"/runs/{trace}/calls/answer", headers=bearer(s["token"]), json=1).status_code == 409
+    # cancelling again leaves it as it ended; an empty body is fine
+    assert api.post(f"/runs/{trace}/cancel", headers=bearer(s["token"])).json()["status"] == "cancelled"
+
+
+def test_a_session_lists_its_pipelines(api: httpx.Client) -> None:
+    s = new_session(api)
+    names = [p["name"] for p in api.get("/pipelines", headers=bearer(s["token"])).json()["pipelines"]]
+    assert names == ["srv-ask", "srv-echo", "srv-whose"]  # only those the app serves
+
+
+# -- tokens -----------------------------------------------------------------------------------
+
+
+def test_missing_garbage_forged_and_expired_tokens_are_401(api: httpx.Client, tokens: Tokens) -> None:
+    s = new_session(api)
+    trace = start(api, s["token"], "srv-echo", 1).json()["trace_id"]
+    forged = Tokens("another-server-secret-0123456789abcdef").issue(s["session"])[0]
+    expired = tokens.issue(s["session"], 60, now=time.time() - 120)[0]
+    tampered = s["token"][:-2] + ("AA" if not s["token"].endswith("AA") else "BB")
+    cases = {
+        "missing": {},
+        "not bearer": {"Authorization": f"Basic {s['token']}"},
+        "garbage": bearer("garbage"),
+        "garbage v1": bearer("dfs1.%%%.@@@"),
+        "tampered": bearer(tampered),
+        "forged": bearer(forged),
+        "expired": bearer(expired),
+        "admin is no session": bearer(ADMIN),
+    }
+    for what, headers in cases.items():
+        for method, path in (("GET", f"/runs/{trace}"), ("GET", f"/runs/{trace}/events"),
+                             ("POST", f"/runs/{trace}/cancel"), ("POST", f"/runs/{trace}/calls/x")):
+            r = api.request(method, path, headers=headers, json={} if method == "POST" else None)
+            assert r.status_code == 401, (what, path, r.text)
+            assert r.headers["www-authenticate"] == "Bearer"
+            detail = r.json()["detail"]
+            assert s["token"] not in detail and expired not in detail
+    r = api.get(f"/runs/{trace}", headers=bearer(expired))
+    assert "expired at" in r.json()["detail"] and "POST /sessions" in r.json()["detail"]
+    r = api.get(f"/runs/{trace}", headers=bearer(forged))
+    assert "signature" in r.json()["detail"]
+    assert api.get(f"/runs/{trace}", headers=bearer(s["token"])).status_code == 200
+
+
+def test_another_sessions_run_is_403_everywhere(api: httpx.Client) -> None:
+    mine, theirs = new_session(api), new_session(api)
+    trace = start(api, mine["token"], "srv-ask", "?").json()["trace_id"]
+    wait_status(api, mine["token"], trace, until="waiting")
+    other = bearer(theirs["token"])
+    assert api.get(f"/runs/{trace}", headers=other).status_code == 403
+    assert api.get(f"/runs/{trace}/events", headers=other).status_code == 403
+    assert api.post(f"/runs/{trace}/calls/answer", headers=other, json="hijack").status_code == 403
+    assert api.post(f"/runs/{trace}/cancel", headers=other).status_code == 403
+    assert wait_status(api, mine["token"], trace, until="waiting")["waiting_for"] == "answer"  # nothing changed
+    r = api.get(f"/runs/{trace}", headers=other)
+    assert "another session" in r.json()["detail"]
+
+
+def test_runs_not_started_in_a_session_are_403_and_unknown_runs_404(api: httpx.Client) -> None:
+    s = new_session(api)
+    outside = echo.call(5)  # started in this process, not through the API: no session
+    assert outside.result(5) == {"echo": 5}
+    assert api.get(f"/runs/{outside.trace_id}", headers=bearer(s["token"])).status_code == 403
+    assert api.get("/runs/no-such-run", headers=bearer(s["token"])).status_code == 404
+    assert api.get("/runs/bad%20id", headers=bearer(s["token"])).status_code == 422
+
+
+def test_sessions_need_the_admin_token(api: httpx.Client) -> None:
+    s = new_session(api)
+    for headers in ({}, bearer("not-the-admin-token"), bearer(s["token"])):
+        r = api.post("/sessions", headers=headers)
+        assert r.status_code == 401 and "admin token" in r.json()["detail"]
+    # a new session's run needs the admin token; a session's token starts runs in its session only
+    assert api.post("/runs", json={"pipeline": "srv-echo"}).status_code == 401
+    assert api.post("/runs", headers=bearer("not-the-admin-token"), json={"pipeline": "srv-echo"}).status_code == 401
+    # the admin may mint a new token for an existing session, shorter-lived
+    r = api.post("/sessions", headers=bearer(ADMIN), json={"session": s["session"], "ttl": 30})
+    assert r.status_code == 201 and r.json()["session"] == s["session"]
+    assert r.json()["expires_at"] <= time.time() + 31
+    assert api.post("/sessions", headers=bearer(ADMIN), json={"ttl": 10**9}).status_code == 422
+    assert api.post("/sessions", headers=bearer(ADMIN), json={"session": "a b"}).status_code == 422
+
+
+def test_without_an_admin_token_sessions_are_open(runtime: dflow.Runtime) -> None:
+    app = create_app(secret=SECRET, pipelines=[echo])
+    with ServerThread(app) as base, httpx.Client(base_url=base) as api:
+        s = api.post("/sessions").json()
+        assert Tokens(SECRET).verify(s["token"]).id == s["session"]
+        r = api.post("/runs", json={"pipeline": "srv-echo", "param": 2})
+        assert r.status_code == 201 and "token" in r.json()
+        assert wait_status(api, r.json()["token"], r.json()["trace_id"], until="done")["result"] == {"echo": 2}
+        assert api.post("/runs", json={"pipeline": "srv-ask"}).status_code == 404  # not served by this app
+
+
+def test_tokens_unit() -> None:
+    t = Tokens(SECRET, ttl=100)
+    token, expires = t.issue("ann", now=1000.0)
+    assert expires == 1100.0
+    assert t.verify(token, now=1099.0) == Session("ann", 1100.0)
+    with pytest.raises(TokenError) as err:
+        t.verify(token, now=1100.0)
+    assert err.value.expired
+    with pytest.raises(TokenError, match="not a dflow session token"):
+        t.verify("dfs1." + "A" * 600)
+    with pytest.raises(ConfigurationError, match="at least 32"):
+        Tokens("short")
+    with pytest.raises(ValueError, match="session id"):
+        t.issue("a\nb")
+    with pytest.raises(ValueError, match="ttl"):
+        t.issue("ann", ttl=10**9)
+    assert Tokens().ephemeral and not t.ephemeral
+    admin = AdminToken(ADMIN)
+    assert admin.matches(ADMIN) and not admin.matches(ADMIN[:-1]) and not admin.matches("")
+    assert ADMIN not in repr(admin)
+
+
+# -- bad input --------------------------------------------------------------------------------
+
+
+def test_bodies_that_are_too_big_or_not_json_are_refused_and_start_nothing(url: str, runtime: dflow.Runtime) -> None:
+    app_small = create_app(secret=SECRET, admin_token=ADMIN, pipelines=[echo], max_body=1000)
+    before = len(runtime.store._runs)  # type: ignore[attr-defined]
+    with ServerThread(app_small) as base, httpx.Client(base_url=base) as api:
+        big = {"pipeline": "srv-echo", "param": "x" * 2000}
+        r = api.post("/runs", headers=bearer(ADMIN), json=big)
+        assert r.status_code == 413 and "limit of 1000 bytes" in r.json()["detail"]
+
+        def chunks() -> Iterator[bytes]:  # no Content-Length: the limit holds as it is read
+            yield b'{"pipeline": "srv-echo", "param": "'
+            for _ in range(10):
+                yield b"y" * 200
+            yield b'"}'
+
+        r = api.post("/runs", headers=bearer(ADMIN), content=chunks())
+        assert r.status_code == 413
+        r = api.post("/runs", headers={**bearer(ADMIN), "Content-Type": "application/json"}, content=b"{not json")
+        assert r.status_code == 400 and "not JSON" in r.json()["detail"]
+        r = api.post("/runs", headers=bearer(ADMIN), content=b"[" * 400 + b"]" * 400)
+        assert r.status_code == 422  # JSON, but not a start request
+        assert api.post("/runs", headers=bearer(ADMIN)).status_code == 400
+        r = api.post("/runs", headers=bearer(ADMIN), json={"pipeline": "srv-echo", "bogus": 1})
+        assert r.status_code == 422 and "bogus" in r.json()["detail"]
+        r = api.post("/runs", headers=bearer(ADMIN), json={"pipeline": "nope"})
+        assert r.status_code == 404 and "echo" in r.json()["detail"]
+        r = api.post("/runs", headers=bearer(ADMIN), json={"pipeline": "srv-echo", "trace_id": "has/slash"})
+        assert r.status_code == 422
+    assert len(runtime.store._runs) == before  # type: ignore[attr-defined]  # nothing was started
+
+
+def test_json_nested_beyond_reason_is_400(api: httpx.Client) -> None:
+    r = api.post("/runs", headers=bearer(ADMIN), content=b"[" * 100_000 + b"]" * 100_000)
+    assert r.status_code == 400 and "nested too deeply" in r.json()["detail"]
+
+
+def test_a_taken_trace_id_is_409(api: httpx.Client) -> None:
+    s = new_session(api)
+    trace = f"mine-{time.time_ns()}"
+    assert start(api, s["token"], "srv-echo", 1, trace_id=trace).status_code == 201
+    r = start(api, s["token"], "srv-echo", 2, trace_id=trace)
+    assert r.status_code == 409
+    assert wait_status(api, s["token"], trace, until="done")["result"] == {"echo": 1}
+
+
+# -- extension --------------------------------------------------------------------------------
+
+
+def test_route_providers_add_routes_that_use_the_sessions(runtime: dflow.Runtime) -> None:
+    seen: list[Server] = []
+
+    def provider(server: Server) -> APIRouter:
+        seen.append(server)
+        router = APIRouter()
+
+        @router.get("/whoami")
+        async def whoami(session: Session = Depends(server.require_session)) -> dict[str, str]:
+            return {"session": session.id}
+
+        return router
+
+    app = create_app(secret=SECRET, admin_token=ADMIN, routes=[provider, lambda server: None])
+    assert seen == [app.state.dflow]
+    with ServerThread(app) as base, httpx.Client(base_url=base) as api:
+        s = api.post("/sessions", headers=bearer(ADMIN)).json()
+        assert api.get("/whoami", headers=bearer(s["token"])).json() == {"session": s["session"]}
+        assert api.get("/whoami").status_code == 401
+    with pytest.raises(TypeError, match="not an APIRouter"):
+        create_app(routes=[lambda server: "nope"])  # type: ignore[list-item, arg-type, return-value]
+
+
+def test_dflow_serve_refuses_an_open_server_off_loopback() -> None:
+    env = {**os.environ, "DFLOW_SECRET": SECRET, "DFLOW_SERVER_TOKEN": ""}
+    out = subprocess.run(
+        [sys.executable, "-m", "dflow.cli", "serve", "json", "--store", "redis://127.0.0.1:1/0",
+         "--transport", "redis://127.0.0.1:1/0", "--host", "0.0.0.0"],
+        capture_output=True, text=True, timeout=60, env=env,
+    )
+    assert out.returncode == 2 and "DFLOW_SERVER_TOKEN" in out.stderr
