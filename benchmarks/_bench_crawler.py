@@ -39,7 +39,7 @@ def report(inputs: Mapping[str, Any]) -> str:
 
 
 crawler = DeepCrawlerAgent(
-    "bench-crawler", research=follow_all, validation=never, summary=report, crawler=Fetcher(),
+    "bench-crawler", research=follow_all, validation=never, summary=report, crawler=Fetcher(allow_private=True),
     max_pages=PAGES, max_depth=50, concurrency=CONCURRENCY,
 )
 

@@ -80,7 +80,7 @@ def bench_fetch_only(url: str) -> dict[str, Any]:
     urls = [url] + [normalize_url(f"/p/{i}.html?from={(i - 1) // FANOUT}", url) or "" for i in range(1, app.PAGES)]
 
     async def main() -> float:
-        fetcher = Fetcher()
+        fetcher = Fetcher(allow_private=True)
         sem = asyncio.Semaphore(app.CONCURRENCY)
 
         async def one(u: str) -> None:

@@ -10,6 +10,13 @@ What a crawl knows lives in the run's data under the agent's namespace: the URL 
 chunks written once each (read once per process, :class:`Chunks`), and the robots.txt rules
 of each site (fetched once per crawl, parsed once per process).
 
+Every value stays well within the store's limit on one value, whatever the site sends: the
+pages of a wave come back as one value, so each fetch step keeps its share of half that
+limit (links in half of it, at most 2 MB of them, markdown in the rest: a link dropped
+becomes its text); a wave adds at most 2 MB of URLs to the map (a quarter of the limit at
+most), shared between its pages (a link beyond keeps its text but gets no id), and the map
+holds at most 16 MB of URLs in all.
+
 :class:`CrawlWaves` holds these steps as methods of the agent, so a flow that captures them
 carries the agent's shared name, as the agent's other steps do.
 """
@@ -17,40 +24,50 @@ carries the agent's shared name, as the agent's other steps do.
 from __future__ import annotations
 
 import functools
+import json
 from collections import OrderedDict
 from typing import Any
 from urllib.parse import urlsplit
 
+import dflow
 from dflow import ContextStack, DFlow
 
 from ._crawl_pages import page_of
 from ._urlmap import UrlMap, parse_id, shorten_links
-from .fetch import Fetcher, Page, Robots, origin_of
+from .fetch import Fetcher, Page, Robots, origin_of, trim_open_link
 from .tools import Tool, ToolResult
 
-__all__ = ["Chunks", "CrawlWaves", "site_of"]
+__all__ = ["Chunks", "CrawlWaves", "encoded_size", "site_of", "value_limit"]
 
 _MAX_REDIRECTS = 5  # redirect hops followed from one link
+_WAVE_MAP_BYTES = 2_000_000  # URL characters a wave adds to the URL map at most (and a page keeps)
+_MAP_BYTES = 16_000_000  # URL characters the map holds at most
+_PAGE_KEEP = 4_000_000  # bytes a fetch step keeps at most (a wave's pages share half the store's limit)
+_CACHE_BYTES = 64_000_000  # URL characters Chunks keeps at most
+_DEFAULT_PORT = {"http": 80, "https": 443}
 
 
 class Chunks:
     """The run's URL-map chunks, read once per process (each is written once, under a key
     that names the invocation)."""
 
-    def __init__(self, size: int = 4096) -> None:
+    def __init__(self, size: int = 4096, max_bytes: int = _CACHE_BYTES) -> None:
         self._size = size
-        self._entries: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._max_bytes = max_bytes
+        self._bytes = 0
+        self._entries: OrderedDict[str, tuple[dict[str, Any], int]] = OrderedDict()
 
     def read(self, ctx: ContextStack, key: str) -> dict[str, Any]:
         hit = self._entries.get(key)
         if hit is None:
-            hit = ctx.get(key)
-            if hit is None:
+            chunk = ctx.get(key)
+            if chunk is None:
                 raise LookupError(f"the crawl's data {key!r} is missing from run {ctx.trace_id!r}")
-            self._entries[key] = hit
-            if len(self._entries) > self._size:
-                self._entries.popitem(last=False)
-        return hit
+            hit = self._entries[key] = (chunk, sum(map(len, chunk["urls"])))
+            self._bytes += hit[1]
+            while len(self._entries) > 1 and (len(self._entries) > self._size or self._bytes > self._max_bytes):
+                self._bytes -= self._entries.popitem(last=False)[1][1]
+        return hit[0]
 
 
 class CrawlWaves:
@@ -69,8 +86,11 @@ class CrawlWaves:
 
     def _absorb(self, state: dict[str, Any], urls: UrlMap, seen: set[int], queued: list[int],
                 results: list[Any]) -> list[dict[str, Any]]:
-        """The wave's results as the pages the functions read; redirects queued, budgets counted."""
+        """The wave's results as the pages the functions read; redirects queued, budgets counted.
+        Each page adds at most its share of what the wave may add to the URL map."""
         views = []
+        room = min(_WAVE_MAP_BYTES, value_limit() // 4, _MAP_BYTES - urls.bytes)  # the map chunk stays small
+        share = max(0, room) // max(1, len(state["wave"]))
         for (n, depth, chain), raw in zip(state["wave"], results):
             page = page_of(urls.at(n), raw)
             state["pages"] += 1
@@ -85,13 +105,26 @@ class CrawlWaves:
                 view["note"] = self._redirect(state, urls, seen, queued, n, depth, chain, page)
             elif page.ok:
                 short: dict[str, str] = {}
+                added, unlisted = 0, 0
                 for link in page.links:
-                    if self._on_site(state, link):
-                        short[link] = f"L{urls.add(link)}"
+                    if not self._on_site(state, link):
+                        continue
+                    known = urls.number(link)
+                    if known is None:
+                        if added + len(link) > share:
+                            unlisted += 1  # the map is full for this wave: the link keeps its text
+                            continue
+                        added += len(link)
+                        known = urls.add(link)
+                    short[link] = f"L{known}"
                 view["content"] = _clip(shorten_links(page.markdown, page.links, short), self.page_chars)
                 view["links"] = list(dict.fromkeys(short.values()))
-                if page.note:
-                    view["note"] = page.note
+                notes = [page.note] if page.note else []
+                if unlisted:
+                    notes.append(f"{unlisted} links not listed (their text stays): the crawl's URL map takes at "
+                                 f"most {share} characters of new URLs from a page of this level")
+                if notes:
+                    view["note"] = "; ".join(notes)
             else:
                 view["note"] = page.note or "nothing could be read"
             views.append(view)
@@ -134,42 +167,50 @@ class CrawlWaves:
 
     # -- fetching ----------------------------------------------------------------------
 
-    def _branch(self, url: str) -> DFlow[Any]:
+    def _branch(self, url: str, max_bytes: int, keep: int) -> DFlow[Any]:
+        """The step that fetches ``url``: the built-in fetcher reads at most ``max_bytes`` of
+        its body; the page the step keeps takes at most about ``keep`` bytes (a wave's
+        pages come back as one value of the run)."""
+        target = [url, max_bytes, keep]
         if self.tool is None:
-            return DFlow.just(url).map(self._fetch).id("fetch")
+            return DFlow.just(target).map(self._fetch).id("fetch")
         if self.tool.is_flow:
-            return DFlow.just(url).flat_map(self._crawl_flow).id("crawl")
-        return DFlow.just(url).map(self._crawl_call).id("crawl")
+            return DFlow.just(target).flat_map(self._crawl_flow).id("crawl")
+        return DFlow.just(target).map(self._crawl_call).id("crawl")
 
-    async def _fetch(self, url: str) -> dict[str, Any]:
-        page = await self.fetcher.fetch(url, follow_redirects=False)
-        return page.model_dump(mode="json", exclude_defaults=True)
+    async def _fetch(self, target: Any) -> dict[str, Any]:
+        url, max_bytes, keep = _target(target)
+        page = await self.fetcher.fetch(url, follow_redirects=False, max_bytes=max_bytes)
+        return _bounded(page, keep).model_dump(mode="json", exclude_defaults=True)
 
-    async def _crawl_call(self, url: str) -> dict[str, Any]:
+    async def _crawl_call(self, target: Any) -> dict[str, Any]:
         assert self.tool is not None
+        url, _, keep = _target(target)
         result = await self.tool.run({"url": url})
-        return self._page(url, result)
+        return self._page(url, keep, result)
 
-    def _crawl_flow(self, url: str) -> DFlow[Any]:
+    def _crawl_flow(self, target: Any) -> DFlow[Any]:
         assert self.tool is not None
+        url, _, keep = _target(target)
         built = self.tool.flow({"url": url})
         if isinstance(built, ToolResult):
-            return DFlow.just(self._page(url, built))
-        return (built.map(functools.partial(self._page, url)).id("crawl-page")
+            return DFlow.just(self._page(url, keep, built))
+        return (built.map(functools.partial(self._page, url, keep)).id("crawl-page")
                 .on_error_return(functools.partial(self._crawl_failed, url)))
 
     def _crawl_failed(self, url: str, error: BaseException) -> dict[str, Any]:
-        return self._page(url, ToolResult.failure(self.tool.name if self.tool else "crawler",
-                                                  f"the crawler failed: {type(error).__name__}: {str(error)[:500]}",
-                                                  error=type(error).__name__))
+        return self._page(url, _PAGE_KEEP, ToolResult.failure(
+            self.tool.name if self.tool else "crawler",
+            f"the crawler failed: {type(error).__name__}: {str(error)[:500]}", error=type(error).__name__))
 
-    def _page(self, url: str, result: Any) -> dict[str, Any]:
-        """What the crawler tool gave, as a page within the fetcher's limits (the step's value)."""
+    def _page(self, url: str, keep: int, result: Any) -> dict[str, Any]:
+        """What the crawler tool gave, as a page within the fetcher's limits and ``keep``
+        bytes (the step's value)."""
         page = page_of(url, result)
         if len(page.markdown) > self.fetcher.max_chars or len(page.links) > self.fetcher.max_links:
             page = page.model_copy(update={"markdown": page.markdown[: self.fetcher.max_chars],
                                            "links": page.links[: self.fetcher.max_links], "truncated": True})
-        return page.model_dump(mode="json", exclude_defaults=True)
+        return _bounded(page, keep).model_dump(mode="json", exclude_defaults=True)
 
     async def _rules(self, ctx: ContextStack, ns: str, url: str) -> Robots:
         """The robots.txt rules of ``url``'s site: from the run's data, or fetched once and kept there."""
@@ -204,9 +245,65 @@ class CrawlWaves:
 
 
 def site_of(url: str) -> str:
-    """The host of ``url`` in lower case, ``www.`` aside: what ``same_site`` compares."""
-    host = (urlsplit(url).hostname or "").lower()
-    return host.removeprefix("www.")
+    """``scheme://host:port`` of ``url`` (host in lower case, ``www.`` aside, the port given
+    or the scheme's default): what ``same_site`` compares."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    host = (parts.hostname or "").lower().removeprefix("www.")
+    try:
+        port = parts.port or _DEFAULT_PORT.get(scheme, 0)
+    except ValueError:  # not a port: no site
+        port = 0
+    return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
+
+
+def value_limit() -> int:
+    """The most bytes the configured runtime stores in one value (8 MiB when none is configured)."""
+    try:
+        return int(dflow.current_runtime().max_value_bytes)
+    except dflow.ConfigurationError:
+        return 8 * 1024 * 1024
+
+
+def encoded_size(value: Any) -> int:
+    """About the bytes ``value`` (JSON data) takes stored: its compact JSON, which is no
+    smaller than its msgpack encoding."""
+    return len(json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str).encode("utf-8", "replace"))
+
+
+def _target(value: Any) -> tuple[str, int | None, int]:
+    """``(url, max_bytes, keep)`` of a fetch step's input (a URL alone: a step of dflow-agents 0.2)."""
+    if isinstance(value, str):
+        return value, None, _PAGE_KEEP
+    url, max_bytes, keep = value
+    return str(url), max_bytes, keep
+
+
+def _bounded(page: Page, keep: int) -> Page:
+    """``page`` within about ``keep`` bytes: its links up to half of them (and no more than a
+    wave may add to the URL map; those beyond become their text), its markdown in the rest;
+    its note says what was left out."""
+    links, total, most = len(page.links), 0, min(keep // 2, _WAVE_MAP_BYTES)
+    for i, link in enumerate(page.links):
+        total += len(link) + 3
+        if total > most:
+            links = i
+            break
+    room = max(0, keep - sum(len(u) + 3 for u in page.links[:links]) - len(page.title) * 4 - len(page.note) * 4 - 4096)
+    if links == len(page.links) and len(page.markdown) * 4 <= room:
+        return page  # what a page nearly always is: nothing to measure
+    notes = [page.note] if page.note else []
+    markdown = page.markdown
+    if links < len(page.links):
+        markdown = shorten_links(markdown, page.links[links:], {})
+        notes.append(f"{len(page.links) - links} links left out (their text stays): a page of this level "
+                     f"keeps at most {most} bytes of links")
+    data = markdown.encode("utf-8")
+    if len(data) > room:
+        markdown = trim_open_link(data[:room].decode("utf-8", "ignore")).rstrip() + "\n[... cut]"
+        notes.append(f"the text was cut at about {room} bytes (what a page of this level keeps)")
+    return page.model_copy(update={"links": page.links[:links], "markdown": markdown, "note": "; ".join(notes),
+                                   "truncated": True})
 
 
 def _enqueue(queue: list[list[Any]], entry: list[Any]) -> None:
@@ -218,4 +315,6 @@ def _enqueue(queue: list[list[Any]], entry: list[Any]) -> None:
 
 
 def _clip(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[:limit].rstrip() + f"\n[... {len(text) - limit} more characters]"
+    if len(text) <= limit:
+        return text
+    return trim_open_link(text[:limit]).rstrip() + f"\n[... {len(text) - limit} more characters]"

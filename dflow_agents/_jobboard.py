@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     import redis.asyncio as aioredis
     from redis.commands.core import AsyncScript
 
-__all__ = ["InMemoryJobBoard", "Job", "JobBoard", "RedisJobBoard", "timer_trace"]
+__all__ = ["CALL_PREFIX", "InMemoryJobBoard", "Job", "JobBoard", "RedisJobBoard", "TIMER_PREFIX", "timer_trace"]
 
 State = Literal["pending", "answered", "expired"]
 
@@ -56,9 +56,15 @@ class Job(BaseModel):
         return shown
 
 
+#: what the call type of every job's wait starts with (``CALL_PREFIX<tool>:<job id>``)
+CALL_PREFIX = "dflow_agents.job:"
+#: what the trace id of every job's timer starts with
+TIMER_PREFIX = "dflow-job-timer."
+
+
 def timer_trace(job_id: str) -> str:
     """The trace id of the run that times job ``job_id`` out."""
-    return f"dflow-job-timer.{job_id}"
+    return f"{TIMER_PREFIX}{job_id}"
 
 
 class JobBoard(ABC):

@@ -6,15 +6,16 @@ Their annotations name FastAPI's types at module level, where FastAPI resolves t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 from collections import OrderedDict
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterator
 from typing import Any, Protocol
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ._jobboard import Job, JobBoard
+from ._jobboard import CALL_PREFIX, TIMER_PREFIX, Job, JobBoard
 from .agent import Agent
 from .pulling import (
     JobAnsweredError,
@@ -60,10 +61,15 @@ def _body_schema(model: type[BaseModel]) -> dict[str, Any]:
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": model.model_json_schema()}}}}
 
 
-def job_router(host: RouteHost, board: JobBoard, max_report_bytes: int, max_wait: float) -> APIRouter:
+def job_router(
+    host: RouteHost, board: JobBoard, max_report_bytes: int, max_wait: float, per_session: int, in_all: int
+) -> APIRouter:
     """The job endpoints (see ``dflow_agents.pulling.job_routes``)."""
     router = APIRouter(prefix="/jobs", tags=["jobs"])
     seen: OrderedDict[str, Job] = OrderedDict()  # the jobs this process handed out, not yet reported
+    polls = _Polls(per_session, in_all)
+    host.reserve_call_prefix(CALL_PREFIX, "POST /jobs/{id}")  # a job's wait takes its client's report only
+    host.reserve_trace_prefix(TIMER_PREFIX)  # no client may take a job timer's id
 
     @router.get("")
     async def pull(
@@ -73,7 +79,11 @@ def job_router(host: RouteHost, board: JobBoard, max_report_bytes: int, max_wait
         session: Caller = Depends(host.require_session),
     ) -> dict[str, Any]:
         """The session's jobs not yet handed out (a long poll: waits up to ``wait`` seconds)."""
-        jobs = await _unless_gone(request, board.pull(session.id, wait=wait, limit=limit))
+        if wait <= 0:
+            jobs = await board.pull(session.id, wait=0.0, limit=limit)
+        else:
+            with polls.hold(session.id):
+                jobs = await _unless_gone(request, board.pull(session.id, wait=wait, limit=limit))
         for j in jobs:  # a report of it needs no read of the board
             seen[j.id] = j
             if len(seen) > 10_000:
@@ -113,6 +123,40 @@ def job_router(host: RouteHost, board: JobBoard, max_report_bytes: int, max_wait
         return {"id": job.id, "state": job.state}
 
     return router
+
+
+class _Polls:
+    """The long polls this process holds open, per session and in all (one event loop)."""
+
+    def __init__(self, per_session: int, in_all: int) -> None:
+        self.per_session = per_session
+        self.in_all = in_all
+        self.total = 0
+        self.by_session: dict[str, int] = {}
+
+    @contextlib.contextmanager
+    def hold(self, session: str) -> Iterator[None]:
+        """Count a long poll of ``session`` while it waits; 429 when a limit is reached."""
+        mine = self.by_session.get(session, 0)
+        if mine >= self.per_session:
+            raise HTTPException(429, (
+                f"this session has {mine} long polls open already, the most a session may: wait for one to "
+                "return (each returns every job there is), or poll with wait=0"), headers={"Retry-After": "1"})
+        if self.total >= self.in_all:
+            raise HTTPException(429, (
+                f"this server holds {self.total} long polls, its limit: retry in a few seconds"),
+                headers={"Retry-After": "5"})
+        self.total += 1
+        self.by_session[session] = mine + 1
+        try:
+            yield
+        finally:
+            self.total -= 1
+            left = self.by_session[session] - 1
+            if left:
+                self.by_session[session] = left
+            else:
+                del self.by_session[session]
 
 
 async def _unless_gone(request: Request, pulling: Awaitable[list[Job]]) -> list[Job]:

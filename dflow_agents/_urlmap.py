@@ -27,15 +27,21 @@ def parse_id(text: object) -> int | None:
 class UrlMap:
     """URLs and their short ids (``L0``, ``L1``...), in the order they were added."""
 
-    __slots__ = ("_ids", "_urls")
+    __slots__ = ("_bytes", "_ids", "_urls")
 
     def __init__(self, urls: Iterable[str] = ()) -> None:
         self._urls: list[str] = []
         self._ids: dict[str, int] = {}
+        self._bytes = 0
         self.extend(urls)
 
     def __len__(self) -> int:
         return len(self._urls)
+
+    @property
+    def bytes(self) -> int:
+        """The characters of all its URLs (what bounds the map's size)."""
+        return self._bytes
 
     def __contains__(self, url: object) -> bool:
         return url in self._ids
@@ -54,6 +60,7 @@ class UrlMap:
         if n is None:
             n = self._ids[url] = len(self._urls)
             self._urls.append(url)
+            self._bytes += len(url)
         return n
 
     def short(self, url: str) -> str:

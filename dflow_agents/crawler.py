@@ -11,7 +11,11 @@ The model never sees a URL: links read ``[text](L12)``, and the agent maps the i
 chooses back to URLs (the map lives in the run's data, so any worker continues the crawl).
 URLs are normalised and fetched once per crawl; robots.txt is read once per site and a
 URL it disallows is never requested; a wave takes the pages of one depth, at most
-``concurrency`` of them; budgets bound the depth, the pages and the bytes read.
+``concurrency`` of them; budgets bound the depth, the pages and the bytes read (with the
+built-in fetcher, the pages of a wave share the bytes left: each is read up to its share; a
+crawler tool's pages are counted once read). What the crawl keeps in the
+run is bounded too (see ``_crawl_waves``); a value that would still be over the store's
+limit ends the crawl with ERROR and says so.
 
 The crawler is the built-in :class:`Fetcher` or any tool taking a ``url`` (a flow tool
 too, such as a job a browser plug-in pulls): its result may be a page dict
@@ -55,7 +59,7 @@ from ._crawl_prompts import (
     validation_messages,
     validation_parser,
 )
-from ._crawl_waves import Chunks, CrawlWaves, site_of
+from ._crawl_waves import Chunks, CrawlWaves, encoded_size, site_of, value_limit
 from ._urlmap import UrlMap, parse_id
 from .agent import RUNNING, Agent, AgentResult, AgentStatus, check_session, stop
 from .errors import ModelRetryableError
@@ -106,11 +110,13 @@ class DeepCrawlerAgent(CrawlWaves, Agent):
         model: the model of the default research, validation and summary functions.
         research, validation, summary: replace them (an ``AIFunction`` or any callable taking
             the inputs dict, described in the module's docstring).
-        crawler: the built-in :class:`Fetcher` (default: ``Fetcher()``) or any tool with a
-            ``url`` argument, a flow tool too.
+        crawler: the built-in :class:`Fetcher` (default: ``Fetcher()``, which keeps to
+            public addresses: pass ``Fetcher(allow_private=True)`` to crawl a site on this
+            machine or its network) or any tool with a ``url`` argument, a flow tool too.
         respect_robots: read each site's robots.txt (once per crawl, with the ``Fetcher``,
             or a default one when the crawler is a tool) and never request what it disallows.
-        same_site: follow only links to the start URL's host (``www.`` aside).
+        same_site: follow only links to the start URL's site: its scheme, host (``www.``
+            aside) and port (a start page that redirects moves the site).
         max_depth: links followed from the start page (0: the start page only).
         max_pages: URLs requested in all; ``max_bytes``: body bytes read in all.
         concurrency: pages fetched at once (a wave).
@@ -261,7 +267,13 @@ class DeepCrawlerAgent(CrawlWaves, Agent):
                 del state["queue"][max(0, self.max_pages - state["pages"]) + 64:]  # more could never be fetched
                 if research.found and research.answer.strip():
                     state["candidate"] = _candidate(research, views, self.page_chars)
-        ctx.put(f"{ns}/map/{state['chunks']}", {"urls": urls.since(known), "queued": queued, "notes": note})
+        chunk = {"urls": urls.since(known), "queued": queued, "notes": note}
+        problem = _too_large("the URLs this level adds to the crawl's map", chunk) or (
+            _too_large("the candidate answer and its pages", state) if state["candidate"] is not None else None)
+        if problem is not None:
+            chunk = {"urls": [], "queued": [], "notes": note}
+            _give_up(state, problem)
+        ctx.put(f"{ns}/map/{state['chunks']}", chunk)
         state["chunks"] += 1
         if state["candidate"] is not None and state["status"] == RUNNING:
             return self._retrying(DFlow.just(state).flat_map(self._validate).id("validate"))
@@ -312,17 +324,25 @@ class DeepCrawlerAgent(CrawlWaves, Agent):
                 continue
             wave.append(entry)
         state["queue"], state["refused"] = queue, refused[-20:]
+        problem = _too_large("the crawl's state", state)
+        if problem is not None:
+            return self._done(_give_up(state, problem))
         if not wave:
             if state["beyond"]:
                 return self._done(stop(state, AgentStatus.ERROR, f"the depth budget of {self.max_depth} is reached "
                                        f"without a validated answer ({state['beyond']} deeper links not followed)"))
             told = f" ({state['disallowed']} URLs disallowed by robots.txt)" if state["disallowed"] else ""
+            if state["pages"] and len(state["unread"]) == state["pages"]:  # research never had a page to read
+                told += "; no page could be read: " + "; ".join(
+                    f"{v['id']}: {str(v.get('note', ''))[:300]}" for v in state["unread"][:3])
             return self._done(stop(state, AgentStatus.TERMINATED, "no validated answer: nothing is left to follow "
                                    f"after {state['pages']} pages{told}"))
         state["wave"] = wave
         state["step"] += 1
         ctx.put(f"{state['ns']}/state", state)
-        branches = [self._branch(urls.at(entry[0])) for entry in wave]
+        share = -(-(self.max_bytes - state["bytes"]) // len(wave))  # the wave's pages share the bytes left
+        keep = value_limit() // 2 // len(wave)  # and half of what the run stores in one value (the zip's)
+        branches = [self._branch(urls.at(entry[0]), share, keep) for entry in wave]
         return self._retrying(DFlow.zip(branches, merge=False).flat_map(self._loop).id("loop"))
 
     def _done(self, state: dict[str, Any]) -> DFlow[AgentResult]:
@@ -386,6 +406,22 @@ def _start_url(query: str, url: str | None) -> str:
     if start is None:
         raise ValueError(f"the start URL {url[:200]!r} is not an http(s) URL of at most 2048 characters")
     return start
+
+
+def _too_large(what: str, value: Any) -> str | None:
+    """Why ``value`` cannot be stored in one value of the run (it is over the store's limit),
+    or ``None``."""
+    size, limit = encoded_size(value), value_limit()
+    if size <= limit - min(65_536, limit // 8):  # a margin for what the estimate leaves out
+        return None
+    return (f"{what} would take about {size} bytes, over the store's limit of {limit} bytes on one value: "
+            "the crawl stops here")
+
+
+def _give_up(state: dict[str, Any], problem: str) -> dict[str, Any]:
+    """``state`` ended with ERROR for ``problem``, without what made it large."""
+    state.update(queue=[], wave=[], unread=[], refused=[], candidate=None, evidence=[])
+    return stop(state, AgentStatus.ERROR, problem)
 
 
 def _candidate(research: Research, views: list[dict[str, Any]], limit: int) -> dict[str, Any]:

@@ -1,16 +1,17 @@
 """The built-in fetcher: web pages as compact markdown, with their links, for agents.
 
 :class:`Fetcher` gets a page over HTTP (httpx) within limits: timeouts, a byte budget per
-page (the body is streamed and reading stops at the budget), redirects followed to a limit
-(a loop is reported, not followed) or handed back to the caller, content that is not HTML
-or text skipped with a note. Every failure is a :class:`Page` whose ``note`` says what
-happened, never an exception.
+page (the body is streamed raw, gzip and deflate inflated no further than the budget, and
+reading stops there), redirects followed to a limit (a loop is reported, not followed) or
+handed back to the caller, content that is not HTML or text skipped with a note, and (unless
+``allow_private=True``) no private, loopback, link-local or reserved address requested.
+Every failure is a :class:`Page` whose ``note`` says what happened, never an exception.
 
 :func:`html_to_markdown` turns HTML into compact markdown (beautifulsoup4 and markdownify:
 scripts, styles, navigation and forms dropped, whitespace collapsed) and lists its links,
-absolute and normalised by :func:`normalize_url` (w3lib's ``canonicalize_url``, fragment
-and default port dropped). :class:`Robots` reads robots.txt with the standard library's
-``urllib.robotparser``.
+absolute and normalised by :func:`normalize_url` (w3lib's ``canonicalize_url``; fragment,
+default port, user name and password dropped). :class:`Robots` reads robots.txt with the
+standard library's ``urllib.robotparser``.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from markdownify import MarkdownConverter
 from pydantic import BaseModel, ConfigDict, Field
 from w3lib.url import canonicalize_url
 
+from ._fetch_guard import ACCEPT_ENCODING, BodyError, read_body, refusal
 from .tools import Tool
 
 __all__ = [  # noqa: RUF022 - plain sorted(), as tests/test_exports.py checks
@@ -58,9 +60,10 @@ def normalize_url(url: str, base: str | None = None) -> str | None:
     """``url`` (resolved against ``base``) in one canonical form, or ``None`` when it is not an
     http(s) URL with a host, or is longer than 2048 characters.
 
-    Canonical: scheme and host in lower case, the default port and the fragment dropped, the
-    path resolved (``a/../b``), percent-encoding made uniform and query arguments sorted
-    (w3lib's ``canonicalize_url``), so two spellings of one page compare equal.
+    Canonical: scheme and host in lower case, the default port, the fragment and any user
+    name and password (``user:pw@``) dropped, the path resolved (``a/../b``), percent-encoding
+    made uniform and query arguments sorted (w3lib's ``canonicalize_url``), so two spellings
+    of one page compare equal (and a page never makes the fetcher send credentials it chose).
     """
     if not isinstance(url, str):
         return None
@@ -78,11 +81,11 @@ def normalize_url(url: str, base: str | None = None) -> str | None:
         port = parts.port
     except ValueError:  # a bad port, an unclosed IPv6 bracket...
         return None
-    if port == _DEFAULT_PORT[scheme]:
+    if port == _DEFAULT_PORT[scheme] or "@" in parts.netloc:
         host = parts.hostname or ""
         netloc = f"[{host}]" if ":" in host else host
-        if parts.username or parts.password:
-            netloc = parts.netloc.rsplit("@", 1)[0] + "@" + netloc
+        if port is not None and port != _DEFAULT_PORT[scheme]:
+            netloc = f"{netloc}:{port}"
         canon = urlunsplit((parts.scheme, netloc, parts.path, parts.query, ""))
     return canon if len(canon) <= MAX_URL else None
 
@@ -195,8 +198,18 @@ def html_to_markdown(
     markdown = _BLANKS.sub("\n\n", markdown).strip()
     truncated = len(markdown) > max_chars
     if truncated:
-        markdown = markdown[:max_chars].rstrip() + "\n\n[... cut]"
+        markdown = trim_open_link(markdown[:max_chars]).rstrip() + "\n\n[... cut]"
     return title, markdown, links, truncated
+
+
+def trim_open_link(markdown: str) -> str:
+    """``markdown`` cut short, without its last link when the cut fell in its target (the
+    start of a URL is no link, and not what a model should read)."""
+    opened = markdown.rfind("](")
+    if opened != -1 and ")" not in markdown[opened:]:
+        bracket = markdown.rfind("[", 0, opened)
+        markdown = markdown[: bracket if bracket != -1 else opened]
+    return markdown
 
 
 def _decoded(html: str | bytes, encoding: str | None) -> str | bytes:
@@ -206,7 +219,7 @@ def _decoded(html: str | bytes, encoding: str | None) -> str | bytes:
     if encoding:
         try:
             return html.decode(encoding, errors="replace")
-        except LookupError:  # an encoding Python does not know
+        except (LookupError, UnicodeError):  # an encoding Python does not know, or not a text one
             return html
     try:
         return html.decode("utf-8")
@@ -264,7 +277,13 @@ class Fetcher:
         user_agent: the ``User-Agent`` header, also the name robots.txt rules are read for.
         headers: more request headers.
         trust_env: use the proxy settings of the environment.
+        allow_private: also fetch private, loopback, link-local and reserved addresses (a
+            site on this machine or its network). By default they are refused, literal or
+            resolved from a host name (resolved before each request: DNS rebinding gets
+            past this check; see ``dflow_agents._fetch_guard``), with a note saying so.
 
+    Bodies encoded with gzip or deflate are inflated no further than ``max_bytes``; other
+    encodings (``br``, ``zstd``) are not asked for, and refused with a note when sent.
     One HTTP client per event loop; ``await fetcher.aclose()`` closes the running loop's.
     Declare a fetcher ``dflow.shared`` when a flow captures it.
     """
@@ -281,6 +300,7 @@ class Fetcher:
         user_agent: str = USER_AGENT,
         headers: dict[str, str] | None = None,
         trust_env: bool = True,
+        allow_private: bool = False,
     ) -> None:
         for name, value in (("max_bytes", max_bytes), ("max_chars", max_chars), ("max_links", max_links)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -292,6 +312,8 @@ class Fetcher:
                 raise ValueError(f"{name} must be a number of seconds > 0, got {seconds!r}")
         if not isinstance(user_agent, str) or not user_agent.strip():
             raise ValueError(f"user_agent must be a non-empty str, got {user_agent!r}")
+        if not isinstance(allow_private, bool):
+            raise TypeError(f"allow_private must be a bool, got {allow_private!r}")
         self.max_bytes = max_bytes
         self.max_chars = max_chars
         self.max_links = max_links
@@ -300,15 +322,17 @@ class Fetcher:
         self.max_redirects = max_redirects
         self.user_agent = user_agent.strip()
         self.headers = {"user-agent": self.user_agent, "accept": "text/html,application/xhtml+xml,text/plain;q=0.9,"
-                        "*/*;q=0.5", **(headers or {})}
+                        "*/*;q=0.5", "accept-encoding": ACCEPT_ENCODING, **(headers or {})}
         self.trust_env = trust_env
+        self.allow_private = allow_private
         self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list[httpx.AsyncClient]] = (
             weakref.WeakKeyDictionary()
         )
         self._turn = 0
 
     def __repr__(self) -> str:
-        return f"Fetcher(max_bytes={self.max_bytes}, timeout={self.timeout:g})"
+        private = ", allow_private=True" if self.allow_private else ""
+        return f"Fetcher(max_bytes={self.max_bytes}, timeout={self.timeout:g}{private})"
 
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k != "_clients"}
@@ -346,29 +370,39 @@ class Fetcher:
         *,
         follow_redirects: bool = True,
         allowed: Callable[[str], bool | Awaitable[bool]] | None = None,
+        max_bytes: int | None = None,
     ) -> Page:
         """The page at ``url``. With ``follow_redirects=False`` a redirect is returned as a
         page with ``redirect`` set; ``allowed(url)`` is asked before each request (robots.txt
-        rules) and a refused URL is not requested. Never raises for what the web does."""
+        rules) and a refused URL is not requested; ``max_bytes`` lowers the fetcher's byte
+        budget for this page (a crawl's budget running out). Never raises for what the web does."""
         start = normalize_url(url) if isinstance(url, str) else None
         if start is None:
             shown = repr(url)[:200]
             return Page(url=str(url)[:MAX_URL], note=f"not fetched: {shown} is not an http(s) URL of at most "
                                                       f"{MAX_URL} characters")
+        budget = self.max_bytes
+        if max_bytes is not None:
+            if not isinstance(max_bytes, int) or isinstance(max_bytes, bool) or max_bytes < 1:
+                raise ValueError(f"max_bytes must be an int >= 1, got {max_bytes!r}")
+            budget = min(budget, max_bytes)
         try:
-            return await asyncio.wait_for(self._fetch(start, follow_redirects, allowed), self.deadline)
+            return await asyncio.wait_for(self._fetch(start, follow_redirects, allowed, budget), self.deadline)
         except asyncio.TimeoutError:
             return Page(url=start, note=f"gave up after {self.deadline:g} s (the deadline of a fetch)")
         except Exception as exc:  # noqa: BLE001 - an URL httpx refuses, a parser's surprise: a note, not a crash
             return Page(url=start, note=f"the fetch failed: {type(exc).__name__}: {str(exc)[:300]}")
 
     async def _fetch(
-        self, start: str, follow: bool, allowed: Callable[[str], bool | Awaitable[bool]] | None
+        self, start: str, follow: bool, allowed: Callable[[str], bool | Awaitable[bool]] | None, budget: int
     ) -> Page:
         client = self._client()
         current = start
         chain = [start]
         for _ in range(self.max_redirects + 1):
+            refused = None if self.allow_private else await refusal(current)
+            if refused is not None:
+                return Page(url=start, final_url=_other(current, start), note=refused)
             if allowed is not None:
                 verdict = allowed(current)
                 if not isinstance(verdict, bool):
@@ -394,7 +428,7 @@ class Fetcher:
                         chain.append(target)
                         current = target
                         continue
-                    return await self._read(start, current, response)
+                    return await self._read(start, current, response, budget)
             except httpx.TimeoutException as exc:
                 return Page(url=start, final_url=_other(current, start),
                             note=f"timed out after {self.timeout:g} s ({type(exc).__name__})")
@@ -403,7 +437,7 @@ class Fetcher:
                             note=f"the request failed: {type(exc).__name__}: {str(exc)[:300]}")
         return Page(url=start, note=f"more than {self.max_redirects} redirects: " + " -> ".join(chain))
 
-    async def _read(self, start: str, current: str, response: httpx.Response) -> Page:
+    async def _read(self, start: str, current: str, response: httpx.Response, budget: int) -> Page:
         status = response.status_code
         final = _other(current, start)
         ctype = response.headers.get("content-type", "").split(";")[0].strip().lower()
@@ -413,27 +447,22 @@ class Fetcher:
         if ctype and not ctype.startswith(_HTML) and ctype != "text/plain":
             return Page(url=start, final_url=final, status=status, content_type=ctype,
                         note=f"skipped: {ctype} is not HTML or text")
-        body = bytearray()
-        truncated = False
-        async for chunk in response.aiter_bytes():  # decoded (gzip...) bytes count against the budget
-            room = self.max_bytes - len(body)
-            if len(chunk) > room:
-                body += chunk[:room]
-                truncated = True
-                break  # leaving the stream closes the connection: the rest is never read
-            body += chunk
-        notes = [f"the body was cut at the byte budget of {self.max_bytes} bytes"] if truncated else []
+        try:  # inflated (gzip, deflate) bytes count against the budget
+            body, truncated = await read_body(response, budget)
+        except BodyError as exc:
+            return Page(url=start, final_url=final, status=status, content_type=ctype, note=f"not read: {exc}")
+        notes = [f"the body was cut at the byte budget of {budget} bytes"] if truncated else []
         if ctype == "text/plain" or (not ctype and not _looks_like_html(body)):
-            text = body.decode(response.charset_encoding or "utf-8", errors="replace").replace("\x00", "")
+            text = _text(body, response.charset_encoding).replace("\x00", "")
             cut = len(text) > self.max_chars
             return Page(url=start, ok=True, final_url=final, status=status, content_type=ctype or "text/plain",
                         markdown=text[: self.max_chars], bytes=len(body), truncated=truncated or cut,
                         note="; ".join(notes))
         convert = (current, response.charset_encoding)
         if len(body) > _THREAD_ABOVE:
-            title, markdown, links, cut = await asyncio.to_thread(self._convert, bytes(body), *convert)
+            title, markdown, links, cut = await asyncio.to_thread(self._convert, body, *convert)
         else:
-            title, markdown, links, cut = self._convert(bytes(body), *convert)
+            title, markdown, links, cut = self._convert(body, *convert)
         if cut:
             notes.append(f"the text was cut at {self.max_chars} characters")
         return Page(url=start, ok=True, final_url=final, status=status, content_type=ctype or "text/html",
@@ -447,13 +476,19 @@ class Fetcher:
 
     async def robots(self, origin: str) -> Robots:
         """The robots.txt rules of ``origin`` (``scheme://host[:port]``), fetched now,
-        following up to five redirects and reading at most 512 KiB."""
+        following up to five redirects and reading at most 512 KiB.
+
+        An origin this fetcher may not reach (a private address without ``allow_private``)
+        is not asked: its rules are those of a missing robots.txt (everything allowed), as
+        the fetcher refuses its pages anyway, with a note that says why."""
         url = normalize_url(origin.rstrip("/") + "/robots.txt")
         if url is None:
             return Robots(0)
         client = self._client()
         try:
             for _ in range(6):
+                if not self.allow_private and await refusal(url) is not None:
+                    return Robots(404)
                 async with client.stream("GET", url) as response:
                     location = response.headers.get("location")
                     if response.status_code in _REDIRECTS and location:
@@ -463,14 +498,9 @@ class Fetcher:
                         continue
                     if response.status_code >= 300:
                         return Robots(response.status_code)
-                    body = bytearray()
-                    async for chunk in response.aiter_bytes():
-                        body += chunk
-                        if len(body) >= 512 * 1024:
-                            break
-                    text = bytes(body[: 512 * 1024]).decode("utf-8", errors="replace")
-                    return Robots(response.status_code, text)
-        except (httpx.HTTPError, asyncio.TimeoutError):
+                    body, _ = await read_body(response, 512 * 1024)
+                    return Robots(response.status_code, body.decode("utf-8", errors="replace"))
+        except (httpx.HTTPError, asyncio.TimeoutError, BodyError):
             return Robots(0)
         return Robots(0)
 
@@ -506,6 +536,14 @@ class Fetcher:
 
 def _other(url: str, start: str) -> str | None:
     return url if url != start else None
+
+
+def _text(body: bytes, charset: str | None) -> str:
+    """``body`` decoded as ``charset`` says, or as UTF-8 when Python has no such text codec."""
+    try:
+        return body.decode(charset or "utf-8", errors="replace")
+    except (LookupError, UnicodeError):  # 'bogus', 'base64', 'idna' (no errors="replace")...
+        return body.decode("utf-8", errors="replace")
 
 
 def _looks_like_html(body: bytes | bytearray) -> bool:

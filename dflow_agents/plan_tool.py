@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from pydantic import StrictInt
+
 from dflow import ContextStack, DFlow
 
 from .messages import ChatMessage, ToolCall
@@ -43,7 +45,7 @@ def _planning(
     plan_id: str | None = None,
     title: str | None = None,
     steps: list[str] | None = None,
-    step_index: int | None = None,
+    step_index: StrictInt | None = None,
     step_status: StepStatusName | None = None,
     step_notes: str | None = None,
 ) -> DFlow[str]:

@@ -45,7 +45,7 @@ from pydantic_core import to_jsonable_python
 import dflow
 from dflow import ContextStack, DFlow, NotWaitingError, Pipeline, Run
 
-from ._jobboard import InMemoryJobBoard, Job, JobBoard, RedisJobBoard, timer_trace
+from ._jobboard import CALL_PREFIX, InMemoryJobBoard, Job, JobBoard, RedisJobBoard, timer_trace
 from .agent import SESSION_KEY, Agent
 from .tools import Tool
 
@@ -114,7 +114,7 @@ class _Runner:
     """What a pulling tool's flows call; shared by name, so a stored flow carries its name
     and each worker uses its own board connection.
 
-    A call is ``from_call`` (whose ``on_init`` posts the job, then starts the job's timer)
+    A call is ``from_call`` (whose ``on_init`` starts the job's timer, then posts the job)
     and ``job-result``. Each job waits under a call type of its own, so that nothing meant
     for one job reaches another wait. The store resumes a wait once: the first of the
     client's report (:func:`answer_job`) and the job's timer wins. The timer is a run of
@@ -125,7 +125,7 @@ class _Runner:
         self.name = name
         self.board = board
         self.timeout = timeout
-        self.call_type = f"dflow_agents.job:{name}"
+        self.call_type = f"{CALL_PREFIX}{name}"
         old = _runners.get(name)
         if old is not None and old() is not None:
             warnings.warn(
@@ -163,14 +163,31 @@ class _Runner:
             trace=ctx.trace_id, call_type=call_type, created=now, deadline=now + self.timeout,
         )
         try:
+            # the timer first, so that a job a client can see always has one
+            if await self._start_timer(job_id):  # this on_init ran before, and the deadline has passed
+                if await _wake(call_type, ctx.trace_id, _TIMED_OUT):
+                    await self.board.settle(job_id, "expired")
+                return
             await self.board.post(job)  # again after a crash: the board keeps the first
-            await self.timer.acall(trace_id=timer_trace(job_id))
-        except dflow.RunExistsError:
-            pass  # this on_init ran before
         except Exception as exc:  # noqa: BLE001 - the board or the store is down: the model hears it now
             if await _wake(call_type, ctx.trace_id, _error(f"the job could not be posted: {type(exc).__name__}: {exc}")):
                 with contextlib.suppress(Exception):
                     await self.board.settle(job_id, "expired")
+
+    async def _start_timer(self, job_id: str) -> bool:
+        """Start the job's timer; ``True`` when this on_init started it before and it has
+        fired already (``JobFailedError`` when a run that is not its timer has its id)."""
+        trace = timer_trace(job_id)
+        try:
+            await self.timer.acall(trace_id=trace)
+            return False
+        except dflow.RunExistsError:
+            store = dflow.current_runtime().store
+            if SESSION_KEY in await store.get_data(trace):  # a client's run (dflow serve writes its session)
+                raise JobFailedError(f"its timer could not be started: a run {trace!r} exists that is not its "
+                                     "timer") from None
+            info = await store.get_run(trace)
+            return info is None or info.status.finished
 
     async def _fire(self, ctx: ContextStack, _: None) -> None:
         """At the deadline: resume the job's wait with the timeout, unless a report won."""
@@ -354,35 +371,53 @@ class RouteHost(Protocol):
         ...
 
     async def read_json(self, request: Request, limit: int | None = None, *, required: bool = True) -> Any:
-        """The request's JSON body, bounded (413 / 400)."""
+        """The request's JSON body, bounded (413 / 415 / 400)."""
         ...
 
     async def start_run(self, target: Pipeline[Any], param: Any, session: str, trace_id: str | None = None) -> Run[Any]:
         """Start a run of ``target`` in ``session``."""
         ...
 
+    def reserve_call_prefix(self, prefix: str, route: str) -> None:
+        """Keep the call types starting with ``prefix`` out of the generic call route."""
+        ...
+
+    def reserve_trace_prefix(self, prefix: str) -> None:
+        """Refuse the client-chosen trace ids starting with ``prefix``."""
+        ...
+
 
 def job_routes(
-    board: JobBoard, *, max_report_bytes: int = 1024 * 1024, max_wait: float = 60.0
+    board: JobBoard, *, max_report_bytes: int = 1024 * 1024, max_wait: float = 60.0,
+    max_polls_per_session: int = 4, max_polls: int = 256,
 ) -> Callable[[RouteHost], APIRouter]:
     """A route provider adding the job endpoints (the caller's session's jobs only):
 
     * ``GET /jobs?wait=30&limit=10``: the session's new jobs, waiting up to ``wait``
-      seconds (at most ``max_wait``) for one; each job is handed out once;
+      seconds (at most ``max_wait``) for one; each job is handed out once. A waiting poll
+      holds a board connection (with :class:`RedisJobBoard`, a Redis connection), so a
+      server process holds at most ``max_polls_per_session`` of them per session and
+      ``max_polls`` in all: 429 beyond (``wait=0`` is never refused);
     * ``GET /jobs/{id}``: one job and its state (``pending``, ``answered``, ``expired``);
     * ``POST /jobs/{id}`` ``{"result": ...}`` or ``{"error": "..."}``: report it (at most
       ``max_report_bytes``). 404 unknown job, 403 another session's, 409 reported already,
-      410 past its deadline, 413 too big, 400/422 not a report; nothing changes then.
+      410 past its deadline, 413 too big, 400/415/422 not a report; nothing changes then.
+
+    The jobs' waits and timers are kept out of the generic routes: ``POST
+    /runs/{id}/calls/...`` refuses their call types (403), ``POST /runs`` their trace ids.
     """
     if not isinstance(board, JobBoard):
         raise TypeError(f"job_routes() takes a JobBoard, got {board!r}")
     if isinstance(max_report_bytes, bool) or not isinstance(max_report_bytes, int) or max_report_bytes < 1:
         raise ValueError(f"max_report_bytes is a number of bytes >= 1, got {max_report_bytes!r}")
+    for what, value in (("max_polls_per_session", max_polls_per_session), ("max_polls", max_polls)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{what} is a number of long polls >= 1, got {value!r}")
 
     def provide(host: RouteHost) -> APIRouter:
         from ._jobroutes import job_router
 
-        return job_router(host, board, max_report_bytes, float(max_wait))
+        return job_router(host, board, max_report_bytes, float(max_wait), max_polls_per_session, max_polls)
 
     return provide
 

@@ -170,14 +170,19 @@ class PlanTemplate(BaseModel):
                 )
             if not isinstance(value, str) or not value:
                 raise ValueError(f"parameter {key!r} must name the text to replace, got {value!r:.80}")
-        # the longest values first, so that a value inside another is not replaced in it
-        order = sorted(values.items(), key=lambda kv: len(kv[1]), reverse=True)
+        # One pass over the text, the longest values first: a value inside another is not
+        # replaced in it, nor in a placeholder already written, so filling the template with
+        # the same values gives the plan back.
+        key_of = {_escape(v): k for k, v in sorted(values.items(), key=lambda kv: len(kv[1]))}
+        pattern = re.compile("|".join(
+            re.escape(v) for v in sorted(key_of, key=len, reverse=True)
+        )) if key_of else None
 
         def template(text: str) -> str:
             out = _escape(text)
-            for key, value in order:
-                out = out.replace(_escape(value), "{" + key + "}")
-            return out
+            if pattern is None:
+                return out
+            return pattern.sub(lambda m: "{" + key_of[m.group(0)] + "}", out)
 
         if not request and isinstance(plan, PlanDraft):
             request = plan.request

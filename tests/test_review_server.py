@@ -252,11 +252,6 @@ def test_very_long_non_ascii_and_control_bearer_values_are_401(api: httpx.Client
     assert wait_status(api, s["token"], trace, until="waiting")["status"] == "waiting"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "defect (low): session tokens are malleable - Tokens.verify decodes with the lenient "
-    "base64.urlsafe_b64decode, which drops characters outside the alphabet and ignores the pad bits, so "
-    "altered token strings (a '!' or space inserted, '==' appended, the last character's pad bits changed) "
-    "verify as the original (dflow/server/tokens.py, Tokens.verify)"))
 def test_a_token_string_that_is_not_exactly_the_issued_one_is_refused(api: httpx.Client) -> None:
     s = new_session(api)
     trace = waiting_run(api, s["token"])
@@ -429,11 +424,6 @@ def test_events_of_unknown_foreign_and_finished_runs(api: httpx.Client) -> None:
     assert [e[0] for e in beyond] == ["end"]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "defect (low): a Last-Event-ID that str.isdigit() accepts but int() refuses (a superscript digit sent "
-    "as the Latin-1 byte 0xB2, or more than 4300 digits) raises ValueError inside the event stream: the "
-    "connection is cut mid-response and the server logs 'Exception in ASGI application' "
-    "(dflow/server/app.py, events(): int(last_event_id))"))
 def test_a_hostile_last_event_id_still_gets_a_whole_stream(api: httpx.Client) -> None:
     s = new_session(api)
     trace = start(api, s["token"], "rv-srv-echo", 1).json()["trace_id"]
@@ -446,10 +436,6 @@ def test_a_hostile_last_event_id_still_gets_a_whole_stream(api: httpx.Client) ->
         assert events and events[-1][0] == "end", last[:10]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "defect (low): a session token is checked once, when an event stream opens; the stream then runs "
-    "past the token's expiry for as long as the run lasts, so short token lifetimes do not bound what a "
-    "leaked token reads (dflow/server/app.py, events())"))
 def test_an_event_stream_ends_when_its_token_expires(api: httpx.Client, url: str) -> None:
     s = new_session(api, ttl=3)
     renewed = new_session(api, session=s["session"])  # the same session, a longer-lived token
@@ -502,10 +488,6 @@ def test_sessions_refuse_bad_ids_and_lifetimes(api: httpx.Client) -> None:
         assert "token" not in r.json()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "defect (low): the JSON bodies are read with json.loads, which accepts NaN, Infinity and -Infinity "
-    "(not JSON, RFC 8259); POST /runs then starts the run with the parameter silently turned to null "
-    "instead of answering 400 (dflow/server/_http.py, read_json; the job report route shares it)"))
 def test_non_standard_json_constants_are_refused(api: httpx.Client) -> None:
     s = new_session(api)
     h = {**bearer(s["token"]), "Content-Type": "application/json"}
@@ -539,11 +521,6 @@ def test_an_open_server_still_keeps_sessions_apart(open_url: str) -> None:
         assert api.post("/sessions", headers=bearer("x" * 40)).status_code == 401
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "defect (low): on a server without an admin token, POST /sessions {'session': id} mints a fresh token "
-    "for ANY existing session, and every token carries its session id in readable base64; so whoever "
-    "holds an expired (or otherwise leaked) token renews it, and token expiry protects nothing there "
-    "(dflow/server/app.py create_session: is_admin() is true for 'no token' when there is no admin token)"))
 def test_an_expired_token_cannot_be_renewed_by_anyone_on_an_open_server(open_url: str, tokens: Tokens) -> None:
     with httpx.Client(base_url=open_url, timeout=20) as api:
         owner = api.post("/runs", json={"pipeline": "rv-srv-ask", "param": "secret plans"}).json()

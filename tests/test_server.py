@@ -1,8 +1,11 @@
 """The HTTP API (``dflow.server``) over real sockets, on the in-memory runtime: sessions and
 their tokens, starting runs, status, the step events as server-sent events until the run
-ends, answering a ``from_call``, cancelling; every token check (missing, garbage, forged,
-expired: 401; another session's run: 403; the admin token for sessions); bodies that are
-too big or not JSON; route providers; ``dflow serve`` refusing an open server off loopback."""
+ends (or its token expires), answering a ``from_call``, cancelling; every token check
+(missing, garbage, forged, expired, not canonical: 401; another session's run: 403; the admin
+token for sessions); bodies that are too big, not JSON or not sent as JSON; a server without
+an admin token (loopback host names only, no cross-site writes, no renewed sessions); a run
+created again under its trace id in another session; route providers and the call types and
+trace ids they reserve; ``dflow serve`` refusing an open server off loopback."""
 
 from __future__ import annotations
 
@@ -290,6 +293,81 @@ def test_without_an_admin_token_sessions_are_open(runtime: dflow.Runtime) -> Non
         assert r.status_code == 201 and "token" in r.json()
         assert wait_status(api, r.json()["token"], r.json()["trace_id"], until="done")["result"] == {"echo": 2}
         assert api.post("/runs", json={"pipeline": "srv-ask"}).status_code == 404  # not served by this app
+        # but nobody renews a session there: session ids are readable in their tokens
+        for headers in ({}, bearer(s["token"])):
+            r = api.post("/sessions", headers=headers, json={"session": s["session"]})
+            assert r.status_code in (401, 403) and "token" not in r.json(), r.text
+        r = api.post("/sessions", json={"session": s["session"]})
+        assert r.status_code == 403 and "admin token" in r.json()["detail"]
+
+
+def test_an_open_server_answers_loopback_host_names_only(runtime: dflow.Runtime) -> None:
+    app = create_app(secret=SECRET, pipelines=[echo])
+    before = len(runtime.store._runs)  # type: ignore[attr-defined]
+    with ServerThread(app) as base, httpx.Client(base_url=base) as api:
+        port = base.rsplit(":", 1)[1]
+        for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}", "localhost", "LOCALHOST:1",
+                     "[::1]"):
+            assert api.get("/health", headers={"Host": host}).status_code == 200, host
+        for host in ("rebind.evil.example", f"rebind.evil.example:{port}", "127.0.0.1.nip.io", "localhost.evil",
+                     "localhost:abc", "::1", f"10.0.0.1:{port}", "127.0.0.2", "localhost."):
+            r = api.get("/health", headers={"Host": host})
+            assert r.status_code == 421 and "localhost, 127.0.0.1 and [::1]" in r.json()["detail"], (host, r.text)
+            r = api.post("/runs", headers={"Host": host}, json={"pipeline": "srv-echo", "param": "rebound"})
+            assert r.status_code == 421, (host, r.text)
+            assert api.post("/sessions", headers={"Host": host}).status_code == 421
+    assert len(runtime.store._runs) == before  # type: ignore[attr-defined]  # nothing was started
+
+
+def test_an_open_server_refuses_writes_from_other_origins(runtime: dflow.Runtime) -> None:
+    app = create_app(secret=SECRET, pipelines=[echo])
+    with ServerThread(app) as base, httpx.Client(base_url=base) as api:
+        before = len(runtime.store._runs)  # type: ignore[attr-defined]
+        start_it = {"pipeline": "srv-echo", "param": "drive-by"}
+        for headers in ({"Origin": "http://evil.example"}, {"Origin": "null"},
+                        {"Origin": base.replace("127.0.0.1", "localhost")},  # another origin, on loopback
+                        {"Origin": base + "0"}, {"Sec-Fetch-Site": "cross-site"}, {"Sec-Fetch-Site": "same-site"},
+                        {"Origin": base, "Sec-Fetch-Site": "cross-site"}):
+            for path in ("/runs", "/sessions"):
+                r = api.post(path, headers=headers, json=start_it if path == "/runs" else None)
+                assert r.status_code == 403 and "web page" in r.json()["detail"], (headers, path, r.text)
+        assert len(runtime.store._runs) == before  # type: ignore[attr-defined]
+        # the server's own origin, and reads from anywhere (what they answer, a page cannot read)
+        for headers in ({"Origin": base}, {"Origin": base.upper()}, {"Sec-Fetch-Site": "same-origin"},
+                        {"Sec-Fetch-Site": "none"}):
+            r = api.post("/runs", headers=headers, json={"pipeline": "srv-echo", "param": 3})
+            assert r.status_code == 201, (headers, r.text)
+        assert api.get("/health", headers={"Origin": "http://evil.example", "Sec-Fetch-Site": "cross-site"}
+                       ).status_code == 200
+
+
+def test_an_admin_server_checks_neither_host_nor_origin(api: httpx.Client) -> None:
+    # its writes need a bearer token, which a web page cannot make a browser send
+    assert api.get("/health", headers={"Host": "api.example.com"}).status_code == 200
+    r = api.post("/sessions", headers={**bearer(ADMIN), "Host": "api.example.com", "Origin": "https://app.example"})
+    assert r.status_code == 201
+
+
+def test_bodies_must_be_sent_as_json(url: str, runtime: dflow.Runtime) -> None:
+    with httpx.Client(base_url=url) as api:
+        s = new_session(api)
+        trace = start(api, s["token"], "srv-ask", "?").json()["trace_id"]
+        wait_status(api, s["token"], trace, until="waiting")
+        before = len(runtime.store._runs)  # type: ignore[attr-defined]
+        body = b'{"pipeline": "srv-echo", "param": 1}'
+        for kind in ("text/plain;charset=UTF-8", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x",
+                     "text/json", "application/jsonx", "", "application/json-patch"):
+            for method, path in (("POST", "/runs"), ("POST", f"/runs/{trace}/calls/answer"),
+                                 ("POST", f"/runs/{trace}/cancel")):
+                r = api.request(method, path, headers={**bearer(s["token"]), "Content-Type": kind}, content=body)
+                assert r.status_code == 415 and "application/json" in r.json()["detail"], (kind, path, r.text)
+            r = api.post("/sessions", headers={**bearer(ADMIN), "Content-Type": kind}, content=b"{}")
+            assert r.status_code == 415
+        assert len(runtime.store._runs) == before  # type: ignore[attr-defined]
+        assert wait_status(api, s["token"], trace, until="waiting")["waiting_for"] == "answer"
+        for kind in ("application/json", "Application/JSON; charset=utf-8", "application/vnd.dflow+json"):
+            r = api.post("/runs", headers={**bearer(s["token"]), "Content-Type": kind}, content=body)
+            assert r.status_code == 201, (kind, r.text)
 
 
 def test_tokens_unit() -> None:
@@ -297,6 +375,17 @@ def test_tokens_unit() -> None:
     token, expires = t.issue("ann", now=1000.0)
     assert expires == 1100.0
     assert t.verify(token, now=1099.0) == Session("ann", 1100.0)
+    # only the string issued verifies: no other spelling of the same bytes
+    body, mac = token[5:].split(".")
+    alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+    for other in (f"dfs1.{body}=.{mac}", f"dfs1.{body}.{mac}=", f"dfs1.{body}.{mac}==", f"dfs1.{body}\n.{mac}",
+                  f"dfs1.{body}.{mac[:-1]}{alphabet[alphabet.index(mac[-1]) ^ 1]}",  # other pad bits
+                  f"dfs1.{body}.{mac[:-1]}{alphabet[alphabet.index(mac[-1]) ^ 2]}",
+                  f"dfs1.{body.replace('-', '+').replace('_', '/')}.{mac.replace('-', '+').replace('_', '/')}",
+                  f"dfs1.{body}.{mac}A", f"dfs1. {body}.{mac}"):
+        if other != token:
+            with pytest.raises(TokenError, match="not a dflow session token|does not verify"):
+                t.verify(other, now=1099.0)
     with pytest.raises(TokenError) as err:
         t.verify(token, now=1100.0)
     assert err.value.expired
@@ -347,6 +436,68 @@ def test_bodies_that_are_too_big_or_not_json_are_refused_and_start_nothing(url: 
     assert len(runtime.store._runs) == before  # type: ignore[attr-defined]  # nothing was started
 
 
+def test_nan_and_infinity_are_not_json(api: httpx.Client) -> None:
+    s = new_session(api)
+    trace = start(api, s["token"], "srv-ask", "?").json()["trace_id"]
+    wait_status(api, s["token"], trace, until="waiting")
+    h = {**bearer(s["token"]), "Content-Type": "application/json"}
+    for constant in (b"NaN", b"Infinity", b"-Infinity", b"[1, NaN]", b'{"a": {"b": Infinity}}'):
+        r = api.post("/runs", headers=h, content=b'{"pipeline": "srv-echo", "param": ' + constant + b"}")
+        assert r.status_code == 400 and "not a JSON value" in r.json()["detail"], (constant, r.text)
+        r = api.post(f"/runs/{trace}/calls/answer", headers=h, content=constant)
+        assert r.status_code == 400, (constant, r.text)
+    assert wait_status(api, s["token"], trace, until="waiting")["waiting_for"] == "answer"
+    r = api.post("/runs", headers=h, content=b'{"pipeline": "srv-echo", "param": [1e308, -0.0, "NaN"]}')
+    assert r.status_code == 201  # numbers JSON has, and a string, are fine
+    assert wait_status(api, s["token"], r.json()["trace_id"], until="done")["result"] == {"echo": [1e308, -0.0, "NaN"]}
+
+
+def test_an_event_stream_ends_with_an_error_when_its_token_expires(api: httpx.Client, tokens: Tokens) -> None:
+    s = new_session(api)
+    trace = start(api, s["token"], "srv-ask", "?").json()["trace_id"]
+    wait_status(api, s["token"], trace, until="waiting")
+    short, expires = tokens.issue(s["session"], 1)
+    t0 = time.time()
+    events = sse(api, f"/runs/{trace}/events", bearer(short))
+    assert expires <= time.time() < expires + 3 and time.time() - t0 < 4  # it ended at the expiry
+    assert [e[0] for e in events] == ["step"] * (len(events) - 1) + ["error"] and len(events) >= 2
+    assert "token expired" in events[-1][2]["error"] and events[-1][2]["trace_id"] == trace
+    assert wait_status(api, s["token"], trace, until="waiting")["waiting_for"] == "answer"  # the run goes on
+    # a hostile Last-Event-ID is no index: the whole stream
+    assert api.post(f"/runs/{trace}/calls/answer", headers=bearer(s["token"]), json=1).status_code == 202
+    wait_status(api, s["token"], trace, until="done")
+    whole = sse(api, f"/runs/{trace}/events", bearer(s["token"]))
+    for last in (b"\xb2", b"\xd9\xa3", "\u0663".encode(), b"1" * 5000, b"+1", b"1 2", b"-0"):
+        again = sse(api, f"/runs/{trace}/events", {**bearer(s["token"]), "Last-Event-ID": last})
+        assert again == whole or (len(last) > 18 and [e[0] for e in again] == ["end"]), last[:10]
+
+
+def test_a_run_created_again_under_its_trace_id_is_read_afresh(url: str, runtime: dflow.Runtime) -> None:
+    """Two apps are two server processes, each with its index of runs by session: a run that
+    expired and was created again under its trace id in another session is the new session's
+    on both."""
+    other = create_app(tokens=Tokens(SECRET, ttl=600), admin_token=ADMIN, pipelines=["srv-echo"])
+    with ServerThread(other) as other_url, httpx.Client(base_url=url) as a, httpx.Client(base_url=other_url) as b:
+        first, second = new_session(a), new_session(b)
+        trace = f"again-{time.time_ns()}"
+        assert start(a, first["token"], "srv-echo", 1, trace_id=trace).status_code == 201
+        assert wait_status(a, first["token"], trace, until="done")["result"] == {"echo": 1}  # a knows it now
+        del runtime.store._runs[trace]  # type: ignore[attr-defined]  # it expired
+        assert a.get(f"/runs/{trace}", headers=bearer(first["token"])).status_code == 404
+        assert start(b, second["token"], "srv-echo", 2, trace_id=trace).status_code == 201
+        for api in (a, b):
+            assert api.get(f"/runs/{trace}", headers=bearer(first["token"])).status_code == 403
+            assert wait_status(api, second["token"], trace, until="done")["result"] == {"echo": 2}
+        # the same, when the first server started the run but never read it
+        trace = f"again-{time.time_ns()}"
+        assert start(a, first["token"], "srv-echo", 3, trace_id=trace).status_code == 201
+        wait_status(b, first["token"], trace, until="done")
+        del runtime.store._runs[trace]  # type: ignore[attr-defined]
+        assert start(b, second["token"], "srv-echo", 4, trace_id=trace).status_code == 201
+        assert a.get(f"/runs/{trace}", headers=bearer(first["token"])).status_code == 403
+        assert wait_status(a, second["token"], trace, until="done")["result"] == {"echo": 4}
+
+
 def test_json_nested_beyond_reason_is_400(api: httpx.Client) -> None:
     r = api.post("/runs", headers=bearer(ADMIN), content=b"[" * 100_000 + b"]" * 100_000)
     assert r.status_code == 400 and "nested too deeply" in r.json()["detail"]
@@ -385,6 +536,30 @@ def test_route_providers_add_routes_that_use_the_sessions(runtime: dflow.Runtime
         assert api.get("/whoami").status_code == 401
     with pytest.raises(TypeError, match="not an APIRouter"):
         create_app(routes=[lambda server: "nope"])  # type: ignore[list-item, arg-type, return-value]
+
+
+def test_route_providers_reserve_their_call_types_and_trace_ids(runtime: dflow.Runtime) -> None:
+    def provider(server: Server) -> None:
+        server.reserve_call_prefix("my-ext:", "POST /mine")
+        server.reserve_trace_prefix("my-ext.")
+
+    app = create_app(secret=SECRET, admin_token=ADMIN, pipelines=[ask], routes=[provider])
+    with ServerThread(app) as base, httpx.Client(base_url=base) as api:
+        s = new_session(api)
+        for trace in ("my-ext.1", "my-ext.x"):
+            r = start(api, s["token"], "srv-ask", "?", trace_id=trace)
+            assert r.status_code == 422 and "reserved" in r.json()["detail"], r.text
+        trace = start(api, s["token"], "srv-ask", "?", trace_id="my-ext-not-reserved").json()["trace_id"]
+        wait_status(api, s["token"], trace, until="waiting")
+        for call_type in ("my-ext:", "my-ext:answer"):
+            r = api.post(f"/runs/{trace}/calls/{call_type}", headers=bearer(s["token"]), json=1)
+            assert r.status_code == 403 and "POST /mine" in r.json()["detail"], r.text
+        assert api.post(f"/runs/{trace}/calls/answer", headers=bearer(s["token"]), json=1).status_code == 202
+    for bad in ("", "a b", "\u00e9", "x" * 129, 5):
+        with pytest.raises(ValueError, match="reserved prefix"):
+            app.state.dflow.reserve_call_prefix(bad, "x")
+        with pytest.raises(ValueError, match="reserved prefix"):
+            app.state.dflow.reserve_trace_prefix(bad)
 
 
 def test_dflow_serve_refuses_an_open_server_off_loopback() -> None:

@@ -109,16 +109,16 @@ async def start_in_session(
 
 class SessionIndex:
     """Which session each run belongs to, read from the run's data and remembered (a
-    run's session is written once, when the run is created)."""
+    run's session is written once, when the run is created).
+
+    What is remembered is bound to the run's ``created`` time, which every read of the run
+    returns anyway: a run that expired and was created again under the same trace id (in
+    another session, by any server process) has another, so its data is read afresh, never
+    taken for the old run's."""
 
     def __init__(self, size: int = 10_000) -> None:
         self._size = size
-        self._known: OrderedDict[str, str | None] = OrderedDict()
-
-    def remember(self, trace_id: str, session: str) -> None:
-        """Record a run this server just started."""
-        self._known[trace_id] = session
-        self._trim()
+        self._known: OrderedDict[str, tuple[float, str | None]] = OrderedDict()  # trace id -> (created, session)
 
     async def session_of(self, trace_id: str) -> tuple[RunInfo | None, str | None]:
         """The run's state and its session (``None`` for a run started elsewhere);
@@ -129,19 +129,20 @@ class SessionIndex:
         if info is None:
             self._known.pop(trace_id, None)
             return None, None
-        if trace_id in self._known:
+        known = self._known.get(trace_id)
+        if known is not None and known[0] == info.created:
             self._known.move_to_end(trace_id)
-            return info, self._known[trace_id]
+            return info, known[1]
         data = await host.arun(store.get_data(trace_id))
         raw = data.get(SESSION_KEY)
-        session: str | None = None
+        session = None
         if raw is not None:
             try:
                 value = decode(raw)
             except Exception:  # noqa: BLE001 - not a session a client could hold
                 value = None
             session = value if isinstance(value, str) else None
-        self._known[trace_id] = session
+        self._known[trace_id] = (info.created, session)
         self._trim()
         return info, session
 

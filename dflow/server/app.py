@@ -24,18 +24,32 @@ sessions, which ``dflow serve`` allows only on a loopback address. ``POST /runs`
 admin token (or, without one, with no token) starts the run in a new session and returns
 its token; with a session token, in that session. Everything about a run needs the token
 of the session that started it: 401 for a missing, malformed, forged or expired token, 403
-for another session's run.
+for another session's run. An event stream ends (``event: error``) when its token expires.
+Only the admin token mints a new token for an existing session: a server without one
+refuses (403), so there a token's expiry is final.
+
+**A server without an admin token** is open to whatever reaches it, web pages in the
+user's browser included; so it answers only to loopback host names (``localhost``,
+``127.0.0.1``, ``[::1]``: 421 otherwise, against DNS rebinding) and refuses writes marked
+as coming from another origin (``Origin``, ``Sec-Fetch-Site``: 403). Every body must be
+JSON, sent as such (``Content-Type: application/json``; 415 otherwise), which a cross-site
+form cannot send; ``NaN`` and ``Infinity`` are not JSON (400).
 
 **Extending it.** A *route provider* is a callable that takes the :class:`Server` and
 returns a FastAPI ``APIRouter`` (or ``None``); ``create_app(routes=[...])`` includes what
 each returns, and ``dflow serve MODULE`` takes the providers listed in the module's
 ``DFLOW_ROUTES``. A provider authenticates with ``Depends(server.require_session)`` (the
-caller's :class:`Session`) and starts runs with ``server.start_run``. This is how
-``dflow_agents`` adds its job and chat routes without dflow knowing of it.
+caller's :class:`Session`) and starts runs with ``server.start_run``; it keeps its own
+waits and runs out of the generic routes with ``server.reserve_call_prefix`` (the call
+types it answers through its own route) and ``server.reserve_trace_prefix`` (the trace ids
+of its own runs, which no client may choose). This is how ``dflow_agents`` adds its job and
+chat routes without dflow knowing of it.
 """
 
 from __future__ import annotations
 
+import re
+import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
@@ -54,10 +68,11 @@ from ..errors import (
     NotWaitingError,
     RunExistsError,
     RunNotFoundError,
+    RunTimeoutError,
     SerializationError,
     ValueTooLargeError,
 )
-from ._http import fail, parse, read_json, request_body
+from ._http import OpenServerGuard, fail, parse, read_json, request_body
 from ._runs import SessionIndex, record_json, run_json, start_in_session
 from .tokens import AdminToken, Session, TokenError, Tokens, check_session_id, new_session_id
 
@@ -112,6 +127,8 @@ class Server:
         self.max_body = max_body
         self.runs = SessionIndex()
         self._allowed = None if pipelines is None else {p if isinstance(p, str) else p.name for p in pipelines}
+        self._call_prefixes: dict[str, str] = {}
+        self._trace_prefixes: set[str] = set()
         self.require_session: Callable[..., Any] = self._require_session_dependency()
         self.owned_run: Callable[..., Any] = self._owned_run_dependency()
 
@@ -161,8 +178,36 @@ class Server:
 
     async def read_json(self, request: Request, limit: int | None = None, *, required: bool = True) -> Any:
         """The request's JSON body, at most ``limit`` bytes (default: the app's
-        ``max_body``): 413 beyond, 400 when it is not JSON (or missing and ``required``)."""
+        ``max_body``): 413 beyond, 415 when not sent as JSON, 400 when it is not JSON (or
+        missing and ``required``)."""
         return await read_json(request, self.max_body if limit is None else limit, required=required)
+
+    # -- what route providers keep to themselves ----------------------------------------
+
+    def reserve_call_prefix(self, prefix: str, route: str) -> None:
+        """Keep the call types starting with ``prefix`` out of ``POST /runs/{id}/calls/...``
+        (403 naming ``route``): the provider answers those waits through its own route, with
+        its own checks."""
+        _check_prefix(prefix)
+        self._call_prefixes[prefix] = str(route)[:200]
+
+    def reserve_trace_prefix(self, prefix: str) -> None:
+        """Refuse the trace ids starting with ``prefix`` that a client chooses
+        (``POST /runs {"trace_id"}``: 422): the provider's own runs use them."""
+        _check_prefix(prefix)
+        self._trace_prefixes.add(prefix)
+
+    def check_call_type(self, call_type: str) -> None:
+        """403 when ``call_type`` is reserved by a route provider."""
+        for prefix, route in self._call_prefixes.items():
+            if call_type.startswith(prefix):
+                fail(403, f"calls of type {prefix}... are answered through their own route ({route}), not this one")
+
+    def check_chosen_trace_id(self, trace_id: str) -> None:
+        """422 when a client-chosen ``trace_id`` starts with a reserved prefix."""
+        for prefix in self._trace_prefixes:
+            if trace_id.startswith(prefix):
+                fail(422, f"trace ids starting with {prefix!r} are reserved for the server's own runs: choose another")
 
     # -- runs ------------------------------------------------------------------------
 
@@ -199,7 +244,6 @@ class Server:
             fail(413, str(exc))
         except SerializationError as exc:
             fail(422, str(exc))
-        self.runs.remember(run.trace_id, session)
         return run
 
     def new_session(self, ttl: float | None = None, session: str | None = None) -> dict[str, Any]:
@@ -210,6 +254,23 @@ class Server:
         except ValueError as exc:
             fail(422, str(exc))
         return {"session": sid, "token": token, "expires_at": expires}
+
+
+_PREFIX = re.compile(r"[\x21-\x7e]{1,128}")
+_MAX_EVENT_ID = 18  # digits: an event index is never longer
+
+
+def _check_prefix(prefix: object) -> None:
+    if not isinstance(prefix, str) or _PREFIX.fullmatch(prefix) is None:
+        raise ValueError(f"a reserved prefix is 1 to 128 printable ASCII characters, got {prefix!r}")
+
+
+def _resume_after(last_event_id: str | None) -> int:
+    """The index of the first event to send after ``Last-Event-ID``: 0 unless it is an
+    index (ASCII digits); one too long to be an index is past every event."""
+    if not last_event_id or not last_event_id.isascii() or not last_event_id.isdigit():
+        return 0
+    return int(last_event_id) + 1 if len(last_event_id) <= _MAX_EVENT_ID else 10**_MAX_EVENT_ID
 
 
 def _api(server: Server) -> APIRouter:
@@ -231,6 +292,10 @@ def _api(server: Server) -> APIRouter:
         if not server.is_admin(token):
             fail(401, "creating sessions needs the admin token (DFLOW_SERVER_TOKEN) as the bearer token")
         body = parse(NewSession, await read_json(request, limit, required=False))
+        if body.session is not None and server.admin is None:
+            # a session id is readable in its tokens: anyone could renew anyone's session
+            fail(403, "only the admin token (DFLOW_SERVER_TOKEN) renews an existing session's token, and this "
+                      "server has none: create a new session (POST /sessions without 'session')")
         if body.session is not None:
             try:
                 check_session_id(body.session)
@@ -260,6 +325,8 @@ def _api(server: Server) -> APIRouter:
         else:
             fail(401, "starting a run needs a session token (or the admin token to start a new session)")
         body = parse(StartRun, await read_json(request, limit))
+        if body.trace_id is not None:
+            server.check_chosen_trace_id(body.trace_id)
         run = await server.start_run(server.pipeline(body.pipeline), body.param, session, body.trace_id)
         return {"trace_id": run.trace_id, "session": session, **({"token": fresh["token"],
                                                                   "expires_at": fresh["expires_at"]} if fresh else {})}
@@ -271,22 +338,36 @@ def _api(server: Server) -> APIRouter:
 
     @router.get("/runs/{trace_id}/events", response_class=EventSourceResponse, tags=["runs"])
     async def events(
-        info: RunInfo = Depends(server.owned_run), last_event_id: str | None = Header(None)
+        info: RunInfo = Depends(server.owned_run), session: Session = Depends(server.require_session),
+        last_event_id: str | None = Header(None),
     ) -> AsyncIterator[ServerSentEvent]:
         """The run's step records as server-sent events (``event: step``, ``id`` their
         index; reconnect with ``Last-Event-ID`` to go on after one), then ``event: end``
-        with the run's final state."""
-        skip = int(last_event_id) + 1 if last_event_id and last_event_id.isdigit() else 0
+        with the run's final state; ``event: error`` when the run expired, or when the
+        token expires first (reconnect with a new one)."""
+        skip = _resume_after(last_event_id)
         n = 0
+        final: RunInfo | None = None
+        expired = False  # the token, before the run ended
         try:
-            async for record in Run(info.trace_id).aevents():
+            async for record in Run(info.trace_id).aevents(timeout=max(0.0, session.expires_at - time.time())):
+                if time.time() >= session.expires_at:
+                    expired = True
+                    break
                 if n >= skip:
                     yield ServerSentEvent(data=record_json(record), event="step", id=str(n))
                 n += 1
-            final, _ = await server.runs.session_of(info.trace_id)
+            else:
+                final, _ = await server.runs.session_of(info.trace_id)
+        except RunTimeoutError:
+            expired = True
         except RunNotFoundError:
-            final = None
-        if final is None:
+            pass
+        if expired:
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(session.expires_at))
+            yield ServerSentEvent(data={"trace_id": info.trace_id, "error": (
+                f"the session token expired at {stamp}: reconnect with a new token and Last-Event-ID")}, event="error")
+        elif final is None:
             yield ServerSentEvent(data={"trace_id": info.trace_id, "error": "the run expired"}, event="error")
         else:
             yield ServerSentEvent(data=run_json(final), event="end")
@@ -295,6 +376,7 @@ def _api(server: Server) -> APIRouter:
                  openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": {}}}}})
     async def answer(call_type: str, request: Request, info: RunInfo = Depends(server.owned_run)) -> dict[str, Any]:
         """Resume the run waiting in ``from_call(call_type)`` with the body (any JSON)."""
+        server.check_call_type(call_type)
         payload = await read_json(request, limit)
         try:
             await client.acall(call_type, payload, info.trace_id)
@@ -338,7 +420,8 @@ def create_app(
         tokens: the session tokens' signer; by default one with ``secret`` (at least 32
             bytes; ``None``: a random secret, tokens die with the process) and ``token_ttl``.
         admin_token: the token that creates sessions (at least 32 bytes). ``None``: anyone
-            who reaches the app may; mount it only where that is what you want.
+            who reaches the app may; it then answers only to loopback host names and
+            refuses cross-site writes (see the module).
         pipelines: the pipelines (or names) a session may start; ``None``: every pipeline
             built in this process, except internal ones (whose names start with ``_``).
         routes: route providers, each called with the :class:`Server`.
@@ -355,6 +438,8 @@ def create_app(
         description="Start dflow runs, follow their steps, answer their calls and cancel them.",
     )
     app.state.dflow = server
+    if server.admin is None:
+        app.add_middleware(OpenServerGuard)  # loopback host names only, no cross-site writes
     app.include_router(_api(server))
     for provider in routes:
         if not callable(provider):

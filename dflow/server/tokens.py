@@ -35,6 +35,7 @@ MIN_SECRET_BYTES = 32  #: a server secret or an admin token is at least this lon
 SESSION_ID = re.compile(r"[A-Za-z0-9_:@-]{1,128}")
 _PREFIX = "dfs1."
 _DOMAIN = b"dflow server session token v1"
+_B64 = re.compile(r"[A-Za-z0-9_-]*")
 _MAX_TOKEN = 512  # characters: a longer bearer value is not one of ours, and is not parsed
 
 
@@ -61,7 +62,15 @@ def _b64(data: bytes) -> str:
 
 
 def _unb64(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    """``text`` decoded, if it is exactly what :func:`_b64` writes (the URL-safe alphabet, no
+    padding, zero pad bits): ``ValueError`` otherwise, so that no other spelling of a token
+    verifies."""
+    if _B64.fullmatch(text) is None:
+        raise ValueError("not unpadded URL-safe base64")
+    raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    if _b64(raw) != text:
+        raise ValueError("not the canonical encoding")
+    return raw
 
 
 def _key_bytes(secret: str | bytes, what: str, env: str) -> bytes:

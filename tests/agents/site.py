@@ -41,6 +41,7 @@ class Hit:
     end: float = 0.0
     status: int = 0
     sent: int = 0  #: body bytes written before the answer ended (or the client went away)
+    accept_encoding: str = ""  #: the request's Accept-Encoding header
 
 
 Answer = Callable[[BaseHTTPRequestHandler, Hit], None]
@@ -77,6 +78,11 @@ def missing() -> Answer:
 
 def file(ctype: str, data: bytes) -> Answer:
     return lambda h, hit: _send(h, hit, 200, data, ctype)
+
+
+def encoded(data: bytes, encoding: str, ctype: str = "text/html; charset=utf-8") -> Answer:
+    """``data`` as it is (compressed by the test), sent with ``Content-Encoding: encoding``."""
+    return lambda h, hit: _send(h, hit, 200, data, ctype, {"content-encoding": encoding})
 
 
 def text(data: str) -> Answer:
@@ -129,7 +135,7 @@ class Site:
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
-                hit = Hit(self.path, time.monotonic())
+                hit = Hit(self.path, time.monotonic(), accept_encoding=self.headers.get("accept-encoding", ""))
                 with site._lock:
                     site.hits.append(hit)
                 try:

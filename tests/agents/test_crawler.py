@@ -77,7 +77,7 @@ PAGE_BUDGET = 256 * 1024
 def crawler(research: Any = S.bfs_research, **options: Any) -> Crawl:
     """A crawler of the shop (each test its own name: names are per process)."""
     models = FunctionModel(research), FunctionModel(S.validate), FunctionModel(S.summarize)
-    options.setdefault("crawler", Fetcher(max_bytes=PAGE_BUDGET))
+    options.setdefault("crawler", Fetcher(max_bytes=PAGE_BUDGET, allow_private=True))
     agent = DeepCrawlerAgent(
         f"crawler-{next(_names)}", research=research_function(models[0]), validation=validation_function(models[1]),
         summary=summary_function(models[2]), **options,
@@ -139,7 +139,7 @@ def test_html_becomes_compact_markdown() -> None:
 
 
 def test_the_fetcher_over_a_real_server(shop: S.Site) -> None:
-    fetcher = Fetcher(max_bytes=PAGE_BUDGET)
+    fetcher = Fetcher(max_bytes=PAGE_BUDGET, allow_private=True)
 
     async def main() -> dict[str, Any]:
         try:
@@ -185,7 +185,7 @@ def test_the_fetcher_gives_up_on_a_slow_site(shop: S.Site) -> None:
     gate = shop.hold("/c/phones")
 
     async def main() -> tuple[Any, Any]:
-        slow, late = Fetcher(timeout=0.3), Fetcher(timeout=5, deadline=0.3)
+        slow, late = Fetcher(timeout=0.3, allow_private=True), Fetcher(timeout=5, deadline=0.3, allow_private=True)
         try:
             return await slow.fetch(shop.url("/c/phones")), await late.fetch(shop.url("/c/phones"))
         finally:

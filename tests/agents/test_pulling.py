@@ -1,13 +1,18 @@
 """PullingJobTool and the job routes, in one process (local mode, the server on a real socket):
 a tool call becomes a job for the run's session, pulled with a long poll and reported over
 HTTP; the timeout; one session never sees or answers another's jobs (nor its events);
-expired tokens; garbage, oversized, repeated and concurrent reports change nothing."""
+expired tokens; garbage, oversized, repeated and concurrent reports change nothing; the long
+polls a server holds, per session and in all; a job's wait and timer kept out of the
+generic routes, and a run squatting a job timer's id."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
+import uuid
 from collections.abc import Iterator, Sequence
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -27,6 +32,9 @@ from dflow_agents.pulling import (
     job_routes,
     pulling_tool,
 )
+import dflow_agents.pulling
+from dflow.server._runs import start_in_session
+from dflow_agents._jobboard import timer_trace
 from dflow_agents.testing import FunctionModel
 
 ADMIN = "admin-token-of-the-pulling-tests-0123456789"
@@ -71,6 +79,7 @@ def decide(messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> ChatRe
 
 
 agent = ToolCallAgent("pull-agent", FunctionModel(decide), [fetch_page, ask])
+squat = DFlow.from_call("pull-squat").map(lambda x: x).id("squatting").init("pull-squat")
 
 
 @pytest.fixture(scope="module")
@@ -243,6 +252,9 @@ def test_garbage_and_oversized_reports_are_refused_and_change_nothing(api: httpx
         "error null": (api.post(path, headers=me.h, json={"error": None}), 422),
         "unknown field": (api.post(path, headers=me.h, json={"result": 1, "extra": 2}), 422),
         "oversized": (api.post(path, headers=me.h, json={"result": "x" * MAX_REPORT}), 413),
+        "NaN": (api.post(path, headers=json_h, content=b'{"result": NaN}'), 400),
+        "Infinity": (api.post(path, headers=json_h, content=b'{"result": [1, -Infinity]}'), 400),
+        "sent as text": (api.post(path, headers={**me.h, "Content-Type": "text/plain"}, content=b'{"result": 1}'), 415),
         "unknown job": (api.post("/jobs/0123456789abcdef", headers=me.h, json={"result": 1}), 404),
         "bad job id": (api.post("/jobs/..%2F..", headers=me.h, json={"result": 1}), 404),
     }
@@ -392,24 +404,34 @@ def test_the_session_key_is_the_servers() -> None:
     assert SESSION_KEY == dflow.server.SESSION_KEY
 
 
-def test_the_job_timers_are_not_served(api: httpx.Client) -> None:
+def test_the_job_timers_are_not_served_and_their_ids_cannot_be_chosen(api: httpx.Client) -> None:
     me = Client(api)
     names = [p["name"] for p in api.get("/pipelines", headers=me.h).json()["pipelines"]]
     assert "agent.pull-agent" in names and not [n for n in names if n.startswith("_")]
     r = api.post("/runs", headers=me.h, json={"pipeline": "_dflow_agents.job-timer:fetch_page"})
     assert r.status_code == 404
+    # a run of its own under a job timer's id would keep that timer from being started
+    for trace in (timer_trace("0" * 32), "dflow-job-timer.x"):
+        r = api.post("/runs", headers=me.h, json={"pipeline": "agent.pull-agent", "param": {"query": "ask"},
+                                                  "trace_id": trace})
+        assert r.status_code == 422 and "reserved" in r.json()["detail"], r.text
+        assert api.get(f"/runs/{trace}", headers=me.h).status_code == 404
 
 
-def test_a_wait_answered_around_the_board_is_a_failed_observation(api: httpx.Client) -> None:
+def test_a_jobs_wait_is_answered_through_the_job_board_only(api: httpx.Client) -> None:
     me = Client(api)
     trace = me.chat("fetch http://around")
-    (job,) = me.pull()  # a single call waits in the run itself: the generic call route reaches it
+    (job,) = me.pull()  # a single call waits in the run itself
     waiting = me.status(trace)["waiting_for"]
     assert waiting == f"dflow_agents.job:open_page:{job['id']}"  # each job waits under a call type of its own
-    r = api.post(f"/runs/{trace}/calls/{waiting}", headers=me.h, json={"forged": True})
-    assert r.status_code == 202
+    for call_type in (waiting, "dflow_agents.job:open_page", "dflow_agents.job:"):
+        r = api.post(f"/runs/{trace}/calls/{call_type}", headers=me.h, json='{"ok": true, "value": "FORGED"}')
+        assert r.status_code == 403 and "POST /jobs/{id}" in r.json()["detail"], r.text
+    assert me.job(job["id"])["state"] == "pending" and me.status(trace)["waiting_for"] == waiting
+    # code in the process may still answer the wait directly: what it says is no report
+    DFlow.call(waiting, {"forged": True}, trace)
     assert "not through the job board" in me.result(trace)["answer"]
-    assert me.report(job["id"], result="late").status_code == 409  # taken, but the run no longer waits
+    assert me.report(job["id"], result="late").status_code == 409  # the run no longer waits
 
 
 def test_the_timer_of_an_answered_job_changes_nothing(api: httpx.Client) -> None:
@@ -459,3 +481,82 @@ def test_a_run_started_through_the_server_cannot_use_another_sessions_memory(api
     (job,) = mine.pull()
     assert mine.report(job["id"], result="yes").status_code == 200
     assert "yes" in str(mine.result(r.json()["trace_id"]))
+
+
+def test_long_polls_are_capped_per_session_and_in_all(url: str) -> None:
+    polls_board = InMemoryJobBoard()
+    app = create_app(tokens=Tokens(SECRET, ttl=600), admin_token=ADMIN,
+                     routes=[job_routes(polls_board, max_polls_per_session=2, max_polls=3)])
+    with ServerThread(app) as base, httpx.Client(base_url=base, timeout=30) as api:
+        a, b, c = Client(api), Client(api), Client(api)
+        got: dict[str, tuple[int, list[str]]] = {}
+
+        def poll(who: Client, key: str) -> None:
+            with httpx.Client(base_url=base, timeout=30) as own:
+                r = own.get("/jobs", headers=who.h, params={"wait": 20})
+                got[key] = (r.status_code, [j["id"] for j in r.json()["jobs"]])
+
+        threads = [threading.Thread(target=poll, args=args) for args in ((a, "a1"), (a, "a2"), (b, "b"))]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 10
+
+        def waiting(session: str) -> int:
+            return len(polls_board._waiters.get(session, []))  # the polls waiting on the board
+
+        while (waiting(a.session), waiting(b.session)) != (2, 1):
+            assert time.monotonic() < deadline, got
+            time.sleep(0.01)
+        r = api.get("/jobs", headers=c.h, params={"wait": 5})
+        assert r.status_code == 429 and "holds 3 long polls, its limit" in r.json()["detail"], r.text
+        assert r.headers["retry-after"]
+        r = api.get("/jobs", headers=a.h, params={"wait": 5})
+        assert r.status_code == 429 and "this session has 2 long polls open" in r.json()["detail"]
+        for who in (a, c):  # a poll that does not wait is never refused
+            assert api.get("/jobs", headers=who.h, params={"wait": 0}).json() == {"jobs": []}
+        for n, (session, key) in enumerate(((a.session, "a"), (a.session, "a"), (b.session, "b"))):
+            asyncio.run(polls_board.post(_job(f"job-{n}", session=session)))
+            while len(got) < n + 1:
+                assert time.monotonic() < deadline, got
+                time.sleep(0.01)
+        for t in threads:
+            t.join()
+        assert got == {"a1": got["a1"], "a2": got["a2"], "b": (200, ["job-2"])}
+        assert sorted([got["a1"], got["a2"]]) == [(200, ["job-0"]), (200, ["job-1"])]
+        # every slot is free again, also those of polls whose client hung up
+        with httpx.Client(base_url=base, timeout=httpx.Timeout(0.3)) as impatient:
+            for _ in range(2):
+                with pytest.raises(httpx.ReadTimeout):
+                    impatient.get("/jobs", headers=a.h, params={"wait": 10})
+        time.sleep(0.3)  # the server has seen the hang-ups
+        for who in (a, a, b, c):
+            r = api.get("/jobs", headers=who.h, params={"wait": 0.05})
+            assert r.status_code == 200, r.text
+    with pytest.raises(ValueError, match="max_polls_per_session"):
+        job_routes(polls_board, max_polls_per_session=0)
+    with pytest.raises(ValueError, match="max_polls"):
+        job_routes(polls_board, max_polls=True)
+
+
+def test_a_run_squatting_a_jobs_timer_id_is_no_timer_and_the_model_hears_so(
+    api: httpx.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    me = Client(api)
+    job_id = uuid.uuid4()
+    monkeypatch.setattr(dflow_agents.pulling, "uuid", SimpleNamespace(uuid4=lambda: job_id))  # a known job id
+    squatter = asyncio.run(start_in_session(squat, "mine now", me.session, timer_trace(job_id.hex)))
+    trace = me.chat("fetch http://squatted")
+    answer = me.result(trace)["answer"]
+    assert "could not be posted" in answer and "not its timer" in answer, answer
+    assert me.pull(wait=0) == []  # no job without its timer
+    st = me.status(squatter.trace_id)
+    assert (st["status"], st["result"]) == ("done", "mine now")  # the squatter's run is left as it was
+
+
+def test_a_jobs_timer_started_before_is_recognised() -> None:
+    runner = ask.runner  # a timeout of 0.5 s
+    job_id = uuid.uuid4().hex
+    assert asyncio.run(runner._start_timer(job_id)) is False  # started now
+    assert asyncio.run(runner._start_timer(job_id)) is False  # started before (on_init again): it waits
+    dflow.Run(timer_trace(job_id)).result(10)
+    assert asyncio.run(runner._start_timer(job_id)) is True  # it fired: the job's deadline has passed

@@ -21,6 +21,6 @@ crawler = DeepCrawlerAgent(
     research=research_function(FunctionModel(site.bfs_research, name="bfs-research")),
     validation=validation_function(FunctionModel(site.validate, name="validate")),
     summary=summary_function(FunctionModel(site.summarize, name="summarize")),
-    crawler=Fetcher(max_bytes=PAGE_BUDGET),
+    crawler=Fetcher(max_bytes=PAGE_BUDGET, allow_private=True),
     max_pages=60,
 )

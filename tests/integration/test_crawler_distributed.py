@@ -65,8 +65,9 @@ def runs_of(trace_id: str) -> Iterator[list[dflow.StepRecord]]:
 
 
 def committed_fetches(trace_id: str) -> list[str]:
-    """The URLs of the fetch steps a run has committed (one step per page)."""
-    return [s.input for steps in runs_of(trace_id) for s in steps
+    """The URLs of the fetch steps a run has committed (one step per page; its input is
+    ``[url, max_bytes, keep]``)."""
+    return [s.input[0] for steps in runs_of(trace_id) for s in steps
             if s.status is StepStatus.DONE and s.key.split(">")[0] == "fetch"]
 
 

@@ -59,12 +59,6 @@ def _connections(url: str, name: str) -> int:
         r.close()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "defect (medium): each long poll (GET /jobs?wait=...) holds a Redis connection of its own for its whole "
-    "wait (a BLPOP on an unbounded redis-py pool): one client with one token opens as many Redis "
-    "connections as it opens polls, up to Redis's maxclients, which the store and transport share; cap "
-    "the polls per session and/or bound the pool (dflow_agents/_jobboard.py RedisJobBoard.pull, "
-    "_jobroutes.py pull)"))
 def test_one_clients_long_polls_do_not_each_hold_a_redis_connection(
     runtime: dflow.Runtime, redis_url: str, prefix: str
 ) -> None:
@@ -207,12 +201,6 @@ def test_an_open_dflow_serve_starts_runs_for_a_same_origin_json_client(open_serv
                        ).status_code == 200
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "defect (medium): dflow serve without DFLOW_SERVER_TOKEN (its default on loopback) lets POST /runs "
-    "start a run with no token, and reads any Content-Type as JSON: any web page the user visits can "
-    "start runs of the served pipelines with a cross-site 'simple' POST (text/plain, no CORS preflight), "
-    "a drive-by that needs no response (dflow/server/app.py start(); dflow/server/_http.py read_json "
-    "accepts any Content-Type and checks neither Origin nor Sec-Fetch-Site)"))
 def test_an_open_dflow_serve_refuses_a_cross_site_form_post(open_serve: str) -> None:
     with httpx.Client(base_url=open_serve, timeout=20) as api:
         r = api.post("/runs", content=b'{"pipeline": "rv-serve-echo", "param": "drive-by"}', headers={
@@ -222,11 +210,6 @@ def test_an_open_dflow_serve_refuses_a_cross_site_form_post(open_serve: str) -> 
         assert r.status_code in (400, 403, 415), (r.status_code, r.text[:200])
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "defect (medium): dflow serve without DFLOW_SERVER_TOKEN answers any Host header, so a web page whose "
-    "domain is rebound to 127.0.0.1 (DNS rebinding) is same-origin with it: it creates sessions, starts "
-    "runs and reads their results; an open server should answer only loopback Host names "
-    "(dflow/server/_serve.py serve / app.py create_app: no Host check)"))
 def test_an_open_dflow_serve_refuses_foreign_host_names(open_serve: str) -> None:
     with httpx.Client(base_url=open_serve, timeout=20) as api:
         r = api.post("/runs", json={"pipeline": "rv-serve-echo", "param": "rebound"},
