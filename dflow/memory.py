@@ -7,43 +7,38 @@ timers, blobs kept while referenced, redelivery), so that local mode is faithful
 on its server: a commit puts the next step's message on the transport, acknowledges the
 delivery it finishes and may take the worker's next step, in one call; local mode runs
 that path. It belongs to one event loop and is not thread-safe.
+
+Here are its steps' transitions and what falls due; how its runs end (finishing, joins,
+cancelling) is in ``_memends``, what it keeps of a run in ``_memruns``, its blobs in
+``_memblobs``, and the callers waiting for its runs in ``_followers``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import heapq
 import itertools
 import time
 from collections import OrderedDict, deque
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from ._broker import MemoryBroker, MemoryTransport
 from ._codec import CONTINUE, FAIL, JOIN, RUN, Message
+from ._followers import Followers
+from ._memblobs import BlobTable
+from ._memends import CANCELLED as CANCELLED  # (where it was)
+from ._memends import RunEnds
+from ._memruns import JoinState, Lease, RunState
 from .context import RunInfo, RunStatus, StepRecord
-from .errors import (
-    NotWaitingError,
-    RefusedMessageError,
-    RunExistsError,
-    RunNotFoundError,
-    RunTimeoutError,
-    SerializationError,
-    StoreError,
-)
+from .errors import NotWaitingError, RefusedMessageError, RunExistsError, RunNotFoundError, SerializationError
 from .store import (
     Advance,
-    BlobsMissingError,
-    BranchResult,
     Claim,
     Committed,
     Fail,
     Finish,
     Fork,
-    Frames,
     NewRun,
-    Parent,
     Store,
     Taken,
     Transition,
@@ -52,78 +47,8 @@ from .store import (
 
 __all__ = ["MemoryBroker", "MemoryStore", "MemoryTransport"]
 
-#: The error recorded on a branch run that its join no longer needs.
-CANCELLED = {
-    "type": "dflow.Cancelled",
-    "message": "cancelled: its zip/any join closed without it (a winner was found, or a branch failed)",
-    "step": "",
-}
 
-
-@dataclass(slots=True)
-class _Join:
-    kind: str
-    n: int
-    message: Message
-    children: list[str] = field(default_factory=list)
-    closed: bool = False
-    slots: list[BranchResult] = field(default_factory=list)
-    arrived: set[int] = field(default_factory=set)
-
-
-@dataclass(slots=True)
-class _Lease:
-    token: str
-    until: float
-    length: float
-    message: Message
-
-
-@dataclass(slots=True, eq=False)
-class _Run:
-    trace_id: str
-    status: RunStatus
-    seq: int
-    attempt: int
-    key: str
-    frames: bytes | None
-    value: bytes
-    data: dict[str, bytes]
-    records: list[StepRecord]
-    parent: Parent | None
-    created: float
-    updated: float
-    blobs: tuple[str, ...] = ()
-    waiting_for: str | None = None
-    init_pending: bool = False
-    lease: _Lease | None = None
-    result: bytes | None = None
-    error: dict[str, Any] | None = None
-    changed: set[str] | None = None
-    join: _Join | None = None
-    parked: str | None = None
-    park_count: int = 0
-    kind: int = RUN  #: the kind of message the run expects for its current step
-    due: float | None = None  #: when its timer is due, if it waits for one
-
-    def info(self) -> RunInfo:
-        waiting = self.waiting_for or ("join" if self.join is not None and not self.join.closed else None)
-        return RunInfo(
-            trace_id=self.trace_id,
-            status=self.status,
-            seq=self.seq,
-            created=self.created,
-            updated=self.updated,
-            waiting_for=waiting,
-            raw_result=self.result,
-            error=self.error,
-            parent=self.parent.trace_id if self.parent else None,
-            extra={**({"parked": self.parked, "park_count": self.park_count} if self.parked else {}),
-                   **({"due": self.due} if self.due is not None else {})},
-        )
-
-
-class MemoryStore(Store):
+class MemoryStore(RunEnds, Store):
     """``Store`` in a dict. ``ttl``: seconds a finished run is kept; ``blob_ttl``: seconds
     a flow blob no live run references is kept; ``redispatch_after``: seconds after which a
     committed but unclaimed next message is handed out again (outbox; not fused).
@@ -142,16 +67,13 @@ class MemoryStore(Store):
         self.redispatch_after = redispatch_after
         self.transport = transport
         self.fused = transport is not None
-        self._runs: dict[str, _Run] = {}
-        self._leased: dict[str, _Run] = {}
+        self._runs: dict[str, RunState] = {}
+        self._leased: dict[str, RunState] = {}
         self._outbox: OrderedDict[str, tuple[float, Message]] = OrderedDict()
         self._timers: list[tuple[float, int, Message]] = []
         self._expiry: deque[tuple[float, str]] = deque()
-        self._blobs: dict[str, bytes] = {}
-        self._blob_runs: dict[str, int] = {}  # live runs referencing each blob
-        self._blob_expiry: deque[tuple[float, str]] = deque()
-        self._waiters: dict[str, list[asyncio.Future[RunInfo]]] = {}
-        self._watchers: dict[str, list[asyncio.Future[None]]] = {}  # of runs' step records
+        self._blobs = BlobTable()
+        self._followers = Followers()
         self._tokens = itertools.count(1)
         self._timer_seq = itertools.count()
         self._quiet = False
@@ -169,39 +91,9 @@ class MemoryStore(Store):
             self._outbox[msg.ident] = (now + self.redispatch_after, msg)
             out.append(msg)
 
-    def _check_blobs(self, frames: list[Frames | None]) -> None:
-        """Store the new blobs, then refuse (changing nothing else) a write that names one
-        the store has not: the writer believed it stored."""
-        missing = []
-        for f in frames:
-            if f is None:
-                continue
-            for ref, blob in f.new_blobs.items():
-                self._blobs.setdefault(ref, blob)
-            missing += [r for r in f.blobs if r not in self._blobs]
-        if missing:
-            raise BlobsMissingError(missing)
-
-    def _set_blobs(self, run: _Run, refs: tuple[str, ...], now: float) -> None:
-        if refs == run.blobs:
-            return
-        counts = self._blob_runs
-        for r in refs:
-            if r not in run.blobs:
-                counts[r] = counts.get(r, 0) + 1
-        for r in run.blobs:
-            if r not in refs:
-                n = counts.get(r, 0) - 1
-                if n <= 0:
-                    counts.pop(r, None)
-                    self._blob_expiry.append((now + self.blob_ttl, r))
-                else:
-                    counts[r] = n
-        run.blobs = refs
-
-    def _new(self, run: NewRun, now: float) -> _Run:
+    def _new(self, run: NewRun, now: float) -> RunState:
         msg = run.message
-        r = _Run(
+        r = RunState(
             trace_id=run.trace_id,
             status=RunStatus.RUNNING if msg is not None else RunStatus.DONE,
             seq=msg.seq if msg is not None else 0,
@@ -218,58 +110,11 @@ class MemoryStore(Store):
             kind=msg.kind if msg is not None else RUN,
         )
         if run.frames is not None:
-            self._set_blobs(r, run.frames.blobs, now)
+            self._blobs.hold(r, run.frames.blobs, now, self.blob_ttl)
         self._runs[run.trace_id] = r
         return r
 
-    def _finished(self, run: _Run, now: float, out: list[Message]) -> None:
-        run.lease = None
-        run.frames = None
-        run.due = None
-        self._set_blobs(run, (), now)
-        self._expiry.append((now + self.ttl, run.trace_id))
-        for fut in self._waiters.pop(run.trace_id, ()):
-            if not fut.done():
-                fut.set_result(run.info())
-        self._wake_watchers(run.trace_id)
-        if run.parent is not None:
-            self._arrive(run, now, out)
-
-    def _wake_watchers(self, trace_id: str) -> None:
-        for fut in self._watchers.pop(trace_id, ()):
-            if not fut.done():
-                fut.set_result(None)
-
-    def _arrive(self, child: _Run, now: float, out: list[Message]) -> None:
-        link = child.parent
-        assert link is not None
-        parent = self._runs.get(link.trace_id)
-        if parent is None or parent.join is None or parent.seq != link.seq:
-            return
-        j = parent.join
-        if j.closed or link.index in j.arrived:
-            return
-        ok = child.status is RunStatus.DONE
-        changes = {k: child.data.get(k) for k in child.changed or ()}
-        j.arrived.add(link.index)
-        j.slots.append(BranchResult(link.index, ok, child.result, child.error, changes))
-        complete = (not ok or len(j.arrived) == j.n) if j.kind == "zip" else (ok or len(j.arrived) == j.n)
-        if complete:
-            j.closed = True
-            parent.status = RunStatus.RUNNING
-            parent.updated = now
-            self._emit(j.message, now, out)
-            for i, trace_id in enumerate(j.children):  # the others are no longer wanted
-                other = self._runs.get(trace_id)
-                if i not in j.arrived and other is not None and not other.status.finished:
-                    other.status = RunStatus.FAILED
-                    other.error = dict(CANCELLED)
-                    other.waiting_for = None
-                    other.init_pending = False
-                    self._leased.pop(trace_id, None)
-                    self._finished(other, now, out)
-
-    def _leased_by(self, claim: Claim) -> _Run | None:
+    def _leased_by(self, claim: Claim) -> RunState | None:
         run = self._runs.get(claim.message.trace_id)
         if run is None or run.lease is None or run.lease.token != claim.token:
             return None
@@ -280,7 +125,7 @@ class MemoryStore(Store):
     async def create_run(self, run: NewRun) -> list[Message]:
         if run.trace_id in self._runs:
             raise RunExistsError(f"a run with trace id {run.trace_id!r} already exists", trace_id=run.trace_id)
-        self._check_blobs([run.frames])
+        self._blobs.check([run.frames])
         now = time.time()
         r = self._new(run, now)
         out: list[Message] = []
@@ -327,7 +172,7 @@ class MemoryStore(Store):
             run.status = RunStatus.RUNNING
         self._outbox.pop(message.ident, None)
         token = str(next(self._tokens))
-        run.lease = _Lease(token, now + lease, lease, message)
+        run.lease = Lease(token, now + lease, lease, message)
         self._leased[run.trace_id] = run
         branches = run.join.slots if message.kind == JOIN and run.join is not None else None
         return Claim(message, token, run.frames, run.value, run.data, init_only, branches, run.blobs)
@@ -352,9 +197,9 @@ class MemoryStore(Store):
         # Checked before anything changes.
         if isinstance(transition, Advance):
             if transition.frames is not None and transition.frames.blobs:
-                self._check_blobs([transition.frames])
+                self._blobs.check([transition.frames])
         elif isinstance(transition, Fork):
-            self._check_blobs([transition.frames, *(c.frames for c in transition.children)])
+            self._blobs.check([transition.frames, *(c.frames for c in transition.children)])
             for child in transition.children:
                 if child.trace_id in self._runs:
                     raise RunExistsError(
@@ -376,7 +221,7 @@ class MemoryStore(Store):
         return Committed(True, out, acked, taken)
 
     def _apply(
-        self, run: _Run, claim: Claim, records: list[StepRecord], changes: Mapping[str, bytes | None],
+        self, run: RunState, claim: Claim, records: list[StepRecord], changes: Mapping[str, bytes | None],
         transition: Transition,
     ) -> list[Message]:
         now = time.time()
@@ -388,8 +233,9 @@ class MemoryStore(Store):
         self._leased.pop(run.trace_id, None)
         run.updated = now
         run.records.extend(records)
-        if run.trace_id in self._watchers:
-            self._wake_watchers(run.trace_id)
+        followers = self._followers
+        if run.trace_id in followers.watchers:
+            followers.wake_watchers(run.trace_id)
         if changes:
             data = run.data
             for k, v in changes.items():
@@ -406,7 +252,7 @@ class MemoryStore(Store):
             msg = transition.message
             if transition.frames is not None:
                 run.frames = transition.frames.record
-                self._set_blobs(run, transition.frames.blobs, now)
+                self._blobs.hold(run, transition.frames.blobs, now, self.blob_ttl)
             run.value = transition.value
             run.seq, run.attempt, run.key, run.kind = msg.seq, msg.attempt, msg.key, msg.kind
             if transition.at is not None and transition.at > now:
@@ -421,16 +267,16 @@ class MemoryStore(Store):
             run.waiting_for = transition.call_type
             run.init_pending = transition.init_pending
             if transition.init_pending:  # keep a lease so a crash before on_init re-runs it
-                run.lease = _Lease(claim.token, now + lease.length, lease.length, claim.message)
+                run.lease = Lease(claim.token, now + lease.length, lease.length, claim.message)
                 self._leased[run.trace_id] = run
         elif isinstance(transition, Fork):
             msg = transition.join
             if transition.frames is not None:
                 run.frames = transition.frames.record
-                self._set_blobs(run, transition.frames.blobs, now)
+                self._blobs.hold(run, transition.frames.blobs, now, self.blob_ttl)
             run.status = RunStatus.WAITING
             run.seq, run.attempt, run.key, run.kind = msg.seq, msg.attempt, msg.key, msg.kind
-            run.join = _Join(transition.kind, len(transition.children), msg, [c.trace_id for c in transition.children])
+            run.join = JoinState(transition.kind, len(transition.children), msg, [c.trace_id for c in transition.children])
             for child in transition.children:
                 self._new(child, now)
                 assert child.message is not None
@@ -564,11 +410,7 @@ class MemoryStore(Store):
                 del self._runs[trace_id]
         if expiry:
             next_due.append(expiry[0][0])
-        blob_expiry = self._blob_expiry
-        while blob_expiry and blob_expiry[0][0] <= now:
-            _, ref = blob_expiry.popleft()
-            if ref not in self._blob_runs:  # no run took it up again meanwhile
-                self._blobs.pop(ref, None)
+        self._blobs.expire(now)
         return out, (min(next_due) if next_due else None)
 
     async def get_run(self, trace_id: str) -> RunInfo | None:
@@ -588,104 +430,21 @@ class MemoryStore(Store):
     ) -> tuple[list[StepRecord], RunInfo | None]:
         run = self._runs.get(trace_id)
         if run is not None and len(run.records) <= start and not run.status.finished:
-            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._watchers.setdefault(trace_id, []).append(fut)
-            try:
-                await asyncio.wait_for(fut, timeout)
-            except asyncio.TimeoutError:
-                pass
-            finally:
-                futs = self._watchers.get(trace_id)
-                if futs and fut in futs:
-                    futs.remove(fut)
-                    if not futs:
-                        del self._watchers[trace_id]
+            await self._followers.watch(trace_id, timeout)
             run = self._runs.get(trace_id)
         if run is None:
             return [], None
         return run.records[max(0, start):], run.info()
 
-    async def cancel(self, trace_id: str, reason: str) -> tuple[RunInfo | None, list[Message]]:
-        run = self._runs.get(trace_id)
-        if run is None:
-            return None, []
-        out: list[Message] = []
-        if not run.status.finished:
-            now = time.time()
-            gone: set[str] = set()
-            self._cancel(run, {"type": "dflow.RunCancelled", "message": reason, "step": ""}, now, out, gone)
-            if gone:  # their timers and unclaimed messages go too
-                self._timers = [e for e in self._timers if e[2].trace_id not in gone]
-                heapq.heapify(self._timers)
-                for ident in [i for i, (_, m) in self._outbox.items() if m.trace_id in gone]:
-                    del self._outbox[ident]
-        return run.info(), out
-
-    def _cancel(self, run: _Run, error: dict[str, Any], now: float, out: list[Message], gone: set[str]) -> None:
-        """End ``run`` and the branches its open join waits for (first: their arrivals
-        must not reach a join that is going away)."""
-        gone.add(run.trace_id)
-        run.status = RunStatus.CANCELLED
-        run.error = dict(error)
-        run.updated = now
-        run.waiting_for = None
-        run.init_pending = False
-        run.parked = None
-        self._leased.pop(run.trace_id, None)
-        j = run.join
-        if j is not None and not j.closed:
-            j.closed = True
-            for child_id in j.children:
-                child = self._runs.get(child_id)
-                if child is not None and not child.status.finished:
-                    self._cancel(child, error, now, out, gone)
-        self._finished(run, now, out)
-
     async def get_blob(self, ref: str) -> bytes | None:
-        return self._blobs.get(ref)
+        return self._blobs.blobs.get(ref)
 
     async def wait_many(self, trace_ids: list[str], timeout: float | None) -> list[RunInfo]:
-        futs: dict[str, asyncio.Future[RunInfo]] = {}
-        done: dict[str, RunInfo] = {}
-        loop = asyncio.get_running_loop()
-        for t in dict.fromkeys(trace_ids):
-            run = self._runs.get(t)
-            if run is None:
-                raise RunNotFoundError(f"no run with trace id {t!r} (never started, or expired)", trace_id=t)
-            if run.status.finished:
-                done[t] = run.info()
-            else:
-                fut = futs[t] = loop.create_future()
-                self._waiters.setdefault(t, []).append(fut)
-        try:
-            if futs:
-                _, pending = await asyncio.wait(futs.values(), timeout=timeout)
-                if pending:
-                    first = next(t for t, f in futs.items() if not f.done())
-                    run = self._runs.get(first)
-                    state = run.status.value if run is not None else "gone"
-                    what = (f"run {first!r} did not finish" if len(futs) + len(done) == 1 else
-                            f"{len(pending)} of {len(futs) + len(done)} runs did not finish, e.g. {first!r},")
-                    raise RunTimeoutError(f"{what} within {timeout}s (it is {state}); the run goes on",
-                                          trace_id=first)
-                for t, f in futs.items():
-                    done[t] = f.result()
-        finally:
-            for t, fut in futs.items():
-                waiters = self._waiters.get(t)
-                if waiters and fut in waiters:
-                    waiters.remove(fut)
-                    if not waiters:
-                        del self._waiters[t]
-        return [done[t] for t in trace_ids]
+        return await self._followers.wait_many(self._runs, trace_ids, timeout)
 
     async def close(self) -> None:
         """Wake every waiter: the store is going away."""
-        waiters, self._waiters = self._waiters, {}
-        for futs in waiters.values():
-            for fut in futs:
-                if not fut.done():
-                    fut.set_exception(StoreError("the in-memory store was closed (the runtime stopped)"))
+        self._followers.close()
 
     async def list_runs(self, limit: int = 50) -> list[RunInfo]:
         out = []

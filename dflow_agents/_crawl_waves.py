@@ -33,8 +33,9 @@ import dflow
 from dflow import ContextStack, DFlow
 
 from ._crawl_pages import page_of
+from ._markdown import origin_of, trim_open_link
 from ._urlmap import UrlMap, parse_id, shorten_links
-from .fetch import Fetcher, Page, Robots, origin_of, trim_open_link
+from .fetch import Fetcher, Page, Robots
 from .tools import Tool, ToolResult
 
 __all__ = ["Chunks", "CrawlWaves", "encoded_size", "site_of", "value_limit"]

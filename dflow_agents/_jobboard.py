@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-import weakref
 from abc import ABC, abstractmethod
 from collections import deque
 from dataclasses import dataclass
@@ -20,9 +19,10 @@ from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 from pydantic import BaseModel, ConfigDict
 
+from ._redis import LoopClients
+
 if TYPE_CHECKING:
     import redis.asyncio as aioredis
-    from redis.commands.core import AsyncScript
 
 __all__ = ["CALL_PREFIX", "InMemoryJobBoard", "Job", "JobBoard", "RedisJobBoard", "TIMER_PREFIX", "timer_trace"]
 
@@ -235,43 +235,10 @@ class RedisJobBoard(JobBoard):
             raise ValueError(f"prefix is a non-empty str of at most 128 characters, got {prefix!r}")
         self.prefix = prefix
         self.keep = _check_keep(keep)
-        self._url: str | None = None
-        self._client: aioredis.Redis | None = None
-        self._options = dict(options)
-        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[Any, dict[str, AsyncScript]]] = (
-            weakref.WeakKeyDictionary()
-        )
-        if isinstance(url_or_client, str):
-            if not url_or_client.startswith(("redis://", "rediss://", "unix://")):
-                raise ValueError("not a Redis URL; use redis://host:port/db (rediss:// for TLS) or pass a client")
-            self._url = url_or_client
-        elif callable(getattr(url_or_client, "register_script", None)):
-            if options:
-                raise TypeError(f"options {sorted(options)} apply to a URL; configure the client you passed instead")
-            self._client = url_or_client
-        else:
-            raise TypeError(f"RedisJobBoard takes a Redis URL or a redis.asyncio.Redis client, got {url_or_client!r}")
+        self._redis = LoopClients("RedisJobBoard", url_or_client, options, {"post": _POST, "settle": _SETTLE})
 
     def __repr__(self) -> str:
         return f"RedisJobBoard(prefix={self.prefix!r})"
-
-    def _connection(self) -> tuple[Any, dict[str, AsyncScript]]:
-        loop = asyncio.get_running_loop()
-        found = self._clients.get(loop)
-        if found is None:
-            if self._client is not None:
-                client: Any = self._client
-            else:
-                try:
-                    import redis.asyncio as redis_asyncio
-                except ImportError:  # pragma: no cover - depends on the installation
-                    raise ImportError("RedisJobBoard needs the redis package: pip install 'dflow-runtime[redis]'") from None
-                assert self._url is not None
-                client = redis_asyncio.Redis.from_url(self._url, **self._options)
-            scripts = {name: client.register_script(src) for name, src in
-                       (("post", _POST), ("settle", _SETTLE))}
-            found = self._clients[loop] = (client, scripts)
-        return found
 
     def _job_key(self, job_id: str) -> str:
         return f"{self.prefix}:job:{job_id}"
@@ -280,7 +247,7 @@ class RedisJobBoard(JobBoard):
         return f"{self.prefix}:queue:{session}"
 
     async def post(self, job: Job) -> bool:
-        _, scripts = self._connection()
+        _, scripts = self._redis.get()
         forget_ms = round((job.deadline + self.keep) * 1000)
         body = job.model_copy(update={"state": "pending"}).model_dump_json()
         done = await scripts["post"](
@@ -290,7 +257,7 @@ class RedisJobBoard(JobBoard):
         return bool(done)
 
     async def pull(self, session: str, *, wait: float, limit: int) -> list[Job]:
-        client, _ = self._connection()
+        client, _ = self._redis.get()
         queue = self._queue_key(session)
         deadline = time.monotonic() + wait
         while True:
@@ -313,18 +280,16 @@ class RedisJobBoard(JobBoard):
                 return jobs
 
     async def get(self, job_id: str) -> Job | None:
-        client, _ = self._connection()
+        client, _ = self._redis.get()
         state, body = await client.hmget(self._job_key(job_id), "state", "job")
         if body is None:
             return None
         return Job.model_validate_json(body).model_copy(update={"state": _text(state)})
 
     async def settle(self, job_id: str, state: Literal["answered", "expired"]) -> bool:
-        _, scripts = self._connection()
+        _, scripts = self._redis.get()
         return bool(await scripts["settle"](keys=[self._job_key(job_id)], args=[state]))
 
     async def aclose(self) -> None:
         """Close the client this board opened for the running event loop."""
-        found = self._clients.pop(asyncio.get_running_loop(), None)
-        if found is not None and self._client is None:
-            await found[0].aclose()
+        await self._redis.aclose()

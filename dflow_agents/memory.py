@@ -19,23 +19,20 @@ copied into a stored flow: declare one at import time with ``dflow.shared(memory
 
 from __future__ import annotations
 
-import asyncio
 import re
 import threading
-import weakref
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol, runtime_checkable
-from urllib.parse import urlsplit, urlunsplit
 
 import pydantic
 
+from ._redis import LoopClients
 from ._window import context_window, estimate_tokens
 from .messages import ChatMessage
 
 if TYPE_CHECKING:
     import redis.asyncio as aioredis
-    from redis.commands.core import AsyncScript
 
 __all__ = [
     "ChatMemory",
@@ -235,31 +232,6 @@ return fresh
 """
 
 
-def _redacted(url: str) -> str:
-    """The URL without its password."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<unparsable URL>"
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    user = parts.username or ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
-
-
-def _import_redis() -> Any:
-    try:
-        import redis.asyncio as aioredis
-    except ImportError:  # pragma: no cover - depends on the installation
-        raise ImportError(
-            "RedisChatMemory needs the redis package: pip install 'dflow-runtime[redis]'"
-        ) from None
-    return aioredis
-
-
 class RedisChatMemory:
     """Sessions in Redis (redis-py's asyncio client): they survive processes and restarts.
 
@@ -299,58 +271,19 @@ class RedisChatMemory:
         self.prefix = prefix
         self.ttl = None if ttl is None else float(ttl)
         self.max_keys = _check_max_keys(max_keys)
-        self._url: str | None = None
-        self._client: aioredis.Redis | None = None
-        self._options = dict(options)
-        self._clients: weakref.WeakKeyDictionary[
-            asyncio.AbstractEventLoop, tuple[aioredis.Redis, AsyncScript]
-        ] = weakref.WeakKeyDictionary()
-        self._script: AsyncScript | None = None
-        if isinstance(url_or_client, str):
-            if not url_or_client.startswith(("redis://", "rediss://", "unix://")):
-                raise ValueError(
-                    f"not a Redis URL: {_redacted(url_or_client)!r}; use redis://host:port/db "
-                    "(rediss:// for TLS) or pass a redis.asyncio.Redis client"
-                )
-            self._url = url_or_client
-        else:
-            if options:
-                raise TypeError(
-                    f"options {sorted(options)} apply to a URL; configure the client you passed instead"
-                )
-            if not callable(getattr(url_or_client, "register_script", None)):
-                raise TypeError(
-                    "RedisChatMemory takes a Redis URL or a redis.asyncio.Redis client, "
-                    f"got {type(url_or_client).__qualname__}"
-                )
-            self._client = url_or_client
-            self._script = url_or_client.register_script(_APPEND)
+        self._redis = LoopClients("RedisChatMemory", url_or_client, options, {"append": _APPEND})
 
     def __repr__(self) -> str:
-        where = _redacted(self._url) if self._url is not None else "client"
-        return f"RedisChatMemory({where!r}, prefix={self.prefix!r})"
+        return f"RedisChatMemory({self._redis.where!r}, prefix={self.prefix!r})"
 
     def _keys(self, session: str) -> list[str]:
         base = f"{self.prefix}:{{{_check_session(session)}}}"
         return [f"{base}:messages", f"{base}:keys"]
 
-    def _connection(self) -> tuple[aioredis.Redis, AsyncScript]:
-        """The client (and the append script) of the running event loop."""
-        if self._client is not None and self._script is not None:
-            return self._client, self._script
-        assert self._url is not None
-        loop = asyncio.get_running_loop()
-        found = self._clients.get(loop)
-        if found is None:
-            client = _import_redis().Redis.from_url(self._url, **self._options)
-            found = (client, client.register_script(_APPEND))
-            self._clients[loop] = found
-        return found
-
     async def load(self, session: str) -> list[ChatMessage]:
         """The session's messages, oldest first."""
         messages_key, _ = self._keys(session)
-        client, _ = self._connection()
+        client, _ = self._redis.get()
         raw: list[bytes | str] = await client.lrange(messages_key, 0, -1)
         out: list[ChatMessage] = []
         for i, item in enumerate(raw):
@@ -370,24 +303,20 @@ class RedisChatMemory:
         _check_key(key)
         batch = [m.model_dump_json() for m in _as_messages(messages)]
         ttl_ms = 0 if self.ttl is None else max(1, round(self.ttl * 1000))
-        _, script = self._connection()
-        fresh = await script(keys=keys, args=[key, ttl_ms, self.max_keys, *batch])
+        _, scripts = self._redis.get()
+        fresh = await scripts["append"](keys=keys, args=[key, ttl_ms, self.max_keys, *batch])
         return bool(fresh)
 
     async def clear(self, session: str) -> None:
         """Delete the session's messages and batch keys."""
         keys = self._keys(session)
-        client, _ = self._connection()
+        client, _ = self._redis.get()
         await client.delete(*keys)
 
     async def aclose(self) -> None:
         """Close the client this memory opened for the running event loop (a passed-in
         client is the caller's to close). A new one opens on next use."""
-        if self._url is None:
-            return
-        found = self._clients.pop(asyncio.get_running_loop(), None)
-        if found is not None:
-            await found[0].aclose()
+        await self._redis.aclose()
 
     def __reduce__(self) -> NoReturn:
         _refuse_pickle(self)

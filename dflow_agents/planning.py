@@ -26,12 +26,13 @@ import inspect
 import re
 import warnings
 import weakref
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import dflow
 from dflow import ContextStack, DFlow, Pipeline, Run
 
+from ._plan_summary import Finalizer, note, results_text, summarise
 from .agent import (
     RUNNING,
     Agent,
@@ -41,8 +42,8 @@ from .agent import (
     check_name,
     check_session,
     dump,
-    run_session,
     load,
+    run_session,
     stop,
 )
 from .errors import ModelRetryableError
@@ -51,7 +52,6 @@ from .messages import ChatMessage, ChatResponse, Usage
 from .model import ChatModel
 from .plan_tool import apply_call, planning_tool
 from .plans import (
-    MAX_NOTE_CHARS,
     Plan,
     PlanBook,
     PlanDraft,
@@ -83,7 +83,6 @@ FINALIZE_PROMPT = (
 _KEY = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 StepPrompt = Callable[[str, Plan, int], "str | Awaitable[str]"]
-Finalizer = Callable[[str, Plan, Sequence[StepResult]], "str | Awaitable[str]"]
 _flows: dict[str, weakref.ref[PlanningFlow]] = {}
 
 
@@ -97,22 +96,6 @@ def default_step_prompt(request: str, plan: Plan, index: int) -> str:
         "Do only this step, with the tools you have. When it is done, answer with a short summary "
         "of what you did and what you found."
     )
-
-
-def _results_text(steps: Sequence[StepResult]) -> str:
-    """A line per step run (each answer cut at ``MAX_NOTE_CHARS``)."""
-    lines = []
-    for s in steps:
-        said = s.answer or s.reason or "(no answer)"
-        if len(said) > MAX_NOTE_CHARS:
-            said = said[: MAX_NOTE_CHARS - 3] + "..."
-        lines.append(f"Step {s.index} ({s.status.value}, by {s.executor}): {said}")
-    return "\n".join(lines)
-
-
-def _note(text: str) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= MAX_NOTE_CHARS else text[: MAX_NOTE_CHARS - 3] + "..."
 
 
 class PlanningFlow:
@@ -414,10 +397,10 @@ class PlanningFlow:
         else:
             result = AgentResult(status=AgentStatus.ERROR, reason=str(outcome.get("__error__", outcome)))
         if result.status is AgentStatus.FINISHED:
-            book.put(plan.with_step(index, PlanStepStatus.COMPLETED, _note(result.answer or "(no answer)")))
+            book.put(plan.with_step(index, PlanStepStatus.COMPLETED, note(result.answer or "(no answer)")))
         else:
             said = f"{result.status.value}: {result.reason}" + (f". {result.answer}" if result.answer else "")
-            book.put(plan.with_step(index, PlanStepStatus.BLOCKED, _note(said)))
+            book.put(plan.with_step(index, PlanStepStatus.BLOCKED, note(said)))
         step = StepResult(index=index, step=plan.steps[index], executor=key, agent=self.executors[key].name,
                           status=result.status, answer=result.answer, reason=result.reason)
         state["steps"] = [*state["steps"], step.model_dump(mode="json")]
@@ -442,10 +425,10 @@ class PlanningFlow:
         except ModelRetryableError as exc:
             if ctx.attempt + 1 < self.model_attempts:
                 raise
-            answer = _results_text(steps)
+            answer = results_text(steps)
             state["reason"] = f"every step was run; the finalizer failed {self.model_attempts} times: {exc}"
         except Exception as exc:  # noqa: BLE001 - the steps were run: their results are the answer
-            answer = _results_text(steps)
+            answer = results_text(steps)
             state["reason"] = f"every step was run; the finalizer failed: {type(exc).__name__}: {exc}"
         else:
             state["reason"] = state["reason"] or "every step was run and the plan summarised"
@@ -453,26 +436,11 @@ class PlanningFlow:
         return self._result(ctx, state)
 
     async def _summary(self, state: dict[str, Any], plan: Plan, steps: list[StepResult]) -> str:
-        finalizer, request = self.finalizer, state["request"]
-        if finalizer is None:
-            return f"Plan completed: {plan.title}\n{_results_text(steps)}"
-        text = f"The request: {request}\n\n{plan.text()}\nThe results of the steps:\n{_results_text(steps)}"
-        if isinstance(finalizer, AIFunction):
-            out = await finalizer({"system": self.finalize_prompt, "input": text, "request": request,
-                                   "plan": plan.text(), "results": _results_text(steps)})
-        elif isinstance(finalizer, ChatModel):
-            messages = [ChatMessage.system(self.finalize_prompt), ChatMessage.user(text)]
-            out = await finalizer.chat(messages, None, **self.model_options)
-        else:
-            out = finalizer(request, plan, steps)
-            if inspect.isawaitable(out):
-                out = await out
-        if isinstance(out, ChatResponse):
-            add_usage(state, out.usage)
-            return out.content
-        if not isinstance(out, str):
-            raise TypeError(f"the finalizer returned {type(out).__name__}, not a str or a ChatResponse")
-        return out
+        answer, usage = await summarise(self.finalizer, prompt=self.finalize_prompt, options=self.model_options,
+                                        request=state["request"], plan=plan, steps=steps)
+        if usage is not None:
+            add_usage(state, usage)
+        return answer
 
     def _end(self, state: dict[str, Any]) -> DFlow[PlanningResult]:
         return DFlow.just(state).map(self._result).id("result")

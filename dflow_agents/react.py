@@ -26,6 +26,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from . import _loose_json
+from . import _react_lexer as lex
 from .messages import ToolSpec
 from .tools import Tool
 
@@ -187,7 +188,7 @@ def render_react_scratchpad(steps: Sequence[ReActStep]) -> str:
             tool_input = json.dumps(step.tool_input or {}, ensure_ascii=False)
             out.append(f"{thought}\nAction: {step.tool}\nAction Input: {tool_input}")
         else:
-            text = _LEADING_THOUGHT.sub("", (step.text or "").strip(), count=1)
+            text = lex.strip_thought_label((step.text or "").strip())
             out.append(f" {text}" if text else "")
         out.append(f"\nObservation: {step.observation.strip()}\nThought:")
     return "".join(out)
@@ -215,47 +216,12 @@ def render_react_prompt(
     return _PLACEHOLDER.sub(lambda m: values[m.group(1)], template)
 
 
-# -- parsing -------------------------------------------------------------------------------
+# -- parsing: what the labels mean (dflow_agents._react_lexer finds and reads them) --------
 
-# A label at the start of a line, with markdown around it: "Thought:", "**Action:**",
-# "- Action Input 2:", "### Final Answer:".
-_LABEL = re.compile(
-    r"^[ \t]*(?:[-*+>#]+[ \t]+)?[*_]{0,3}[ \t]*"
-    r"(?P<label>thoughts?|action[ \t_-]*input|action|final[ \t_-]*answer|observation|question)"
-    r"[ \t]*\d*[ \t]*[*_]{0,3}[ \t]*:[*_]{0,3}[ \t]*",
-    re.IGNORECASE | re.MULTILINE,
-)
-# "Final Answer:" in the middle of a line, written as the format writes it.
-_INLINE_FINAL = re.compile(r"(?:\*\*|__)?Final Answer(?:\*\*|__)?[ \t]*:(?:\*\*|__)?[ \t]*")
-_LEADING_THOUGHT = re.compile(r"^\s*[*_]{0,3}thought[*_]{0,3}\s*:[*_]{0,3}\s*", re.IGNORECASE)
-_FENCE = re.compile(r"```[\w+-]*[ \t]*\n?(.*?)(?:\n?```|\Z)", re.DOTALL)
-_WRAPPED = re.compile(r"^\s*```[\w+-]*[ \t]*\n(.*?)\n?```\s*$", re.DOTALL)
 _CALL_FORM = re.compile(r"^([A-Za-z0-9_-]{1,64})\s*[\[(](.*)[\])]$", re.DOTALL)
 _WORD = re.compile(r"^[A-Za-z0-9_-]{1,64}(?=\s|[(\[])")
 _NO_ACTION = {"none", "n/a", "na", "null", "no action", "nothing", "-", ""}
 _FINAL_ACTION = {"final answer", "final_answer", "finalanswer", "finish", "answer"}
-_EMPTY_INPUT = {"", "none", "null", "n/a", "{}"}
-
-
-def _kind(label: str) -> str:
-    low = re.sub(r"[ \t_-]+", "", label.lower())
-    return {"actioninput": "input", "finalanswer": "final", "thoughts": "thought"}.get(low, low)
-
-
-def _segments(text: str) -> list[tuple[str, int, int, str]]:
-    """The labels of ``text`` in order: (kind, label start, content start, content)."""
-    found = [(_kind(m.group("label")), m.start(), m.end()) for m in _LABEL.finditer(text)]
-    inline = []
-    for m in _INLINE_FINAL.finditer(text):
-        before = [f for f in found if f[1] <= m.start()]
-        if before and (before[-1][2] > m.start() or before[-1][0] in ("input", "final")):
-            continue  # part of a label, or inside an input or an answer
-        inline.append(("final", m.start(), m.end()))
-    found = sorted(found + inline, key=lambda f: f[1])
-    return [
-        (kind, start, end, text[end : found[i + 1][1] if i + 1 < len(found) else len(text)])
-        for i, (kind, start, end) in enumerate(found)
-    ]
 
 
 def _available(names: Sequence[str]) -> str:
@@ -270,69 +236,9 @@ def _format_help(names: Sequence[str]) -> str:
     )
 
 
-def _clean_name(line: str) -> str:
-    name = line.strip().strip("*_`'\" \t").rstrip(".:;,").strip("*_`'\" \t")
-    if len(name) >= 2 and name[0] + name[-1] in ("[]", "()", "<>"):
-        name = name[1:-1].strip().strip("`'\"")
-    return name
-
-
-def _match(name: str, names: Sequence[str]) -> list[str]:
-    """The registered names ``name`` means: itself, else those equal ignoring case."""
-    if name in names:
-        return [name]
-    return [n for n in names if n.casefold() == name.casefold()]
-
-
 def _is_word(name: str, words: set[str], names: Sequence[str]) -> bool:
     """Whether ``name`` is one of ``words`` ("none", "final answer"...) and not a tool's name."""
-    return name.lower() in words and not _match(name, names)
-
-
-def _unfenced(text: str) -> str:
-    s = text.strip()
-    if s.startswith("```"):
-        m = _FENCE.match(s)
-        if m:
-            return m.group(1).strip()
-    return s
-
-
-def _input(raw: str) -> dict[str, Any] | str:
-    """The action's input as a JSON object, or the message for a broken one.
-
-    A JSON object (loosely read) ends where it closes; text after it is ignored. Plain text
-    ends at the first blank line and becomes ``{"input": text}``; a quoted string too.
-    """
-    s = raw.strip()
-    if s.startswith("```"):
-        s = _unfenced(s)
-    elif "```" in s:  # "Action Input: here it is ```json {...} ```"
-        fenced = _FENCE.search(s)
-        if fenced and fenced.group(1).strip().startswith(("{", "[")):
-            s = fenced.group(1).strip()
-    if s.lower() in _EMPTY_INPUT:
-        return {}
-    if s.startswith("{"):
-        decoded = _loose_json.decode_at(s, 0)
-        if decoded is None or not isinstance(decoded[0], dict):
-            shown = s if len(s) <= 200 else s[:200] + "..."
-            return f"the Action Input is not valid JSON: {shown}"
-        return decoded[0]
-    if s[:1] in ("'", '"'):
-        decoded = _loose_json.decode_at(s, 0)
-        if decoded is not None and isinstance(decoded[0], str):
-            return {"input": decoded[0]}
-    paragraph = re.split(r"\n[ \t]*\n", s, maxsplit=1)[0].strip()
-    return {"input": paragraph}
-
-
-def _thought(text: str, segments: Sequence[tuple[str, int, int, str]], until: int) -> str:
-    """The reasoning before position ``until``: free text and ``Thought:`` contents."""
-    first = segments[0][1] if segments else len(text)
-    parts = [text[: min(first, until)].strip()]
-    parts += [content.strip() for kind, start, _, content in segments if kind == "thought" and start < until]
-    return "\n".join(p for p in parts if p)
+    return name.lower() in words and not lex.matching(name, names)
 
 
 def parse_react_output(
@@ -364,11 +270,10 @@ def parse_react_output(
       string becomes ``{"input": text}``; an empty input, ``None`` or ``{}`` is ``{}``.
     """
     names = [_spec(t).name for t in tools]
-    wrapped = _WRAPPED.match(text)
-    body = wrapped.group(1) if wrapped else text
-    segments = _segments(body)
+    body = lex.unwrapped(text)
+    segments = lex.segments(body)
     notes: list[str] = []
-    cut = _cut_at(segments)
+    cut = lex.cut_at(segments)
     if cut is not None:
         if segments[cut][0] == "observation":
             notes.append(
@@ -384,11 +289,11 @@ def parse_react_output(
         s
         for s in segments
         if s[0] == "action"
-        and not (finals and _is_word(_first_line(s[3]), _NO_ACTION | _FINAL_ACTION, names))
+        and not (finals and _is_word(lex.first_line(s[3]), _NO_ACTION | _FINAL_ACTION, names))
     ]
 
     if not actions and not finals:
-        thought = _thought(body, segments, len(body))
+        thought = lex.thought(body, segments, len(body))
         if any(s[0] == "input" for s in segments):
             problem = 'you wrote "Action Input:" without an "Action:" line naming the tool.'
         elif body.strip():
@@ -401,8 +306,8 @@ def parse_react_output(
 
     if finals and (not actions or finals[0][1] < actions[0][1]):
         _, start, _, content = finals[0]
-        thought = _thought(body, segments, start)
-        answer = _final_text(content)
+        thought = lex.thought(body, segments, start)
+        answer = lex.final_text(content)
         if not answer:
             return ReActParseFailure(
                 message='Invalid format: your "Final Answer:" was empty. Write the answer after it.',
@@ -412,7 +317,7 @@ def parse_react_output(
         return ReActFinalAnswer(answer=answer, thought=thought)
 
     _, start, end, content = actions[0]
-    thought = _thought(body, segments, start)
+    thought = lex.thought(body, segments, start)
     if len(actions) > 1:
         notes.append(
             f"Note: you wrote {len(actions)} actions; only the first was run. "
@@ -428,30 +333,6 @@ def parse_react_output(
     return _action(content, raw_input, names, thought, notes, body.strip())
 
 
-def _cut_at(segments: Sequence[tuple[str, int, int, str]]) -> int | None:
-    """Where a made-up continuation starts: an ``Observation:`` after an action, or a
-    ``Question:`` after an action or an answer."""
-    seen: set[str] = set()
-    for i, (kind, _, _, _) in enumerate(segments):
-        if (kind == "observation" and "action" in seen) or (kind == "question" and seen):
-            return i
-        if kind in ("action", "final"):
-            seen.add(kind)
-    return None
-
-
-def _first_line(content: str) -> str:
-    lines = [line for line in content.strip().split("\n") if line.strip()]
-    return _clean_name(lines[0]) if lines else ""
-
-
-def _final_text(content: str) -> str:
-    answer = content.strip()
-    if answer.endswith("```") and answer.count("```") % 2 == 1:  # the closing fence of the reply
-        answer = answer[:-3].rstrip()
-    return answer
-
-
 def _action(
     content: str,
     raw_input: str | None,
@@ -461,24 +342,24 @@ def _action(
     text: str,
 ) -> ReActAction | ReActFinalAnswer | ReActParseFailure:
     lines = [line for line in content.strip().split("\n") if line.strip()]
-    name = _clean_name(lines[0]) if lines else ""
+    name = lex.clean_name(lines[0]) if lines else ""
 
     def failure(message: str) -> ReActParseFailure:
         return ReActParseFailure(message=message, text=text, thought=thought)
 
-    found = _match(name, names)
+    found = lex.matching(name, names)
     if not found and raw_input is None:
         call = _CALL_FORM.match(name)  # the ReAct paper's "Action: search[query]"
-        if call and _match(call.group(1), names):
-            found, raw_input = _match(call.group(1), names), call.group(2)
+        if call and lex.matching(call.group(1), names):
+            found, raw_input = lex.matching(call.group(1), names), call.group(2)
     if not found:
         word = _WORD.match(name)  # "Action: search (for the weather)": its leading word
         if word:
-            found = _match(word.group(), names)
+            found = lex.matching(word.group(), names)
     if raw_input is None and len(lines) > 1:
         raw_input = "\n".join(lines[1:])  # "Action: search\n{...}": the input without its label
     if not found and _is_word(name, _FINAL_ACTION, names):  # "Action: Final Answer" + the answer
-        answer = _final_text(_unfenced(raw_input or ""))
+        answer = lex.final_text(lex.unfenced(raw_input or ""))
         decoded = _loose_json.decode_at(answer, 0) if answer[:1] in ("'", '"') else None
         if decoded is not None and isinstance(decoded[0], str):
             answer = decoded[0]
@@ -501,7 +382,7 @@ def _action(
             f'Invalid action: "{name}" matches several tools that differ only in case '
             f"({', '.join(found)}). Write the tool's exact name."
         )
-    tool_input = _input(raw_input) if raw_input is not None else {}
+    tool_input = lex.read_input(raw_input) if raw_input is not None else {}
     if isinstance(tool_input, str):
         return failure(
             f"Invalid action input for tool {found[0]}: {tool_input}. "

@@ -14,23 +14,20 @@ for a deployment. Both are async, like :class:`~dflow_agents.ChatMemory`.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import threading
-import weakref
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol, runtime_checkable
 
 import pydantic
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
-from .memory import _import_redis, _redacted
+from ._redis import LoopClients
 from .plans import Plan, PlanDraft, PlanningError, check_steps, check_title
 
 if TYPE_CHECKING:
     import redis.asyncio as aioredis
-    from redis.commands.core import AsyncScript
 
 __all__ = [
     "InMemoryPlanTemplates",
@@ -347,57 +344,19 @@ class RedisPlanTemplates:
             raise ValueError(f"prefix must be 1 to 64 letters, digits and _ . : @ -, got {prefix!r:.80}")
         self.prefix = prefix
         self.max_versions = _check_max_versions(max_versions)
-        self._url: str | None = None
-        self._client: aioredis.Redis | None = None
-        self._options = dict(options)
-        self._clients: weakref.WeakKeyDictionary[
-            asyncio.AbstractEventLoop, tuple[aioredis.Redis, AsyncScript]
-        ] = weakref.WeakKeyDictionary()
-        self._script: AsyncScript | None = None
-        if isinstance(url_or_client, str):
-            if not url_or_client.startswith(("redis://", "rediss://", "unix://")):
-                raise ValueError(
-                    f"not a Redis URL: {_redacted(url_or_client)!r}; use redis://host:port/db "
-                    "or pass a client"
-                )
-            self._url = url_or_client
-        else:
-            if options:
-                raise TypeError(
-                    f"options {sorted(options)} apply to a URL; configure the client you passed instead"
-                )
-            if not callable(getattr(url_or_client, "register_script", None)):
-                raise TypeError(
-                    f"RedisPlanTemplates takes a Redis URL or a redis.asyncio.Redis client, got "
-                    f"{type(url_or_client).__qualname__}"
-                )
-            self._client = url_or_client
-            self._script = url_or_client.register_script(_SAVE)
+        self._redis = LoopClients("RedisPlanTemplates", url_or_client, options, {"save": _SAVE})
 
     def __repr__(self) -> str:
-        where = _redacted(self._url) if self._url is not None else "client"
-        return f"RedisPlanTemplates({where!r}, prefix={self.prefix!r})"
+        return f"RedisPlanTemplates({self._redis.where!r}, prefix={self.prefix!r})"
 
     def _key(self, name: str) -> str:
         return f"{self.prefix}:{{{_check_name(name)}}}"
 
-    def _connection(self) -> tuple[aioredis.Redis, AsyncScript]:
-        if self._client is not None and self._script is not None:
-            return self._client, self._script
-        assert self._url is not None
-        loop = asyncio.get_running_loop()
-        found = self._clients.get(loop)
-        if found is None:
-            client = _import_redis().Redis.from_url(self._url, **self._options)
-            found = (client, client.register_script(_SAVE))
-            self._clients[loop] = found
-        return found
-
     async def save(self, template: PlanTemplate) -> PlanTemplate:
         """Store ``template`` as the next version of its name."""
-        client, script = self._connection()
+        client, scripts = self._redis.get()
         body, key = _body(template), self._key(template.name)
-        version = int(await script(keys=[key], args=[body, self.max_versions]))
+        version = int(await scripts["save"](keys=[key], args=[body, self.max_versions]))
         await client.sadd(f"{self.prefix}:names", template.name)
         return template.model_copy(update={"version": version})
 
@@ -405,7 +364,7 @@ class RedisPlanTemplates:
         """Version ``version`` of ``name`` (the latest when ``None``)."""
         key = self._key(name)
         _check_version(version)
-        client, _ = self._connection()
+        client, _ = self._redis.get()
         if version is None:
             latest = await client.hget(key, "latest")
             wanted = int(latest) if latest is not None else 0
@@ -425,30 +384,26 @@ class RedisPlanTemplates:
 
     async def versions(self, name: str) -> list[int]:
         """The stored versions of ``name``."""
-        client, _ = self._connection()
+        client, _ = self._redis.get()
         fields = await client.hkeys(self._key(name))
         return sorted(int(f) for f in fields if (f.decode() if isinstance(f, bytes) else f) != "latest")
 
     async def names(self) -> list[str]:
         """The names that have templates."""
-        client, _ = self._connection()
+        client, _ = self._redis.get()
         members = await client.smembers(f"{self.prefix}:names")
         return sorted(m.decode() if isinstance(m, bytes) else m for m in members)
 
     async def delete(self, name: str) -> bool:
         """Forget every version of ``name``."""
-        client, _ = self._connection()
+        client, _ = self._redis.get()
         deleted = int(await client.delete(self._key(name)))
         await client.srem(f"{self.prefix}:names", name)
         return deleted > 0
 
     async def aclose(self) -> None:
         """Close the client this store opened for the running event loop."""
-        if self._url is None:
-            return
-        found = self._clients.pop(asyncio.get_running_loop(), None)
-        if found is not None:
-            await found[0].aclose()
+        await self._redis.aclose()
 
     def __reduce__(self) -> NoReturn:
         _refuse_pickle(self)

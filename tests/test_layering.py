@@ -22,10 +22,11 @@ LAYERS: list[set[str]] = [
     {"_model", "_shared"},  # the node/chain model; objects that travel by name
     {"context", "store", "_shape", "_registry"},  # what a run holds; the Store seam; chain keys
     {"_durable", "_broker", "_calls"},  # chains that travel; the in-process broker; calling user code
-    {"_frames", "_interpret", "memory", "_tree"},  # frames records; interpretation; the in-process store
-    {"runtime", "adapters"},  # the worker loop; the Redis and Kafka adapters
+    {"_frames", "_interpret", "memory", "_tree",  # frames records; interpretation; the in-process store,
+     "_memruns", "_memblobs", "_memends", "_followers"},  # its runs, blobs, run endings, waiters
+    {"runtime", "_step", "adapters"},  # the worker loop; what a step does; the Redis and Kafka adapters
     {"_connect"},  # stores and transports from URLs (imports the adapters)
-    {"client"},  # Runtime's owner, Pipeline, Run
+    {"client", "_host", "_run"},  # Runtime's owner (_host), Pipeline, Run
     {"server"},  # the HTTP API (dflow serve): only the command line imports it
     {"flow", "cli", "testing"},  # DFlow's entry points; the command line; the contract suites
     {"__init__"},
