@@ -14,13 +14,7 @@ peer that cannot run is reported as such. Redis needs 127.0.0.1:6379 (db 12, flu
 
 from __future__ import annotations
 
-import argparse
-import contextlib
-import json
-import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -31,9 +25,10 @@ sys.path.insert(0, str(ROOT))
 
 import dflow
 from benchmarks import _bench_agents as app
+from benchmarks._procs import one_worker
+from benchmarks._results import quick, report, system_rows
 from dflow_agents import ChatMessage
 
-RESULTS = ROOT / "benchmarks" / "results"
 SECRET = "bench-agents-secret-0123456789abcdef"
 REDIS = "redis://127.0.0.1:6379/12"
 PER_RUN = app.TURNS + 1
@@ -87,41 +82,11 @@ def bench_local(runs: int) -> dict[str, Any]:
 
 
 def bench_redis(runs: int) -> dict[str, Any]:
-    import redis
-
-    r = redis.Redis.from_url(REDIS)
-    r.flushdb()
-    transport = f"{REDIS}?stream=bench-agents"
-    store = f"{REDIS}?prefix=bench-agents"
-    logs = Path(os.environ.get("TMPDIR", "/tmp")) / "dflow-bench" / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    log = logs / f"agent-worker-{time.strftime('%H%M%S')}.log"
-    cmd = [sys.executable, "-m", "dflow.cli", "worker", "benchmarks._bench_agents", "--transport", transport,
-           "--store", store, "--concurrency", "64", "--grace", "5"]
-    with open(log, "wb") as out:
-        worker = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "DFLOW_SECRET": SECRET, "PYTHONPATH": str(ROOT)},
-                                  stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 60
-        while b"serving" not in log.read_bytes():
-            if worker.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the worker did not start: {log.read_text(errors='replace')[-1500:]}")
-            time.sleep(0.05)
-        dflow.configure(transport, store, secret=SECRET, consume=False)
+    with one_worker("benchmarks._bench_agents", REDIS, "bench-agents", SECRET, 64):
         for _ in range(10):
             assert app.agent.run("go").result(30).ok
         walls = timed(lambda: app.agent.run("go").result(60), runs)
         return per_turn(walls)
-    finally:
-        with contextlib.suppress(Exception):
-            dflow.shutdown()
-        worker.terminate()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            worker.wait(15)
-        if worker.poll() is None:
-            worker.kill()
-        r.flushdb()
-        r.close()
 
 
 def bench_langgraph(runs: int) -> dict[str, Any]:
@@ -172,10 +137,8 @@ def bench_langgraph(runs: int) -> dict[str, Any]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true")
-    args = ap.parse_args()
-    runs = 30 if args.quick else 200
+    is_quick = quick(__doc__)
+    runs = 30 if is_quick else 200
     results: dict[str, Any] = {"turns_per_run": PER_RUN, "tools_per_turn": app.TOOLS_PER_TURN,
                                "work_per_turn_us": work_per_run() / PER_RUN * 1e6}
     results["dflow_local"] = bench_local(runs)
@@ -187,14 +150,7 @@ def main() -> None:
         results["langgraph"] = bench_langgraph(runs)
     except ImportError as exc:
         results["langgraph"] = {"error": f"not installed ({exc})"}
-    table = render(results)
-    print(table)
-    if not args.quick:
-        RESULTS.mkdir(exist_ok=True)
-        meta = {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
-                "date": time.strftime("%Y-%m-%d")}
-        (RESULTS / "agents.json").write_text(json.dumps({"meta": meta, **results}, indent=2) + "\n")
-        (RESULTS / "agents.md").write_text(table + "\n")
+    report("agents", results, render(results), keep=not is_quick)
 
 
 def render(results: dict[str, Any]) -> str:
@@ -210,13 +166,12 @@ def render(results: dict[str, Any]) -> str:
     names = {"dflow_local": "dflow ToolCallAgent, local mode",
              "dflow_redis_streams_1_worker": "dflow ToolCallAgent, Redis Streams, 1 worker",
              "langgraph": "LangGraph create_react_agent (in process)"}
-    for key, name in names.items():
-        r = results.get(key, {})
-        if "error" in r:
-            lines.append(f"| {name} | {r['error']} | | | |")
-            continue
+
+    def cells(r: dict[str, Any]) -> str:
         conc = f"{r['concurrent_us']:.0f} µs" if "concurrent_us" in r else ""
-        lines.append(f"| {name} | **{_t(r['median_us'])}** | {_t(r['min_us'])} | {_t(r['mean_us'])} | {conc} |")
+        return f"**{_t(r['median_us'])}** | {_t(r['min_us'])} | {_t(r['mean_us'])} | {conc}"
+
+    lines += system_rows(results, names, cells, columns=4)
     local, lg = results.get("dflow_local", {}), results.get("langgraph", {})
     if "median_us" in local and "median_us" in lg:
         lines += ["", f"LangGraph / dflow local, median per turn: **{lg['median_us'] / local['median_us']:.1f}×**"]

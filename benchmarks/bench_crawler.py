@@ -15,12 +15,8 @@ needs 127.0.0.1:6379 (db 12, flushed).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import contextlib
-import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -33,9 +29,10 @@ sys.path.insert(0, str(ROOT))
 
 import dflow
 from benchmarks import _bench_crawler as app
+from benchmarks._procs import one_worker
+from benchmarks._results import quick, report, system_rows
 from dflow_agents.fetch import Fetcher
 
-RESULTS = ROOT / "benchmarks" / "results"
 SECRET = "bench-crawler-secret-0123456789abcdef"
 REDIS = "redis://127.0.0.1:6379/12"
 SITE_PAGES = 2000  # more than a crawl fetches
@@ -109,45 +106,13 @@ def bench_local(url: str, runs: int) -> dict[str, Any]:
 
 
 def bench_redis(url: str, runs: int) -> dict[str, Any]:
-    import redis
-
-    r = redis.Redis.from_url(REDIS)
-    r.flushdb()
-    transport = f"{REDIS}?stream=bench-crawler"
-    store = f"{REDIS}?prefix=bench-crawler"
-    logs = Path(os.environ.get("TMPDIR", "/tmp")) / "dflow-bench" / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    log = logs / f"crawler-worker-{time.strftime('%H%M%S')}.log"
-    cmd = [sys.executable, "-m", "dflow.cli", "worker", "benchmarks._bench_crawler", "--transport", transport,
-           "--store", store, "--concurrency", str(app.CONCURRENCY), "--grace", "5"]
-    with open(log, "wb") as out:
-        worker = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "DFLOW_SECRET": SECRET, "PYTHONPATH": str(ROOT)},
-                                  stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 60
-        while b"serving" not in log.read_bytes():
-            if worker.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the worker did not start: {log.read_text(errors='replace')[-1500:]}")
-            time.sleep(0.05)
-        dflow.configure(transport, store, secret=SECRET, consume=False)
+    with one_worker("benchmarks._bench_crawler", REDIS, "bench-crawler", SECRET, app.CONCURRENCY):
         return measure(url, runs)
-    finally:
-        with contextlib.suppress(Exception):
-            dflow.shutdown()
-        worker.terminate()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            worker.wait(15)
-        if worker.poll() is None:
-            worker.kill()
-        r.flushdb()
-        r.close()
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true")
-    args = ap.parse_args()
-    runs = 2 if args.quick else 5
+    is_quick = quick(__doc__)
+    runs = 2 if is_quick else 5
     site, url = start_site()
     try:
         results: dict[str, Any] = {"pages_per_crawl": app.PAGES, "concurrency": app.CONCURRENCY,
@@ -161,14 +126,7 @@ def main() -> None:
     finally:
         site.terminate()
         site.wait(10)
-    table = render(results)
-    print(table)
-    if not args.quick:
-        RESULTS.mkdir(exist_ok=True)
-        meta = {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
-                "date": time.strftime("%Y-%m-%d")}
-        (RESULTS / "crawler.json").write_text(json.dumps({"meta": meta, **results}, indent=2) + "\n")
-        (RESULTS / "crawler.md").write_text(table + "\n")
+    report("crawler", results, render(results), keep=not is_quick)
 
 
 def render(results: dict[str, Any]) -> str:
@@ -184,13 +142,9 @@ def render(results: dict[str, Any]) -> str:
     lines.append(f"| fetcher alone, 16 at a time, no dflow | {f['pages_per_s']:.0f} | | | {f['ms_per_page']:.2f} ms | |")
     names = {"dflow_local": "DeepCrawlerAgent, local mode",
              "dflow_redis_streams_1_worker": "DeepCrawlerAgent, Redis Streams, 1 worker process"}
-    for key, name in names.items():
-        r = results.get(key, {})
-        if "error" in r:
-            lines.append(f"| {name} | {r['error']} | | | | |")
-            continue
-        lines.append(f"| {name} | **{r['pages_per_s_median']:.0f}** | {r['pages_per_s_min']:.0f} | "
-                     f"{r['pages_per_s_max']:.0f} | {r['ms_per_page_median']:.2f} ms | {r['wall_s_median']:.2f} s |")
+    lines += system_rows(results, names, lambda r: (
+        f"**{r['pages_per_s_median']:.0f}** | {r['pages_per_s_min']:.0f} | {r['pages_per_s_max']:.0f} | "
+        f"{r['ms_per_page_median']:.2f} ms | {r['wall_s_median']:.2f} s"), columns=5)
     shares = [f"{name.split(',', 1)[1].strip()} {results[key]['ms_per_page_median'] - f['ms_per_page']:.2f} ms"
               for key, name in names.items() if "ms_per_page_median" in results.get(key, {})]
     if shares:

@@ -21,14 +21,9 @@ Redis needs 127.0.0.1:6379 (db 15; only the benchmark's keys are deleted).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import json
 import os
-import platform
-import re
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -41,8 +36,9 @@ sys.path.insert(0, str(ROOT))
 import httpx  # noqa: E402
 
 import dflow  # noqa: E402
+from benchmarks._procs import log_path, start, stop, worker_cmd
+from benchmarks._results import quick, report
 
-RESULTS = ROOT / "benchmarks" / "results"
 SECRET = "bench-pulling-secret-0123456789abcdef"
 SERVER_SECRET = "bench-pulling-server-secret-0123456789"
 ADMIN = "bench-pulling-admin-token-0123456789abcdef"
@@ -55,27 +51,6 @@ def stats(values: list[float]) -> dict[str, float]:
     p95 = ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
     return {"median_ms": statistics.median(ordered) * 1e3, "p95_ms": p95 * 1e3, "min_ms": ordered[0] * 1e3,
             "mean_ms": statistics.fmean(ordered) * 1e3, "n": len(ordered)}
-
-
-def _start(cmd: list[str], log: Path, env: dict[str, str], ready: str) -> tuple[subprocess.Popen[bytes], str]:
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.monotonic() + 60
-    while (found := re.search(ready, log.read_text(errors="replace"))) is None:
-        if proc.poll() is not None or time.monotonic() > deadline:
-            _stop(proc)
-            raise RuntimeError(f"{cmd[3]} did not start: {log.read_text(errors='replace')[-1500:]}")
-        time.sleep(0.05)
-    return proc, found.group(0)
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.terminate()
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(15)
-    if proc.poll() is None:
-        proc.kill()
 
 
 class Puller(threading.Thread):
@@ -102,23 +77,18 @@ class Puller(threading.Thread):
 def bench(runs: int) -> dict[str, Any]:
     import redis
 
-    logs = Path(os.environ.get("TMPDIR", "/tmp")) / "dflow-bench" / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
     transport = f"{REDIS}?stream={PREFIX}:steps"
     store = f"{REDIS}?prefix={PREFIX}"
-    env = {**os.environ, "DFLOW_SECRET": SECRET, "DFLOW_SERVER_SECRET": SERVER_SECRET, "DFLOW_SERVER_TOKEN": ADMIN,
-           "BENCH_PULLING_REDIS": REDIS, "BENCH_PULLING_PREFIX": PREFIX, "PYTHONPATH": str(ROOT)}
-    stamp = time.strftime("%H%M%S")
+    env = {"DFLOW_SECRET": SECRET, "DFLOW_SERVER_SECRET": SERVER_SECRET, "DFLOW_SERVER_TOKEN": ADMIN,
+           "BENCH_PULLING_REDIS": REDIS, "BENCH_PULLING_PREFIX": PREFIX}
     module = "benchmarks._bench_pulling"
-    worker, _ = _start([sys.executable, "-m", "dflow.cli", "worker", module, "--transport", transport, "--store",
-                        store, "--concurrency", "64", "--grace", "5"], logs / f"pulling-worker-{stamp}.log", env,
-                       "serving")
+    worker, _ = start(worker_cmd(module, transport, store, 64), log_path("pulling-worker"), env, "serving")
     server = None
     try:
-        server, url = _start([sys.executable, "-m", "dflow.cli", "serve", module, "--transport", transport, "--store",
-                              store, "--port", "0", "--log-level", "WARNING", "--grace", "1"],
-                             logs / f"pulling-serve-{stamp}.log", {**env, "DFLOW_LOG_LEVEL": "WARNING"},
-                             r"http://127\.0\.0\.1:[0-9]+")
+        server, url = start([sys.executable, "-m", "dflow.cli", "serve", module, "--transport", transport, "--store",
+                             store, "--port", "0", "--log-level", "WARNING", "--grace", "1"],
+                            log_path("pulling-serve"), {**env, "DFLOW_LOG_LEVEL": "WARNING"},
+                            r"http://127\.0\.0\.1:[0-9]+")
         dflow.configure(transport, store, secret=SECRET, consume=False)
         http = httpx.Client(base_url=url, timeout=60)
         session = http.post("/sessions", headers={"Authorization": f"Bearer {ADMIN}"}).json()
@@ -156,8 +126,8 @@ def bench(runs: int) -> dict[str, Any]:
         with contextlib.suppress(Exception):
             dflow.shutdown()
         if server is not None:
-            _stop(server)
-        _stop(worker)
+            stop(server)
+        stop(worker)
         r = redis.Redis.from_url(REDIS)
         keys = list(r.scan_iter(f"{PREFIX}:*", count=1000))
         if keys:
@@ -188,19 +158,9 @@ def render(results: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true")
-    args = ap.parse_args()
-    runs = 30 if args.quick else 300
-    results = bench(runs)
-    table = render(results)
-    print(table)
-    if not args.quick:
-        RESULTS.mkdir(exist_ok=True)
-        meta = {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
-                "date": time.strftime("%Y-%m-%d")}
-        (RESULTS / "pulling.json").write_text(json.dumps({"meta": meta, **results}, indent=2) + "\n")
-        (RESULTS / "pulling.md").write_text(table + "\n")
+    is_quick = quick(__doc__)
+    results = bench(30 if is_quick else 300)
+    report("pulling", results, render(results), keep=not is_quick)
 
 
 if __name__ == "__main__":

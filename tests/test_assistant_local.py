@@ -31,13 +31,13 @@ from typing import Any
 import httpx
 import pytest
 
-import dflow
 from dflow import StepStatus
 from dflow_agents import ChatMessage, ToolCall, ToolSpec
 from dflow_agents.testing import block_network_models
 from examples.assistant.client import ClientError, Outcome, Plugin
 from examples.assistant.run_local import Local, local
 from examples.assistant.scripted import PLAN_STEPS, brain
+from tests.support.runs import runs_of
 
 ROOT = Path(__file__).resolve().parent.parent
 FIRST_LOOK = "Striped T-shirt, Beige chinos and White canvas sneakers"
@@ -60,16 +60,6 @@ def chat(here: Local, query: str = "What should I wear this spring? Something ca
 
 
 tokens: dict[str, str] = {}
-
-
-def runs_of(trace_id: str) -> Iterator[list[dflow.StepRecord]]:
-    """The step records of a run and of its branches, recursively."""
-    steps = list(dflow.Run(trace_id).context().steps)
-    yield steps
-    for s in steps:
-        if s.status is StepStatus.FORKED:
-            for child in s.output:
-                yield from runs_of(child)
 
 
 def tool_calls(trace_id: str) -> list[dict[str, Any]]:

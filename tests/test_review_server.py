@@ -18,7 +18,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import json
 import threading
 import time
 import uuid
@@ -31,6 +30,8 @@ import pytest
 import dflow
 from dflow import DFlow
 from dflow.server import ServerThread, Tokens, create_app, is_loopback
+from tests.support import http_api
+from tests.support.http_api import bearer, sse_events, start, wait_status
 
 ADMIN = "admin-token-of-the-review-server-tests-0123456789"
 SECRET = "server-secret-of-the-review-server-tests-0123456789"
@@ -49,13 +50,6 @@ ask = (
 )
 private = DFlow.from_call("_rv-srv-private").map(lambda x: x).id("p").init("_rv-srv-private")
 SERVED = ["rv-srv-echo", "rv-srv-ask"]
-
-
-@pytest.fixture(scope="module")
-def runtime() -> Iterator[dflow.Runtime]:
-    rt = DFlow.global_init_for_test()
-    yield rt
-    dflow.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -79,35 +73,8 @@ def open_url(runtime: dflow.Runtime, tokens: Tokens) -> Iterator[str]:
         yield base
 
 
-@pytest.fixture
-def api(url: str) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=url, timeout=20) as client:
-        yield client
-
-
-def bearer(token: str | bytes) -> dict[str, Any]:
-    return {"Authorization": (b"Bearer " + token) if isinstance(token, bytes) else f"Bearer {token}"}
-
-
 def new_session(api: httpx.Client, **body: Any) -> dict[str, Any]:
-    r = api.post("/sessions", headers=bearer(ADMIN), json=body or None)
-    assert r.status_code == 201, r.text
-    return dict(r.json())
-
-
-def start(api: httpx.Client, token: str, pipeline: str, param: Any = None, **extra: Any) -> httpx.Response:
-    return api.post("/runs", headers=bearer(token), json={"pipeline": pipeline, "param": param, **extra})
-
-
-def wait_status(api: httpx.Client, token: str, trace: str, *, until: str, timeout: float = 10) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while True:
-        r = api.get(f"/runs/{trace}", headers=bearer(token))
-        assert r.status_code == 200, r.text
-        if r.json()["status"] == until:
-            return dict(r.json())
-        assert time.monotonic() < deadline, f"run {trace} is {r.json()['status']}, not {until}"
-        time.sleep(0.01)
+    return http_api.new_session(api, ADMIN, **body)
 
 
 def waiting_run(api: httpx.Client, token: str) -> str:
@@ -116,22 +83,6 @@ def waiting_run(api: httpx.Client, token: str) -> str:
     trace = str(r.json()["trace_id"])
     wait_status(api, token, trace, until="waiting")
     return trace
-
-
-def sse_events(api: httpx.Client, path: str, headers: dict[str, Any]) -> list[tuple[str, str, Any]]:
-    events: list[tuple[str, str, Any]] = []
-    with api.stream("GET", path, headers=headers) as r:
-        assert r.status_code == 200, r.read()
-        fields: dict[str, str] = {}
-        for line in r.iter_lines():
-            if not line:
-                if "data" in fields:
-                    events.append((fields.get("event", "message"), fields.get("id", ""), json.loads(fields["data"])))
-                fields = {}
-            elif not line.startswith(":"):
-                name, _, value = line.partition(": ")
-                fields[name] = value
-    return events
 
 
 def _b64(data: bytes) -> str:

@@ -25,6 +25,8 @@ import dflow
 from dflow import DFlow
 from dflow.errors import ConfigurationError
 from dflow.server import SESSION_KEY, AdminToken, Server, ServerThread, Session, TokenError, Tokens, create_app
+from tests.support import http_api
+from tests.support.http_api import bearer, sse_events, start, wait_status
 
 ADMIN = "admin-token-of-the-server-tests-0123456789"
 SECRET = "server-secret-of-the-server-tests-0123456789"
@@ -46,13 +48,6 @@ session_of_run = DFlow.from_call("srv-whose").map(lambda ctx, _: ctx.get(SESSION
 
 
 @pytest.fixture(scope="module")
-def runtime() -> Iterator[dflow.Runtime]:
-    rt = DFlow.global_init_for_test()
-    yield rt
-    dflow.shutdown()
-
-
-@pytest.fixture(scope="module")
 def tokens() -> Tokens:
     return Tokens(SECRET, ttl=600)
 
@@ -64,53 +59,13 @@ def url(runtime: dflow.Runtime, tokens: Tokens) -> Iterator[str]:
         yield base
 
 
-@pytest.fixture
-def api(url: str) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=url, timeout=20) as client:
-        yield client
-
-
-def bearer(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
-
-
 def new_session(api: httpx.Client) -> dict[str, Any]:
-    r = api.post("/sessions", headers=bearer(ADMIN))
-    assert r.status_code == 201, r.text
-    return r.json()
+    return http_api.new_session(api, ADMIN)
 
 
-def start(api: httpx.Client, token: str, pipeline: str, param: Any = None, **extra: Any) -> httpx.Response:
-    return api.post("/runs", headers=bearer(token), json={"pipeline": pipeline, "param": param, **extra})
-
-
-def wait_status(api: httpx.Client, token: str, trace: str, *, until: str, timeout: float = 10) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while True:
-        r = api.get(f"/runs/{trace}", headers=bearer(token))
-        assert r.status_code == 200, r.text
-        if r.json()["status"] == until:
-            return r.json()
-        assert time.monotonic() < deadline, f"run {trace} is {r.json()['status']}, not {until}"
-        time.sleep(0.01)
-
-
-def sse(api: httpx.Client, path: str, headers: dict[str, str]) -> list[tuple[str, str, Any]]:
+def sse(api: httpx.Client, path: str, headers: dict[str, Any]) -> list[tuple[str, str, Any]]:
     """(event, id, data) of each event of a stream, read until the server ends it."""
-    events: list[tuple[str, str, Any]] = []
-    with api.stream("GET", path, headers=headers) as r:
-        assert r.status_code == 200, r.read()
-        assert r.headers["content-type"].startswith("text/event-stream")
-        fields: dict[str, str] = {}
-        for line in r.iter_lines():
-            if not line:
-                if "data" in fields:
-                    events.append((fields.get("event", "message"), fields.get("id", ""), json.loads(fields["data"])))
-                fields = {}
-            elif not line.startswith(":"):
-                name, _, value = line.partition(": ")
-                fields[name] = value
-    return events
+    return sse_events(api, path, headers, content_type="text/event-stream")
 
 
 # -- the happy paths --------------------------------------------------------------------------

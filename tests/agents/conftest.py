@@ -1,5 +1,6 @@
 """Agent tests never reach a network model: the switch is on for every test here, and the
-OpenAI-compatible client is tested against a local HTTP server the test starts."""
+OpenAI-compatible client is tested against a local HTTP server the test starts; ``shop``
+serves the shop of ``site.py``."""
 
 from __future__ import annotations
 
@@ -14,6 +15,15 @@ from typing import Any
 import pytest
 
 from dflow_agents.testing import block_network_models
+
+from . import site as S
+
+
+@pytest.fixture
+def shop() -> Iterator[S.Site]:
+    """The shop of ``site.py``, served on 127.0.0.1 for one test."""
+    with S.Site(S.shop()) as site:
+        yield site
 
 
 @pytest.fixture(autouse=True)

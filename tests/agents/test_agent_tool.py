@@ -3,12 +3,11 @@ nested to a limited depth."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import pytest
 
 import dflow
-from dflow import DFlow
 from dflow_agents import (
     AgentStatus,
     ChatMessage,
@@ -19,13 +18,6 @@ from dflow_agents import (
     agent_tool,
 )
 from dflow_agents.testing import FunctionModel, ScriptedModel, call, reply
-
-
-@pytest.fixture
-def local() -> Iterator[dflow.Runtime]:
-    runtime = DFlow.global_init_for_test()
-    yield runtime
-    dflow.shutdown()
 
 
 def last_tool_result(messages: Sequence[ChatMessage]) -> str:

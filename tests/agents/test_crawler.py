@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,19 +42,6 @@ from dflow_agents.fetch import Fetcher, Robots, html_to_markdown, normalize_url
 from dflow_agents.testing import FunctionModel, ScriptedModel, call, reply
 
 from . import site as S
-
-
-@pytest.fixture
-def local() -> Iterator[dflow.Runtime]:
-    runtime = DFlow.global_init_for_test()
-    yield runtime
-    dflow.shutdown()
-
-
-@pytest.fixture
-def shop() -> Iterator[S.Site]:
-    with S.Site(S.shop()) as site:
-        yield site
 
 
 @dataclass

@@ -12,7 +12,7 @@ import gzip
 import re
 import tracemalloc
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -20,7 +20,6 @@ import pytest
 import dflow
 import dflow_agents.crawler as crawler_module
 import dflow_agents.fetch as fetch_module
-from dflow import DFlow
 from dflow_agents import AgentStatus
 from dflow_agents._crawl_waves import site_of
 from dflow_agents.crawler import DeepCrawlerAgent
@@ -30,19 +29,6 @@ from . import site as S
 
 PAGE = ("<html><head><title>Packed</title></head><body><p>" + "squeezed words " * 2000 + "</p></body></html>").encode()
 _names = iter(range(10**6))
-
-
-@pytest.fixture
-def local() -> Iterator[dflow.Runtime]:
-    runtime = DFlow.global_init_for_test()
-    yield runtime
-    dflow.shutdown()
-
-
-@pytest.fixture
-def shop() -> Iterator[S.Site]:
-    with S.Site(S.shop()) as site:
-        yield site
 
 
 def run_fetcher(fetcher: Fetcher, job: Any) -> Any:

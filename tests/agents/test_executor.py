@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -32,13 +31,6 @@ def shout(text: str) -> DFlow[str]:
 def broken() -> str:
     """Always fails."""
     raise OSError("disk on fire")
-
-
-@pytest.fixture
-def local() -> Iterator[dflow.Runtime]:
-    runtime = DFlow.global_init_for_test()
-    yield runtime
-    dflow.shutdown()
 
 
 _names = iter(range(10**6))

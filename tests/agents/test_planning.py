@@ -62,13 +62,6 @@ redis_url = integration.redis_url
 prefix = integration.prefix
 
 
-@pytest.fixture
-def local() -> Iterator[dflow.Runtime]:
-    runtime = DFlow.global_init_for_test()
-    yield runtime
-    dflow.shutdown()
-
-
 def unique(name: str) -> str:
     """Agents and flows are named once per process: a fresh name per test."""
     return f"{name}-{uuid.uuid4().hex[:8]}"

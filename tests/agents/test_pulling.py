@@ -11,7 +11,7 @@ import asyncio
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -22,7 +22,7 @@ import dflow
 import dflow.server
 from dflow import DFlow
 from dflow.server import ServerThread, Tokens, create_app
-from dflow_agents import ChatMessage, ChatResponse, ToolCall, ToolCallAgent, ToolSpec
+from dflow_agents import ToolCallAgent
 from dflow_agents.pulling import (
     SESSION_KEY,
     InMemoryJobBoard,
@@ -36,6 +36,8 @@ import dflow_agents.pulling
 from dflow.server._runs import start_in_session
 from dflow_agents._jobboard import timer_trace
 from dflow_agents.testing import FunctionModel
+from tests.support.http_api import SessionClient
+from tests.support.pulled import ask_user, fetch_or_ask
 
 ADMIN = "admin-token-of-the-pulling-tests-0123456789"
 SECRET = "server-secret-of-the-pulling-tests-0123456789"
@@ -53,32 +55,8 @@ def fetch_page(url: str) -> str:
     """
 
 
-def ask_user(question: str) -> str:
-    """Ask the user a question.
-
-    Args:
-        question: what to ask
-    """
-
-
 ask = PullingJobTool(ask_user, board, timeout=0.5, name="ask_person")
-
-
-def decide(messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> ChatResponse:
-    """``fetch URL [URL]`` calls fetch_page per URL (at once), ``ask Q`` calls ask_user; the
-    answer repeats the observations."""
-    results = [m.content for m in messages if m.role == "tool"]
-    if results:
-        return ChatResponse(content="observed: " + " | ".join(results))
-    kind, _, rest = messages[-1].content.partition(" ")
-    if kind == "fetch":
-        calls = [ToolCall(id="", name="open_page", arguments={"url": u}) for u in rest.split()]
-    else:
-        calls = [ToolCall(id="", name="ask_person", arguments={"question": rest})]
-    return ChatResponse(tool_calls=calls)
-
-
-agent = ToolCallAgent("pull-agent", FunctionModel(decide), [fetch_page, ask])
+agent = ToolCallAgent("pull-agent", FunctionModel(fetch_or_ask("open_page", "ask_person")), [fetch_page, ask])
 squat = DFlow.from_call("pull-squat").map(lambda x: x).id("squatting").init("pull-squat")
 
 
@@ -88,64 +66,18 @@ def tokens() -> Tokens:
 
 
 @pytest.fixture(scope="module")
-def url(tokens: Tokens) -> Iterator[str]:
-    DFlow.global_init_for_test()
+def url(runtime: dflow.Runtime, tokens: Tokens) -> Iterator[str]:
     app = create_app(tokens=tokens, admin_token=ADMIN,
                      routes=[job_routes(board, max_report_bytes=MAX_REPORT), agent_routes(agent)])
-    try:
-        with ServerThread(app) as base:
-            yield base
-    finally:
-        dflow.shutdown()
+    with ServerThread(app) as base:
+        yield base
 
 
-@pytest.fixture
-def api(url: str) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=url, timeout=30) as client:
-        yield client
-
-
-class Client:
+class Client(SessionClient):
     """One session's client (the browser plug-in)."""
 
-    def __init__(self, api: httpx.Client) -> None:
-        r = api.post("/sessions", headers={"Authorization": f"Bearer {ADMIN}"})
-        assert r.status_code == 201
-        self.api = api
-        self.session: str = r.json()["session"]
-        self.token: str = r.json()["token"]
-        self.h = {"Authorization": f"Bearer {self.token}"}
-
-    def chat(self, query: str) -> str:
-        r = self.api.post("/agents/pull-agent/runs", headers=self.h, json={"query": query})
-        assert r.status_code == 201, r.text
-        return str(r.json()["trace_id"])
-
-    def pull(self, wait: float = 5, limit: int = 10) -> list[dict[str, Any]]:
-        r = self.api.get("/jobs", headers=self.h, params={"wait": wait, "limit": limit})
-        assert r.status_code == 200, r.text
-        return list(r.json()["jobs"])
-
-    def report(self, job_id: str, **body: Any) -> httpx.Response:
-        return self.api.post(f"/jobs/{job_id}", headers=self.h, json=body)
-
-    def job(self, job_id: str) -> dict[str, Any]:
-        r = self.api.get(f"/jobs/{job_id}", headers=self.h)
-        assert r.status_code == 200, r.text
-        return dict(r.json())
-
-    def status(self, trace: str) -> dict[str, Any]:
-        return dict(self.api.get(f"/runs/{trace}", headers=self.h).json())
-
-    def result(self, trace: str, timeout: float = 10) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while True:
-            st = self.status(trace)
-            if st["finished"]:
-                assert st["status"] == "done", st
-                return dict(st["result"])
-            assert time.monotonic() < deadline, st
-            time.sleep(0.01)
+    admin = ADMIN
+    agent = "pull-agent"
 
 
 def test_a_pulled_job_resumes_the_run_with_the_clients_result(api: httpx.Client) -> None:
@@ -280,19 +212,7 @@ def test_two_concurrent_reports_one_wins(api: httpx.Client, url: str) -> None:
     me = Client(api)
     trace = me.chat("fetch http://f")
     (job,) = me.pull()
-    barrier = threading.Barrier(2)
-    codes: dict[str, int] = {}
-
-    def report(value: str) -> None:
-        with httpx.Client(base_url=url, timeout=30) as own:
-            barrier.wait()
-            codes[value] = own.post(f"/jobs/{job['id']}", headers=me.h, json={"result": value}).status_code
-
-    threads = [threading.Thread(target=report, args=(v,)) for v in ("left", "right")]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(10)
+    codes = me.report_at_once(url, job["id"], ["left", "right"])
     assert sorted(codes.values()) == [200, 409]
     winner = next(v for v, c in codes.items() if c == 200)
     assert me.result(trace)["answer"] == f"observed: {winner}"

@@ -34,7 +34,6 @@ import httpx
 import pytest
 
 import dflow
-from dflow import DFlow
 from dflow.server import ServerThread, Tokens, create_app
 from dflow_agents import AgentStatus, ChatMessage, ChatResponse, ToolCall, ToolCallAgent, ToolSpec
 from dflow_agents.crawler import DeepCrawlerAgent
@@ -45,6 +44,8 @@ from dflow_agents.plans import PlanBook, PlanDraft, PlanStepStatus
 from dflow_agents.pulling import InMemoryJobBoard, PullingJobTool, agent_routes, job_routes
 from dflow_agents.templates import InMemoryPlanTemplates, PlanTemplate
 from dflow_agents.testing import FunctionModel, ScriptedModel, call, reply
+from tests.support.http_api import SessionClient
+from tests.support.pulled import ask_user, fetch_or_ask, fetch_page
 
 ADMIN = "admin-token-of-the-review-agents-tests-0123456789"
 SECRET = "server-secret-of-the-review-agents-tests-0123456789"
@@ -54,45 +55,10 @@ ASK_TIMEOUT = 1.0
 board = InMemoryJobBoard()
 
 
-def rv_fetch(url: str) -> str:
-    """Fetch a page in the user's browser.
-
-    Args:
-        url: the page's address
-    """
-
-
-def rv_ask(question: str) -> str:
-    """Ask the user.
-
-    Args:
-        question: what to ask
-    """
-
-
-fetch_job = PullingJobTool(rv_fetch, board, timeout=20)
-ask_job = PullingJobTool(rv_ask, board, timeout=ASK_TIMEOUT)
-
-
-def decide(messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> ChatResponse:
-    """``fetch URL`` calls rv_fetch, ``ask Q`` calls rv_ask; then the answer repeats the observation."""
-    results = [m.content for m in messages if m.role == "tool"]
-    if results:
-        return ChatResponse(content="observed: " + " | ".join(results))
-    kind, _, rest = messages[-1].content.partition(" ")
-    if kind == "fetch":
-        return ChatResponse(tool_calls=[ToolCall(id="", name="rv_fetch", arguments={"url": rest})])
-    return ChatResponse(tool_calls=[ToolCall(id="", name="rv_ask", arguments={"question": rest})])
-
-
-pull_agent = ToolCallAgent("rv-review-pull", FunctionModel(decide), [fetch_job, ask_job])
-
-
-@pytest.fixture(scope="module")
-def runtime() -> Iterator[dflow.Runtime]:
-    rt = DFlow.global_init_for_test()
-    yield rt
-    dflow.shutdown()
+fetch_job = PullingJobTool(fetch_page, board, timeout=20, name="rv_fetch")
+ask_job = PullingJobTool(ask_user, board, timeout=ASK_TIMEOUT, name="rv_ask")
+pull_agent = ToolCallAgent("rv-review-pull", FunctionModel(fetch_or_ask("rv_fetch", "rv_ask")),
+                           [fetch_job, ask_job])
 
 
 @pytest.fixture(scope="module")
@@ -103,53 +69,11 @@ def url(runtime: dflow.Runtime) -> Iterator[str]:
         yield base
 
 
-@pytest.fixture
-def api(url: str) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=url, timeout=30) as client:
-        yield client
-
-
-class Client:
+class Client(SessionClient):
     """One session's client (the browser plug-in)."""
 
-    def __init__(self, api: httpx.Client) -> None:
-        r = api.post("/sessions", headers={"Authorization": f"Bearer {ADMIN}"})
-        assert r.status_code == 201
-        self.api = api
-        self.session: str = r.json()["session"]
-        self.token: str = r.json()["token"]
-        self.h = {"Authorization": f"Bearer {self.token}"}
-
-    def chat(self, query: str) -> str:
-        r = self.api.post("/agents/rv-review-pull/runs", headers=self.h, json={"query": query})
-        assert r.status_code == 201, r.text
-        return str(r.json()["trace_id"])
-
-    def pull(self, wait: float = 5, limit: int = 10) -> list[dict[str, Any]]:
-        r = self.api.get("/jobs", headers=self.h, params={"wait": wait, "limit": limit})
-        assert r.status_code == 200, r.text
-        return list(r.json()["jobs"])
-
-    def report(self, job_id: str, **body: Any) -> httpx.Response:
-        return self.api.post(f"/jobs/{job_id}", headers=self.h, json=body)
-
-    def job(self, job_id: str) -> dict[str, Any]:
-        r = self.api.get(f"/jobs/{job_id}", headers=self.h)
-        assert r.status_code == 200, r.text
-        return dict(r.json())
-
-    def status(self, trace: str) -> dict[str, Any]:
-        return dict(self.api.get(f"/runs/{trace}", headers=self.h).json())
-
-    def result(self, trace: str, timeout: float = 10) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while True:
-            st = self.status(trace)
-            if st["finished"]:
-                assert st["status"] == "done", st
-                return dict(st["result"])
-            assert time.monotonic() < deadline, st
-            time.sleep(0.01)
+    admin = ADMIN
+    agent = "rv-review-pull"
 
 
 def unique(name: str) -> str:
@@ -245,22 +169,10 @@ def test_twenty_concurrent_reports_one_wins_and_its_value_is_the_observation(api
     me = Client(api)
     trace = me.chat("fetch http://race.example/")
     (job,) = me.pull()
-    barrier = threading.Barrier(20)
-    codes: dict[int, int] = {}
-
-    def report(i: int) -> None:
-        with httpx.Client(base_url=url, timeout=30) as own:
-            barrier.wait()
-            codes[i] = own.post(f"/jobs/{job['id']}", headers=me.h, json={"result": f"value-{i}"}).status_code
-
-    threads = [threading.Thread(target=report, args=(i,)) for i in range(20)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    winners = [i for i, code in codes.items() if code == 200]
+    codes = me.report_at_once(url, job["id"], [f"value-{i}" for i in range(20)])
+    winners = [value for value, code in codes.items() if code == 200]
     assert len(winners) == 1 and Counter(codes.values()) == {200: 1, 409: 19}, codes
-    assert me.result(trace)["answer"] == f"observed: value-{winners[0]}"
+    assert me.result(trace)["answer"] == f"observed: {winners[0]}"
     assert me.job(job["id"])["state"] == "answered"
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -63,13 +63,6 @@ def add(a: int, b: int) -> int:
 def wait_then(text: str) -> DFlow[str]:
     """A flow tool: waits a little (holding no worker), then upper-cases."""
     return DFlow.delay(text, 0.05).map(str.upper).id("upper")
-
-
-@pytest.fixture
-def local() -> Iterator[dflow.Runtime]:
-    runtime = DFlow.global_init_for_test()
-    yield runtime
-    dflow.shutdown()
 
 
 _names = iter(range(10**6))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -33,9 +34,9 @@ def redis_url() -> str:
     return REDIS_URL
 
 
-@pytest.fixture
-def prefix(redis_url: str) -> Iterator[str]:
-    """A fresh key prefix, whose keys are deleted after the test."""
+@contextmanager
+def fresh_prefix(redis_url: str) -> Iterator[str]:
+    """A fresh key prefix, whose keys are deleted after the block."""
     import redis
 
     p = f"t{uuid.uuid4().hex[:10]}"
@@ -45,6 +46,20 @@ def prefix(redis_url: str) -> Iterator[str]:
     if keys:
         r.delete(*keys)
     r.close()
+
+
+@pytest.fixture
+def prefix(redis_url: str) -> Iterator[str]:
+    """A fresh key prefix, whose keys are deleted after the test."""
+    with fresh_prefix(redis_url) as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def module_prefix(redis_url: str) -> Iterator[str]:
+    """A fresh key prefix for the tests of a module, whose keys are deleted after the last."""
+    with fresh_prefix(redis_url) as p:
+        yield p
 
 
 @pytest.fixture(scope="session")

@@ -12,18 +12,17 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
-import redis
 
 import dflow
 from dflow import DFlow, StepStatus
 from dflow_agents import AgentResult, AgentStatus, RedisChatMemory
+from tests.support.runs import runs_of, wait_for, worker_pids
 
 from . import agent_app as app
-from .conftest import SECRET, kafka_test_settings
-from .workers import Workers
+from .workers import Cluster, kafka_transport, streams_transport
 
 # kafka-python 3.0's connection layer sometimes leaves a socket for the garbage collector.
 pytestmark = [
@@ -31,61 +30,17 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
 ]
 
-# As in test_distributed.py: a member that dies is noticed after the session timeout.
-KAFKA_GROUP = {"session_timeout_ms": 6000, "heartbeat_interval_ms": 500, "metadata_max_age_ms": 30000}
-LEASE = 2.0  # seconds before the step of a killed worker is taken over
-
-
-class Cluster:
-    """Worker processes serving ``agent_app``, and this process as a client (``connect``)."""
-
-    def __init__(self, redis_url: str, prefix: str, transport_url: str) -> None:
-        self.redis_url = redis_url
-        self.prefix = prefix
-        self.transport_url = transport_url
-        self.store_url = f"{redis_url}?prefix={prefix}&redispatch_after=2"
-        env = {"DFLOW_SECRET": SECRET, "DFLOW_TEST_REDIS": redis_url, "DFLOW_TEST_PREFIX": prefix,
-               "DFLOW_AGENTS_BLOCK_NETWORK": "1"}
-        self.workers = Workers("tests.integration.agent_app", transport_url, self.store_url, env, lease=LEASE)
-        self.r = redis.Redis.from_url(redis_url, decode_responses=True)
-
-    def connect(self) -> None:
-        """Make this process a client of the workers (it runs no step itself)."""
-        dflow.configure(self.transport_url, self.store_url, secret=SECRET, consume=False)
-
-    def close(self) -> None:
-        self.workers.stop()
-        dflow.shutdown()
-        self.r.close()
-
-    def counts(self, key: str) -> dict[str, int]:
-        return {str(k): int(v) for k, v in self.r.hgetall(key).items()}
-
 
 @pytest.fixture(params=["redis-streams", "kafka"])
 def cluster(request: pytest.FixtureRequest, redis_url: str, prefix: str) -> Iterator[Cluster]:
     """Workers on Redis Streams or on Kafka (none started yet); the store is Redis either way."""
     if request.param == "kafka":
-        bootstrap = request.getfixturevalue("kafka_bootstrap")
-        settings = "&".join(f"{k}={v}" for k, v in {**kafka_test_settings(), **KAFKA_GROUP}.items())
-        url = f"kafka://{bootstrap}?topic={prefix}-steps&group={prefix}-workers&partitions=4&{settings}"
+        url = kafka_transport(request.getfixturevalue("kafka_bootstrap"), prefix)
     else:
-        url = f"{redis_url}?stream={prefix}:steps&redeliver_after=2"
-    c = Cluster(redis_url, prefix, url)
-    try:
+        url = streams_transport(redis_url, prefix)
+    env = {"DFLOW_TEST_REDIS": redis_url, "DFLOW_TEST_PREFIX": prefix}
+    with Cluster("tests.integration.agent_app", redis_url, prefix, transport_url=url, env=env) as c:
         yield c
-    finally:
-        c.close()
-
-
-def runs_of(trace_id: str) -> Iterator[list[dflow.StepRecord]]:
-    """The step records of a run and of its zip branches, recursively."""
-    steps = list(dflow.Run(trace_id).context().steps)
-    yield steps
-    for s in steps:
-        if s.status is StepStatus.FORKED:
-            for child in s.output:
-                yield from runs_of(child)
 
 
 def committed_tools(trace_id: str) -> Counter[str]:
@@ -96,18 +51,6 @@ def committed_tools(trace_id: str) -> Counter[str]:
         for s in steps
         if s.status is StepStatus.DONE and s.key.split(">")[0].split("/")[0] == "tool"
     )
-
-
-def worker_pids(trace_id: str) -> set[int]:
-    """The processes that ran the steps of a run (a worker id is ``host:pid:n``)."""
-    return {int(s.worker.split(":")[1]) for steps in runs_of(trace_id) for s in steps if s.worker}
-
-
-def wait_for(what: str, ok: Callable[[], bool], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not ok():
-        assert time.monotonic() < deadline, f"timed out waiting: {what}"
-        time.sleep(0.05)
 
 
 EXPECTED = AgentResult(status=AgentStatus.FINISHED, answer=app.CALC_ANSWER,

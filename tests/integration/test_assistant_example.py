@@ -15,33 +15,27 @@ from __future__ import annotations
 import json
 import os
 import queue
-import re
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import IO, Any
 
 import pytest
 import redis
 
-from .conftest import SECRET, kafka_test_settings
-from .workers import ROOT, Workers
+from .conftest import SECRET
+from .workers import ROOT, Served, kafka_transport, streams_transport
 
 APP = "examples.assistant.app"
 ADMIN = "admin-token-of-the-assistant-integration-tests-0123"
 SERVER_SECRET = "server-secret-of-the-assistant-integration-tests-01"
-KAFKA_GROUP = {"session_timeout_ms": 6000, "heartbeat_interval_ms": 500, "metadata_max_age_ms": 30000}
 LOOKS = ["Striped T-shirt, Beige chinos and White canvas sneakers",
          "Striped T-shirt, Straight jeans and White canvas sneakers",
          "Linen shirt, Beige chinos and White canvas sneakers"]
 PAGES = ["", "c/top", "p/striped-tee.html"]
-_LISTENING = re.compile(r"listening on (http://[0-9.]+:[0-9]+)")
 
 pytestmark = [pytest.mark.filterwarnings("ignore::ResourceWarning")]
 
@@ -50,35 +44,6 @@ def _env(redis_url: str, prefix: str) -> dict[str, str]:
     return {"DFLOW_SECRET": SECRET, "DFLOW_SERVER_SECRET": SERVER_SECRET, "DFLOW_SERVER_TOKEN": ADMIN,
             "DFLOW_AGENTS_BLOCK_NETWORK": "1", "OPENAI_BASE_URL": "", "OPENAI_MODEL": "",  # the scripted model
             "PYTHONPATH": str(ROOT)}
-
-
-class Serve:
-    """``dflow serve examples.assistant.app``; ``url`` once it listens."""
-
-    def __init__(self, transport: str, store: str, env: dict[str, str]) -> None:
-        fd, name = tempfile.mkstemp(prefix="dflow-serve-", suffix=".log")
-        self.log = Path(name)
-        with os.fdopen(fd, "wb") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "dflow.cli", "serve", APP, "--transport", transport, "--store", store,
-                 "--port", "0", "--pipeline", "planning.assistant", "--grace", "2"],
-                cwd=ROOT, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT,
-            )
-        deadline = time.monotonic() + 30
-        while (found := _LISTENING.search(self.log.read_text(errors="replace"))) is None:
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"dflow serve did not start:\n{self.log.read_text(errors='replace')}")
-            time.sleep(0.05)
-        self.url = found.group(1)
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return self.proc.wait()
 
 
 class Plugin:
@@ -126,29 +91,18 @@ class Plugin:
         return data
 
 
-class Cluster:
-    """Workers and ``dflow serve`` on one transport; the store and the jobs in Redis."""
+class Cluster(Served):
+    """A worker and ``dflow serve`` on one transport; the store and the jobs in Redis."""
 
     def __init__(self, redis_url: str, prefix: str, transport: str) -> None:
-        self.prefix = prefix
-        store = f"{redis_url}?prefix={prefix}&redispatch_after=2"
-        self.env = _env(redis_url, prefix)
-        self.workers = Workers(APP, transport, store, self.env, lease=2.0)
-        self.workers.start(1)
-        try:
-            self.serve = Serve(transport, store, self.env)
-        except BaseException:
-            self.workers.stop()
-            raise
+        super().__init__(APP, redis_url, prefix, transport, _env(redis_url, prefix), "--pipeline", "planning.assistant")
         self.r = redis.Redis.from_url(redis_url, decode_responses=True)
 
     def plugin(self, ask: str = "first") -> Plugin:
         return Plugin(self.serve.url, self.env, ask=ask)
 
     def close(self) -> int:
-        """Stop everything; the exit code of ``dflow serve``."""
-        code = self.serve.stop()
-        self.workers.stop()
+        code = super().close()
         self.r.close()
         return code
 
@@ -172,25 +126,10 @@ def check_chat(c: Cluster, out: dict[str, Any], chosen: int) -> None:
 
 
 @pytest.fixture(scope="module")
-def module_prefix(redis_url: str) -> Iterator[str]:
-    p = f"t{uuid.uuid4().hex[:10]}"
-    yield p
-    r = redis.Redis.from_url(redis_url)
-    keys = list(r.scan_iter(f"{p}:*", count=1000))
-    if keys:
-        r.delete(*keys)
-    r.close()
-
-
-@pytest.fixture(scope="module")
 def streams(redis_url: str, module_prefix: str) -> Iterator[Cluster]:
     """Redis Streams: one worker and ``dflow serve``, for the tests of this module."""
-    c = Cluster(redis_url, module_prefix, f"{redis_url}?stream={module_prefix}:steps&redeliver_after=2")
-    try:
+    with Cluster(redis_url, module_prefix, streams_transport(redis_url, module_prefix)) as c:
         yield c
-    finally:
-        code = c.close()
-    assert code == 0, "dflow serve exits cleanly on SIGTERM"
 
 
 @pytest.mark.timeout(120)
@@ -217,12 +156,6 @@ def test_a_worker_killed_while_the_question_to_the_user_is_outstanding(streams: 
 
 @pytest.mark.timeout(180)
 def test_a_chat_on_kafka(redis_url: str, prefix: str, kafka_bootstrap: str) -> None:
-    settings = "&".join(f"{k}={v}" for k, v in {**kafka_test_settings(), **KAFKA_GROUP}.items())
-    c = Cluster(redis_url, prefix,
-                f"kafka://{kafka_bootstrap}?topic={prefix}-steps&group={prefix}-workers&partitions=4&{settings}")
-    try:
+    with Cluster(redis_url, prefix, kafka_transport(kafka_bootstrap, prefix)) as c:
         out = c.plugin().outcome(timeout=120)
         check_chat(c, out, chosen=0)
-    finally:
-        code = c.close()
-    assert code == 0

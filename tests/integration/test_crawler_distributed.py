@@ -10,9 +10,8 @@
 
 from __future__ import annotations
 
-import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 
@@ -20,48 +19,16 @@ import dflow
 from dflow import DFlow, StepStatus
 from dflow_agents import AgentStatus
 from tests.agents import site as S
+from tests.support.runs import runs_of, wait_for, worker_pids
 
 from . import crawler_app as app
-from .conftest import SECRET
-from .workers import Workers
-
-LEASE = 2.0  # seconds before the step of a killed worker is taken over
-
-
-class Cluster:
-    """Worker processes serving ``crawler_app``, and this process as a client."""
-
-    def __init__(self, redis_url: str, prefix: str) -> None:
-        self.transport_url = f"{redis_url}?stream={prefix}:steps&redeliver_after=2"
-        self.store_url = f"{redis_url}?prefix={prefix}&redispatch_after=2"
-        env = {"DFLOW_SECRET": SECRET, "DFLOW_AGENTS_BLOCK_NETWORK": "1"}
-        self.workers = Workers("tests.integration.crawler_app", self.transport_url, self.store_url, env, lease=LEASE)
-
-    def connect(self) -> None:
-        dflow.configure(self.transport_url, self.store_url, secret=SECRET, consume=False)
-
-    def close(self) -> None:
-        self.workers.stop()
-        dflow.shutdown()
+from .workers import Cluster
 
 
 @pytest.fixture
 def cluster(redis_url: str, prefix: str) -> Iterator[Cluster]:
-    c = Cluster(redis_url, prefix)
-    try:
+    with Cluster("tests.integration.crawler_app", redis_url, prefix) as c:
         yield c
-    finally:
-        c.close()
-
-
-def runs_of(trace_id: str) -> Iterator[list[dflow.StepRecord]]:
-    """The step records of a run and of its zip branches, recursively."""
-    steps = list(dflow.Run(trace_id).context().steps)
-    yield steps
-    for s in steps:
-        if s.status is StepStatus.FORKED:
-            for child in s.output:
-                yield from runs_of(child)
 
 
 def committed_fetches(trace_id: str) -> list[str]:
@@ -69,13 +36,6 @@ def committed_fetches(trace_id: str) -> list[str]:
     ``[url, max_bytes, keep]``)."""
     return [s.input[0] for steps in runs_of(trace_id) for s in steps
             if s.status is StepStatus.DONE and s.key.split(">")[0] == "fetch"]
-
-
-def wait_for(what: str, ok: Callable[[], bool], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not ok():
-        assert time.monotonic() < deadline, f"timed out waiting: {what}"
-        time.sleep(0.05)
 
 
 @pytest.mark.timeout(120)
@@ -98,9 +58,7 @@ def test_a_crawl_on_a_worker_matches_local_mode(cluster: Cluster) -> None:
     assert sorted(paths) == sorted(local_paths), "the same pages"
     assert max(Counter(paths).values()) == 1, "each URL requested once (robots.txt too)"
     assert not [p for p in paths if p.startswith("/private/")]
-    pid = cluster.workers.procs[0].pid
-    workers = {int(s.worker.split(":")[1]) for steps in runs_of(run.trace_id) for s in steps if s.worker}
-    assert workers == {pid}, "every step ran on the worker process"
+    assert worker_pids(run.trace_id) == {cluster.workers.procs[0].pid}, "every step ran on the worker process"
     assert len(committed_fetches(run.trace_id)) == len(paths) - 1, "one committed fetch step per page"
 
 

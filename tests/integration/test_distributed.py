@@ -22,8 +22,8 @@ from dflow import DFlow, RunStatus, StepStatus
 from dflow._connect import transport_from_url
 
 from . import flows
-from .conftest import SECRET, kafka_test_settings
-from .workers import Workers
+from .conftest import SECRET
+from .workers import Workers, kafka_transport, streams_transport
 
 COUNTED = {"inc", "square", "sum", "finish", "c0"}
 
@@ -102,19 +102,13 @@ pytestmark = [
 ]
 
 
-# Group settings for worker processes: a member that dies is noticed after the session timeout.
-KAFKA_GROUP = {"session_timeout_ms": 6000, "heartbeat_interval_ms": 500, "metadata_max_age_ms": 30000}
-
-
 @pytest.fixture(params=["redis-streams", "kafka"])
 def cluster(request: pytest.FixtureRequest, redis_url: str, prefix: str) -> Iterator[Cluster]:
     """Workers on Redis Streams or on Kafka; the store is Redis either way."""
     if request.param == "kafka":
-        bootstrap = request.getfixturevalue("kafka_bootstrap")
-        settings = "&".join(f"{k}={v}" for k, v in {**kafka_test_settings(), **KAFKA_GROUP}.items())
-        url = f"kafka://{bootstrap}?topic={prefix}-steps&group={prefix}-workers&partitions=4&{settings}"
+        url = kafka_transport(request.getfixturevalue("kafka_bootstrap"), prefix)
     else:
-        url = f"{redis_url}?stream={prefix}:steps&redeliver_after=2"
+        url = streams_transport(redis_url, prefix)
     c = Cluster(redis_url, prefix, url)
     yield c
     c.close()
@@ -276,7 +270,7 @@ def test_unknown_step_is_parked_then_served_by_a_worker_that_knows_it(cluster: C
 
 @pytest.fixture
 def redis_cluster(redis_url: str, prefix: str) -> Iterator[Cluster]:
-    c = Cluster(redis_url, prefix, f"{redis_url}?stream={prefix}:steps&redeliver_after=2")
+    c = Cluster(redis_url, prefix, streams_transport(redis_url, prefix))
     yield c
     c.close()
 

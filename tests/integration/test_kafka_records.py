@@ -12,7 +12,8 @@ import time
 import pytest
 
 from .conftest import kafka_test_settings
-from .test_distributed import KAFKA_GROUP, Cluster, check_all, start_orders
+from .test_distributed import Cluster, check_all, start_orders
+from .workers import KAFKA_GROUP
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore::ResourceWarning"),

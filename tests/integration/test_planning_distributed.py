@@ -13,16 +13,13 @@ import time
 from collections.abc import Iterator
 
 import pytest
-import redis
 
-import dflow
 from dflow_agents import AgentStatus
 from dflow_agents.plans import PlanningResult, PlanStepStatus
+from tests.support.runs import wait_for, worker_pids
 
 from . import planning_app as app
-from .conftest import SECRET
-from .test_agents_distributed import LEASE, wait_for, worker_pids
-from .workers import Workers
+from .workers import Cluster
 
 STEP_KEYS = ("step-0", "step-1", "step-2")
 MODEL_CALLS = {
@@ -33,37 +30,10 @@ MODEL_CALLS = {
 }
 
 
-class Cluster:
-    """Workers serving ``planning_app`` on Redis Streams; this process a client of them."""
-
-    def __init__(self, redis_url: str, prefix: str) -> None:
-        self.prefix = prefix
-        self.transport_url = f"{redis_url}?stream={prefix}:steps&redeliver_after=2"
-        self.store_url = f"{redis_url}?prefix={prefix}&redispatch_after=2"
-        env = {"DFLOW_SECRET": SECRET, "DFLOW_TEST_REDIS": redis_url, "DFLOW_AGENTS_BLOCK_NETWORK": "1"}
-        self.workers = Workers("tests.integration.planning_app", self.transport_url, self.store_url, env,
-                               lease=LEASE)
-        self.r = redis.Redis.from_url(redis_url, decode_responses=True)
-
-    def connect(self) -> None:
-        dflow.configure(self.transport_url, self.store_url, secret=SECRET, consume=False)
-
-    def close(self) -> None:
-        self.workers.stop()
-        dflow.shutdown()
-        self.r.close()
-
-    def counts(self, key: str) -> dict[str, int]:
-        return {str(k): int(v) for k, v in self.r.hgetall(key).items()}
-
-
 @pytest.fixture
 def cluster(redis_url: str, prefix: str) -> Iterator[Cluster]:
-    c = Cluster(redis_url, prefix)
-    try:
+    with Cluster("tests.integration.planning_app", redis_url, prefix, env={"DFLOW_TEST_REDIS": redis_url}) as c:
         yield c
-    finally:
-        c.close()
 
 
 def check_completed(result: PlanningResult, job: str) -> None:

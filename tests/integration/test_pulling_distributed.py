@@ -15,28 +15,18 @@ in Redis, and this test as the client (the browser plug-in) over real HTTP:
 from __future__ import annotations
 
 import asyncio
-import json
-import os
-import re
-import signal
-import subprocess
-import sys
-import tempfile
-import threading
 import time
-import uuid
 from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 import redis
 
 from dflow_agents.pulling import Job, RedisJobBoard
+from tests.support.http_api import SessionClient
 
-from .conftest import SECRET, kafka_test_settings
-from .workers import ROOT, Workers
+from .conftest import SECRET
+from .workers import Served, kafka_transport, streams_transport
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore::ResourceWarning"),
@@ -45,131 +35,41 @@ pytestmark = [
 
 ADMIN = "admin-token-of-the-pulling-integration-tests-0123"
 SERVER_SECRET = "server-secret-of-the-pulling-integration-tests-01"
-KAFKA_GROUP = {"session_timeout_ms": 6000, "heartbeat_interval_ms": 500, "metadata_max_age_ms": 30000}
-_LISTENING = re.compile(r"listening on (http://[0-9.]+:[0-9]+)")
 
 
-class Serve:
-    """A ``dflow serve`` process; ``url`` once it listens."""
-
-    def __init__(self, module: str, transport: str, store: str, env: dict[str, str]) -> None:
-        fd, name = tempfile.mkstemp(prefix="dflow-serve-", suffix=".log")
-        self.log = Path(name)
-        with os.fdopen(fd, "wb") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "dflow.cli", "serve", module, "--transport", transport, "--store", store,
-                 "--port", "0", "--log-level", "INFO", "--grace", "2"],
-                cwd=ROOT, env={**os.environ, **env, "PYTHONPATH": str(ROOT)}, stdout=out, stderr=subprocess.STDOUT,
-            )
-        deadline = time.monotonic() + 30
-        while (found := _LISTENING.search(self.log.read_text(errors="replace"))) is None:
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"dflow serve did not start:\n{self.output()}")
-            time.sleep(0.05)
-        self.url = found.group(1)
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return self.proc.wait()
-
-
-class Cluster:
-    """``dflow serve`` and workers on one transport, the store and the jobs in Redis."""
+class Cluster(Served):
+    """``dflow serve`` and a worker on one transport, the store and the jobs in Redis; ``http``
+    a client of the server."""
 
     def __init__(self, redis_url: str, prefix: str, transport: str) -> None:
-        self.prefix = prefix
-        self.redis_url = redis_url
-        store = f"{redis_url}?prefix={prefix}&redispatch_after=2"
         env = {"DFLOW_SECRET": SECRET, "DFLOW_SERVER_SECRET": SERVER_SECRET, "DFLOW_SERVER_TOKEN": ADMIN,
                "DFLOW_TEST_REDIS": redis_url, "DFLOW_TEST_PREFIX": prefix, "DFLOW_TEST_ASK_TIMEOUT": "1.5",
                "DFLOW_AGENTS_BLOCK_NETWORK": "1"}
-        self.workers = Workers("tests.integration.pulling_app", transport, store, env, lease=2.0)
-        self.workers.start(1)
-        self.serve = Serve("tests.integration.pulling_app", transport, store, env)
+        super().__init__("tests.integration.pulling_app", redis_url, prefix, transport, env, "--log-level", "INFO")
         self.http = httpx.Client(base_url=self.serve.url, timeout=60)
 
     def close(self) -> int:
-        """Stop everything; the exit code of ``dflow serve``."""
         self.http.close()
-        code = self.serve.stop()
-        self.workers.stop()
-        return code
+        return super().close()
 
 
-class Client:
+class Client(SessionClient):
     """One session's client over HTTP."""
 
+    admin = ADMIN
+    agent = "browser"
+    wait, limit = 20, None
+    timeout, poll = 60, 0.05
+
     def __init__(self, c: Cluster) -> None:
-        r = c.http.post("/sessions", headers={"Authorization": f"Bearer {ADMIN}"})
-        assert r.status_code == 201, r.text
-        self.http = c.http
-        self.session, self.token = r.json()["session"], r.json()["token"]
-        self.h = {"Authorization": f"Bearer {self.token}"}
-
-    def chat(self, query: str) -> str:
-        r = self.http.post("/agents/browser/runs", headers=self.h, json={"query": query})
-        assert r.status_code == 201, r.text
-        return str(r.json()["trace_id"])
-
-    def pull(self, wait: float = 20) -> list[dict[str, Any]]:
-        r = self.http.get("/jobs", headers=self.h, params={"wait": wait})
-        assert r.status_code == 200, r.text
-        return list(r.json()["jobs"])
-
-    def report(self, job_id: str, **body: Any) -> httpx.Response:
-        return self.http.post(f"/jobs/{job_id}", headers=self.h, json=body)
-
-    def result(self, trace: str, timeout: float = 60) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while True:
-            st = self.http.get(f"/runs/{trace}", headers=self.h).json()
-            if st["finished"]:
-                assert st["status"] == "done", st
-                return dict(st["result"])
-            assert time.monotonic() < deadline, st
-            time.sleep(0.05)
-
-    def events(self, trace: str) -> list[tuple[str, Any]]:
-        out: list[tuple[str, Any]] = []
-        with self.http.stream("GET", f"/runs/{trace}/events", headers=self.h) as r:
-            assert r.status_code == 200
-            event = ""
-            for line in r.iter_lines():
-                if line.startswith("event: "):
-                    event = line[7:]
-                elif line.startswith("data: "):
-                    out.append((event, json.loads(line[6:])))
-        return out
-
-
-@pytest.fixture(scope="module")
-def module_prefix(redis_url: str) -> Iterator[str]:
-    p = f"t{uuid.uuid4().hex[:10]}"
-    yield p
-    r = redis.Redis.from_url(redis_url)
-    keys = list(r.scan_iter(f"{p}:*", count=1000))
-    if keys:
-        r.delete(*keys)
-    r.close()
+        super().__init__(c.http)
 
 
 @pytest.fixture(scope="module")
 def cluster(redis_url: str, module_prefix: str) -> Iterator[Cluster]:
     """Redis Streams: ``dflow serve`` and one worker, for the tests of this module."""
-    c = Cluster(redis_url, module_prefix, f"{redis_url}?stream={module_prefix}:steps&redeliver_after=2")
-    try:
+    with Cluster(redis_url, module_prefix, streams_transport(redis_url, module_prefix)) as c:
         yield c
-    finally:
-        code = c.close()
-    assert code == 0, f"dflow serve exits cleanly on SIGTERM:\n{c.serve.output()[-3000:]}"
 
 
 def _happy_path(c: Cluster) -> None:
@@ -193,14 +93,8 @@ def test_the_happy_path_over_http_with_worker_processes(cluster: Cluster) -> Non
 
 @pytest.mark.timeout(180)
 def test_the_happy_path_on_kafka(redis_url: str, prefix: str, kafka_bootstrap: str) -> None:
-    settings = "&".join(f"{k}={v}" for k, v in {**kafka_test_settings(), **KAFKA_GROUP}.items())
-    c = Cluster(redis_url, prefix,
-                f"kafka://{kafka_bootstrap}?topic={prefix}-steps&group={prefix}-workers&partitions=4&{settings}")
-    try:
+    with Cluster(redis_url, prefix, kafka_transport(kafka_bootstrap, prefix)) as c:
         _happy_path(c)
-    finally:
-        code = c.close()
-    assert code == 0, c.serve.output()[-3000:]
 
 
 @pytest.mark.timeout(120)
@@ -240,19 +134,7 @@ def test_sessions_apart_and_concurrent_reports_on_redis(cluster: Cluster) -> Non
     assert http.get(f"/jobs/{job['id']}", headers=them.h).status_code == 403
     assert them.report(job["id"], result="forged").status_code == 403
     assert http.get(f"/runs/{trace}/events", headers=them.h).status_code == 403
-    barrier = threading.Barrier(2)
-    codes: dict[str, int] = {}
-
-    def report(value: str) -> None:
-        with httpx.Client(base_url=cluster.serve.url, timeout=30) as own:
-            barrier.wait()
-            codes[value] = own.post(f"/jobs/{job['id']}", headers=me.h, json={"result": value}).status_code
-
-    threads = [threading.Thread(target=report, args=(v,)) for v in ("left", "right")]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
+    codes = me.report_at_once(cluster.serve.url, job["id"], ["left", "right"])
     assert sorted(codes.values()) == [200, 409]
     winner = next(v for v, code in codes.items() if code == 200)
     assert me.result(trace)["answer"] == f"observed: {winner}"

@@ -12,16 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
-import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
@@ -34,21 +30,13 @@ from dflow_agents.pulling import Job, RedisJobBoard, job_routes
 from dflow_agents.templates import PlanTemplate, RedisPlanTemplates
 
 from .conftest import SECRET
-from .workers import ROOT
+from .workers import Serve
 
 ADMIN = "admin-token-of-the-review-redis-tests-0123456789"
 POLLS = 40
-_LISTENING = re.compile(r"listening on (http://[0-9.]+:[0-9]+)")
 
 #: what the open ``dflow serve`` below offers (it imports this module)
 rv_serve_echo = DFlow.from_call("rv-serve-echo").map(lambda x: {"echo": x}).id("wrap").init("rv-serve-echo")
-
-
-@pytest.fixture
-def runtime() -> Iterator[dflow.Runtime]:
-    rt = DFlow.global_init_for_test()
-    yield rt
-    dflow.shutdown()
 
 
 def _connections(url: str, name: str) -> int:
@@ -60,7 +48,7 @@ def _connections(url: str, name: str) -> int:
 
 
 def test_one_clients_long_polls_do_not_each_hold_a_redis_connection(
-    runtime: dflow.Runtime, redis_url: str, prefix: str
+    local: dflow.Runtime, redis_url: str, prefix: str
 ) -> None:
     name = f"rv-{uuid.uuid4().hex[:8]}"
     board = RedisJobBoard(redis_url, prefix=prefix, client_name=name)
@@ -163,33 +151,15 @@ def test_dflow_serve_refuses_a_short_admin_token_without_showing_it(redis_url: s
 def open_serve(redis_url: str, prefix: str) -> Iterator[str]:
     """``dflow serve`` of this module on 127.0.0.1 without DFLOW_SERVER_TOKEN (an open server,
     as the README runs it locally); its URL. No worker: runs are only created."""
-    fd, name = tempfile.mkstemp(prefix="dflow-review-serve-", suffix=".log")
-    log = Path(name)
-    env = {**os.environ, "DFLOW_SECRET": SECRET, "DFLOW_SERVER_TOKEN": "", "PYTHONPATH": str(ROOT),
+    env = {"DFLOW_SECRET": SECRET, "DFLOW_SERVER_TOKEN": "",
            "DFLOW_SERVER_SECRET": "server-secret-of-the-review-redis-tests-0123456789"}
-    with os.fdopen(fd, "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "dflow.cli", "serve", "tests.integration.test_review_issue9_redis",
-             "--store", f"{redis_url}?prefix={prefix}", "--transport", f"{redis_url}?stream={prefix}:steps",
-             "--host", "127.0.0.1", "--port", "0", "--grace", "1"],
-            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-        )
+    serve = Serve("tests.integration.test_review_issue9_redis", f"{redis_url}?stream={prefix}:steps",
+                  f"{redis_url}?prefix={prefix}", env, "--host", "127.0.0.1", grace=1)
     try:
-        deadline = time.monotonic() + 30
-        while (found := _LISTENING.search(log.read_text(errors="replace"))) is None:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"dflow serve did not start:\n{log.read_text(errors='replace')[-3000:]}")
-            time.sleep(0.05)
-        yield found.group(1)
+        yield serve.url
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.unlink(missing_ok=True)
+        serve.stop()
+        serve.log.unlink(missing_ok=True)
 
 
 def test_an_open_dflow_serve_starts_runs_for_a_same_origin_json_client(open_serve: str) -> None:
