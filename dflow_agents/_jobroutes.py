@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import re
 from collections import OrderedDict
 from collections.abc import Awaitable, Iterator
@@ -30,6 +31,8 @@ from .pulling import (
 __all__ = ["agent_router", "job_router"]
 
 _JOB_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+log = logging.getLogger("dflow_agents.jobs")
+
 _STATUS: dict[type[JobError], int] = {
     JobNotFoundError: 404, JobForbiddenError: 403, JobAnsweredError: 409, JobExpiredError: 410,
 }
@@ -79,11 +82,18 @@ def job_router(
         session: Caller = Depends(host.require_session),
     ) -> dict[str, Any]:
         """The session's jobs not yet handed out (a long poll: waits up to ``wait`` seconds)."""
-        if wait <= 0:
-            jobs = await board.pull(session.id, wait=0.0, limit=limit)
-        else:
-            with polls.hold(session.id):
-                jobs = await _unless_gone(request, board.pull(session.id, wait=wait, limit=limit))
+        try:
+            if wait <= 0:
+                jobs = await board.pull(session.id, wait=0.0, limit=limit)
+            else:
+                with polls.hold(session.id):
+                    jobs = await _unless_gone(request, board.pull(session.id, wait=wait, limit=limit))
+        except HTTPException:
+            raise
+        except Exception as exc:  # the board (Redis) failed: a 503 the client retries, not a 500
+            log.warning("pulling the jobs of a session failed: %s: %s", type(exc).__name__, exc)
+            raise HTTPException(503, f"the job board could not be read ({type(exc).__name__}); poll again",
+                                headers={"Retry-After": "1"}) from None
         for j in jobs:  # a report of it needs no read of the board
             seen[j.id] = j
             if len(seen) > 10_000:

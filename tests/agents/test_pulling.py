@@ -480,3 +480,20 @@ def test_a_jobs_timer_started_before_is_recognised() -> None:
     assert asyncio.run(runner._start_timer(job_id)) is False  # started before (on_init again): it waits
     dflow.Run(timer_trace(job_id)).result(10)
     assert asyncio.run(runner._start_timer(job_id)) is True  # it fired: the job's deadline has passed
+
+
+class _BrokenBoard(InMemoryJobBoard):
+    """A board whose store is down."""
+
+    async def pull(self, session: str, *, wait: float, limit: int) -> list[Job]:
+        raise ConnectionError("Error 111 connecting to the board's Redis")
+
+
+def test_a_board_that_fails_is_a_503_the_client_can_retry_not_a_500(url: str) -> None:
+    app = create_app(tokens=Tokens(SECRET, ttl=600), admin_token=ADMIN, routes=[job_routes(_BrokenBoard())])
+    with ServerThread(app) as base, httpx.Client(base_url=base, timeout=30) as api:
+        me = Client(api)
+        for wait in (0, 2):
+            r = api.get("/jobs", headers=me.h, params={"wait": wait})
+            assert r.status_code == 503 and "ConnectionError" in r.json()["detail"], r.text
+            assert r.headers["retry-after"] == "1"
