@@ -89,6 +89,21 @@ def check_name(name: object, what: str = "agent") -> str:
 SESSION_KEY = "dflow/session"
 
 
+def share_once(
+    registry: dict[str, weakref.ref[Any]], obj: object, name: str, shared_as: str, what: str, then: str,
+    *, stacklevel: int,
+) -> None:
+    """Share ``obj`` by name (``dflow.shared(obj, shared_as)``), warning (``RuntimeWarning``)
+    when it replaces a live object of the same ``name`` in ``registry``: flows naming it would
+    reach only the second (``then`` says what that means)."""
+    old = registry.get(name)
+    if old is not None and old() is not None:
+        warnings.warn(f"a second {what} named {name!r} replaces the first in this process: {then}",
+                      RuntimeWarning, stacklevel=stacklevel + 1)
+    registry[name] = weakref.ref(obj)
+    dflow.shared(obj, shared_as)
+
+
 def check_session(session: object) -> str | None:
     """``session`` unless it is not a valid session name (``ValueError`` / ``TypeError``)."""
     if session is None:
@@ -196,14 +211,8 @@ class Agent:
         self.memory = memory
         self._pointer = f"dflow_agents/{name}"  # the run's key naming this agent's current invocation
         self._turns = MessageCache()
-        old = _agents.get(name)
-        if old is not None and old() is not None:
-            warnings.warn(
-                f"a second agent named {name!r} replaces the first in this process: runs of either go to "
-                "the second (give each agent its own name)", RuntimeWarning, stacklevel=3,
-            )
-        _agents[name] = weakref.ref(self)
-        dflow.shared(self, f"dflow_agents.agent:{name}")
+        share_once(_agents, self, name, f"dflow_agents.agent:{name}", "agent",
+                   "runs of either go to the second (give each agent its own name)", stacklevel=3)
         entry = f"agent.{name}"
         self.pipeline: Pipeline = self._retrying(
             DFlow.from_call(entry).map(self._start).id("start").flat_map(self._loop).id("loop")

@@ -24,12 +24,10 @@ from __future__ import annotations
 import hashlib
 import inspect
 import re
-import warnings
 import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-import dflow
 from dflow import ContextStack, DFlow, Pipeline, Run
 
 from ._plan_summary import Finalizer, note, results_text, summarise
@@ -44,6 +42,7 @@ from .agent import (
     dump,
     load,
     run_session,
+    share_once,
     stop,
 )
 from .errors import ModelRetryableError
@@ -181,15 +180,8 @@ class PlanningFlow:
         self.model_retry_backoff = float(model_retry_backoff)
         self.model_options = dict(model_options or {})
         self._state_key = f"dflow_agents/planning/{name}"
-        old = _flows.get(name)
-        if old is not None and old() is not None:
-            warnings.warn(
-                f"a second planning flow named {name!r} replaces the first in this process "
-                "(give each its own name)",
-                RuntimeWarning, stacklevel=2,
-            )
-        _flows[name] = weakref.ref(self)
-        dflow.shared(self, f"dflow_agents.planning:{name}")
+        share_once(_flows, self, name, f"dflow_agents.planning:{name}", "planning flow",
+                   "runs of either go to the second (give each its own name)", stacklevel=2)
         entry = f"planning.{name}"
         self.pipeline: Pipeline[PlanningResult] = (
             DFlow.from_call(entry).map(self._start).id("start").flat_map(self._plan).id("plan")

@@ -35,7 +35,6 @@ import inspect
 import json
 import time
 import uuid
-import warnings
 import weakref
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol
@@ -46,7 +45,7 @@ import dflow
 from dflow import ContextStack, DFlow, NotWaitingError, Pipeline, Run
 
 from ._jobboard import CALL_PREFIX, InMemoryJobBoard, Job, JobBoard, RedisJobBoard, timer_trace
-from .agent import SESSION_KEY, Agent
+from .agent import SESSION_KEY, Agent, share_once
 from .tools import Tool
 
 if TYPE_CHECKING:
@@ -126,15 +125,8 @@ class _Runner:
         self.board = board
         self.timeout = timeout
         self.call_type = f"{CALL_PREFIX}{name}"
-        old = _runners.get(name)
-        if old is not None and old() is not None:
-            warnings.warn(
-                f"a second pulling tool named {name!r} replaces the first in this process: the jobs of "
-                "both would go to the second one's board (give each its own name=)",
-                RuntimeWarning, stacklevel=4,
-            )
-        _runners[name] = weakref.ref(self)
-        dflow.shared(self, f"dflow_agents.pulling:{name}")
+        share_once(_runners, self, name, f"dflow_agents.pulling:{name}", "pulling tool",
+                   "the jobs of both would go to the second one's board (give each its own name=)", stacklevel=4)
         # a run of it starts at its delay (one step, then none until the deadline); the
         # leading "_" keeps it out of what dflow serve lets clients start
         self.timer: Pipeline[None] = (
