@@ -35,6 +35,7 @@ import os
 import platform
 import re
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -280,6 +281,8 @@ class DflowCluster:
     def add_worker(self) -> None:
         cmd = [sys.executable, "-m", "dflow.cli", "worker", "benchmarks._bench_flows", "--transport", self.transport,
                "--store", self.store, "--concurrency", str(self.concurrency), "--grace", "5"]
+        if METRICS:  # each worker serves Prometheus metrics on a port of its own
+            cmd += ["--metrics-port", str(free_port())]
         self.workers.append(PROCS.start(f"dflow-{self.name}", cmd, {"DFLOW_SECRET": SECRET}, "serving"))
 
     def connect(self) -> None:
@@ -1029,12 +1032,26 @@ def versions() -> dict[str, Any]:
     return out
 
 
+METRICS = False  # --metrics
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def main() -> int:
     global HOST, PORT
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="about a minute; print only, keep no results")
     ap.add_argument("--redis", default="127.0.0.1:6379", help="host:port of Redis (default %(default)s)")
+    ap.add_argument("--metrics", action="store_true",
+                    help="dflow workers serve Prometheus metrics (the cost of --metrics-port); implies --quick")
     args = ap.parse_args()
+    global METRICS
+    METRICS = args.metrics
+    args.quick = args.quick or args.metrics
     HOST, port = args.redis.rsplit(":", 1)
     PORT = int(port)
     os.environ.setdefault("BENCH_CELERY_BROKER", rurl(BROKER_DB))
@@ -1065,7 +1082,8 @@ def main() -> int:
         "loadavg_after": os.getloadavg(),
         "runtime_s": time.time() - started,
         "quick": args.quick,
-        "command": "python benchmarks/bench_distributed.py" + (" --quick" if args.quick else ""),
+        "command": "python benchmarks/bench_distributed.py" + (" --quick" if args.quick else "")
+        + (" --metrics" if args.metrics else ""),
     }
     table = tables(res)
     print(table)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from ._codec import register_model
 from ._durable import shared
+from .circuit import Circuit, CircuitState
 from .client import (
     Entry,
     Pipeline,
@@ -21,7 +22,9 @@ from .client import (
 from .context import ContextStack, RunInfo, RunStatus, StepRecord, StepStatus
 from .errors import (
     BuildError,
+    CircuitOpenError,
     ConfigurationError,
+    ConflictError,
     DFlowError,
     DuplicateIdError,
     InvalidTraceIdError,
@@ -43,17 +46,23 @@ from .errors import (
     UnknownEntryError,
     UnknownStepError,
     ValueTooLargeError,
+    VersionNotFoundError,
 )
 from .flow import DFlow, InitParam, adirect_run
 from .memory import MemoryBroker, MemoryStore, MemoryTransport
 from .policy import RetryPolicy
 from .runtime import Runtime
-from .store import Store
+from .state import State, Version
+from .store import RunPage, Store
 from .transport import Delivery, Transport
 
 __all__ = [
     "BuildError",
+    "Circuit",
+    "CircuitOpenError",
+    "CircuitState",
     "ConfigurationError",
+    "ConflictError",
     "ContextStack",
     "DFlow",
     "DFlowError",
@@ -78,10 +87,12 @@ __all__ = [
     "RunFailedError",
     "RunInfo",
     "RunNotFoundError",
+    "RunPage",
     "RunStatus",
     "RunTimeoutError",
     "Runtime",
     "SerializationError",
+    "State",
     "StepFailedError",
     "StepRecord",
     "StepStatus",
@@ -93,6 +104,8 @@ __all__ = [
     "UnknownEntryError",
     "UnknownStepError",
     "ValueTooLargeError",
+    "Version",
+    "VersionNotFoundError",
     "adirect_run",
     "configure",
     "current_runtime",

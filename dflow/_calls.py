@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import inspect
 import traceback
 from collections.abc import Callable
@@ -55,7 +56,8 @@ async def call_step(
             loop.call_soon_threadsafe(_set_done, started)
             return contained_call(fn, *args)
 
-        job: asyncio.Future[Any] = loop.run_in_executor(pool(), in_thread)
+        # (in the step's context: its log ids and trace span reach the thread, as with to_thread)
+        job: asyncio.Future[Any] = loop.run_in_executor(pool(), contextvars.copy_context().run, in_thread)
         if timeout is not None:  # the time limit counts from when the function starts
             await asyncio.wait([started, job], return_when=asyncio.FIRST_COMPLETED)
     else:

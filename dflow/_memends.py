@@ -43,6 +43,7 @@ class RunEnds:
 
     if TYPE_CHECKING:
         def _emit(self, msg: Message, now: float, out: list[Message]) -> None: ...
+        def _status(self, run: RunState, status: RunStatus) -> None: ...
 
     def _finished(self, run: RunState, now: float, out: list[Message]) -> None:
         run.lease = None
@@ -70,13 +71,13 @@ class RunEnds:
         complete = (not ok or len(j.arrived) == j.n) if j.kind == "zip" else (ok or len(j.arrived) == j.n)
         if complete:
             j.closed = True
-            parent.status = RunStatus.RUNNING
+            self._status(parent, RunStatus.RUNNING)
             parent.updated = now
             self._emit(j.message, now, out)
             for i, trace_id in enumerate(j.children):  # the others are no longer wanted
                 other = self._runs.get(trace_id)
                 if i not in j.arrived and other is not None and not other.status.finished:
-                    other.status = RunStatus.FAILED
+                    self._status(other, RunStatus.FAILED)
                     other.error = dict(CANCELLED)
                     other.waiting_for = None
                     other.init_pending = False
@@ -103,7 +104,7 @@ class RunEnds:
         """End ``run`` and the branches its open join waits for (first: their arrivals
         must not reach a join that is going away)."""
         gone.add(run.trace_id)
-        run.status = RunStatus.CANCELLED
+        self._status(run, RunStatus.CANCELLED)
         run.error = dict(error)
         run.updated = now
         run.waiting_for = None

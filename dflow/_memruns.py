@@ -65,6 +65,7 @@ class RunState:
     park_count: int = 0
     kind: int = RUN  #: the kind of message the run expects for its current step
     due: float | None = None  #: when its timer is due, if it waits for one
+    pipeline: str | None = None  #: the pipeline that started it (a root run is listed under it)
 
     def info(self) -> RunInfo:
         """The run's status record, as ``Store.get_run`` returns it."""
@@ -81,5 +82,6 @@ class RunState:
             parent=self.parent.trace_id if self.parent else None,
             extra={**({"parked": self.parked, "park_count": self.park_count} if self.parked else {}),
                    **({"due": self.due} if self.due is not None else {})},
+            pipeline=self.pipeline,
         )
 

@@ -15,9 +15,10 @@ from ._calls import call_step, error_info
 from ._codec import FAIL, JOIN, RUN, Message, decode, encode
 from ._frames import FrameCodec
 from ._model import Frame, Kind, Node, compile_flow
+from ._rerun import RERUN_KEY, replay
 from .context import ContextStack, StepRecord, StepStatus
 from .errors import StepFailedError, ValueTooLargeError
-from .store import Advance, Claim, Fail, Finish, Fork, NewRun, Transition, Wait
+from .store import Advance, Claim, Fail, Finish, Fork, NewRun, Store, Transition, Wait
 
 __all__ = ["StepRunner"]
 
@@ -29,6 +30,7 @@ class StepRunner:
     one, and sets these attributes."""
 
     frames: FrameCodec
+    store: Store
     worker_id: str
     concurrency: int
     max_value_bytes: int
@@ -42,6 +44,11 @@ class StepRunner:
         msg = claim.message
         kind = msg.kind
         if kind == RUN:
+            rerun = claim.data.get(RERUN_KEY)  # (one lookup: an ordinary run pays nothing more)
+            if rerun is not None:  # a rerun: a step before its rerun point takes its recorded result
+                replayed = await replay(self.store, self._pool, rerun, node, ctx, claim, frames)
+                if replayed is not None:
+                    return replayed
             nk = node._kind
             if nk == _MAP:
                 result = await call_step(node, node._fn, node._ctx_arg, ctx, decode(claim.value), self._pool)

@@ -6,6 +6,7 @@ import re
 from typing import Any
 
 from ._codec import decode
+from ._rerun import describe
 from .context import StepRecord, StepStatus
 from .store import Store
 
@@ -32,8 +33,22 @@ def _value(raw: bytes | None) -> Any:
         return f"<undecodable: {exc}>"
 
 
+def node_id(key: str) -> str:
+    """The id of the node a step key names (what its key holds before the first ``>`` or ``/``)."""
+    return _NODE.split(key, 1)[0]
+
+
+def branch_runs(rec: StepRecord) -> list[str]:
+    """The trace ids of the zip/any branch runs that a FORKED record started (``[]`` for any
+    other record)."""
+    if rec.status is not StepStatus.FORKED:
+        return []
+    ids = _value(rec.raw_output)
+    return [b for b in ids if isinstance(b, str)] if isinstance(ids, list) else []
+
+
 def _line(rec: StepRecord) -> str:
-    node = safe(_NODE.split(rec.key, 1)[0])
+    node = safe(node_id(rec.key))
     parts = [f"{node:<18}", f"{rec.status.value:<9}"]
     if rec.attempt:
         parts.append(f"attempt {rec.attempt}")
@@ -68,13 +83,15 @@ async def render(store: Store, trace_id: str, indent: str = "", depth: int = 0) 
         else:
             head += f"  → {_short(_value(info.raw_result), 60)}"
     lines = [head]
+    rerun = describe(await store.get_data(trace_id), trace_id) if depth == 0 else None
+    if rerun is not None:  # (a run made by Run.rerun_from: which run it reruns)
+        lines.append(f"{indent}   {safe(rerun)}")
     steps = await store.get_steps(trace_id)
     for i, rec in enumerate(steps):
         last = i == len(steps) - 1
         lines.append(f"{indent}{'└─' if last else '├─'} {_line(rec)}")
         if rec.status is StepStatus.FORKED and depth < 8:
-            branches = _value(rec.raw_output) or []
             pad = indent + ("   " if last else "│  ")
-            for child in branches:
+            for child in branch_runs(rec):
                 lines.append(await render(store, child, pad, depth + 1))
     return "\n".join(lines)

@@ -2,7 +2,8 @@
 
     dflow worker MODULE [MODULE ...] --transport URL --store URL [--concurrency N] [--app-dir DIR]
     dflow inspect TRACE_ID --store URL
-    dflow ls --store URL [--limit N]
+    dflow rerun TRACE_ID --from SEQ --store URL [--transport URL]
+    dflow ls --store URL [--limit N] [--status STATUS] [--pipeline NAME]
     dflow serve MODULE [MODULE ...] --transport URL --store URL [--host H] [--port P]
 
 URLs default to the environment: ``DFLOW_TRANSPORT``, ``DFLOW_STORE``; the shared secret
@@ -22,6 +23,7 @@ import time
 from collections.abc import Sequence
 
 from ._tree import safe
+from .context import RunInfo, RunStatus
 from .errors import ConfigurationError, DFlowError, InvalidTraceIdError
 
 log = logging.getLogger("dflow.worker")
@@ -46,6 +48,18 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--app-dir", default=None, metavar="DIR",
                    help="look for MODULEs in DIR before installed packages (default: the current directory, "
                         "after installed packages, so that a file there cannot shadow one)")
+    w.add_argument("--metrics-port", type=int, default=os.environ.get("DFLOW_METRICS_PORT", "0"), metavar="N",
+                   help="serve Prometheus metrics on http://HOST:N/metrics (or DFLOW_METRICS_PORT; "
+                        "default 0: none; the metrics extra)")
+    w.add_argument("--metrics-host", default="127.0.0.1", metavar="HOST",
+                   help="address of the metrics server (default 127.0.0.1; 0.0.0.0 for a scraper "
+                        "elsewhere)")
+    w.add_argument("--log-format", default=os.environ.get("DFLOW_LOG_FORMAT", "text"),
+                   help="text (default) or json (or DFLOW_LOG_FORMAT): one JSON object a line, with the "
+                        "run and step on the lines of a step")
+    w.add_argument("--otel", action="store_true", default=os.environ.get("DFLOW_OTEL", "") in ("1", "true"),
+                   help="trace runs and steps with OpenTelemetry (or DFLOW_OTEL=1): the tracer provider "
+                        "the MODULEs set, else one made from the OTEL_* variables (the otel extra)")
     i = sub.add_parser("inspect", help="print a run's step tree")
     i.add_argument("trace_id")
     i.add_argument("--store", default=os.environ.get("DFLOW_STORE"))
@@ -56,10 +70,21 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--transport", default=os.environ.get("DFLOW_TRANSPORT"),
                    help="to publish at once what the cancel releases (a parent's join); else the store's "
                         "outbox hands it out within its redispatch time")
+    rr = sub.add_parser("rerun", help="rerun an ended run from a step: the steps before it replayed from its "
+                                      "records, the rest run with the code deployed now; prints the new trace id")
+    rr.add_argument("trace_id")
+    rr.add_argument("--from", dest="seq", type=int, required=True, metavar="SEQ",
+                    help="the step to rerun from (its seq, as dflow inspect lists the steps)")
+    rr.add_argument("--store", default=os.environ.get("DFLOW_STORE"))
+    rr.add_argument("--transport", default=os.environ.get("DFLOW_TRANSPORT"),
+                    help="to dispatch the first step at once; else the store's outbox hands it out within its "
+                         "redispatch time")
     sv = sub.add_parser(
-        "serve", help="serve the HTTP API (sessions, runs, events, calls; OpenAPI docs at /docs)",
-        description="Serve the HTTP API for the pipelines MODULEs build. DFLOW_SERVER_TOKEN is the admin token "
-                    "that creates sessions (required unless --host is a loopback address); DFLOW_SERVER_SECRET "
+        "serve", help="serve the HTTP API (sessions, runs, events, calls; OpenAPI docs at /docs) and the web "
+                      "console (/console/)",
+        description="Serve the HTTP API for the pipelines MODULEs build, and the web console at /console/. "
+                    "DFLOW_SERVER_TOKEN is the admin token that creates sessions and logs in to the console "
+                    "(required unless --host is a loopback address); DFLOW_SERVER_SECRET "
                     "signs session tokens (the same on every server process); DFLOW_SECRET signs flows.",
     )
     sv.add_argument("modules", nargs="+", metavar="MODULE", help="module(s) that build the flows (import paths); "
@@ -76,10 +101,23 @@ def _parser() -> argparse.ArgumentParser:
     sv.add_argument("--grace", type=float, default=10.0, help="seconds to finish requests on SIGTERM (default 10)")
     sv.add_argument("--log-level", default=os.environ.get("DFLOW_LOG_LEVEL", "INFO"))
     sv.add_argument("--app-dir", default=None, metavar="DIR", help="look for MODULEs in DIR first")
-    ls = sub.add_parser("ls", help="list recent runs")
+    ls = sub.add_parser("ls", help="list recent runs (not zip/any branches: inspect their parent)")
     ls.add_argument("--store", default=os.environ.get("DFLOW_STORE"))
-    ls.add_argument("--limit", type=int, default=20)
+    ls.add_argument("--limit", type=_count, default=20, help="runs shown at most (default 20)")
+    ls.add_argument("--status", choices=[s.value for s in RunStatus], help="only runs in this status now")
+    ls.add_argument("--pipeline", help="only runs started by this pipeline (its name)")
     return ap
+
+
+def _count(text: str) -> int:
+    """A count of 1 or more, from the command line."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of 1 or more, got {text!r}")
+    return n
 
 
 def _need(value: str | None, flag: str, env: str) -> str:
@@ -91,10 +129,14 @@ def _need(value: str | None, flag: str, env: str) -> str:
 async def _worker(args: argparse.Namespace) -> int:
     from . import client
     from ._connect import store_from_url, transport_from_url
+    from ._observing import WorkerObservability
     from ._signing import Keys
     from ._urls import redact_url
     from .runtime import Runtime
 
+    observing = WorkerObservability(metrics_port=args.metrics_port, metrics_host=args.metrics_host,
+                                    log_format=args.log_format, otel=args.otel)
+    observing.start_logs()
     Keys(os.environ.get("DFLOW_SECRET"))  # a worker signs and checks flows: refuse to start without a key
     if args.app_dir is not None:
         sys.path.insert(0, os.path.abspath(args.app_dir))
@@ -116,6 +158,7 @@ async def _worker(args: argparse.Namespace) -> int:
         return 2
     runtime = Runtime(transport, store, concurrency=args.concurrency, lease=args.lease,
                       legacy_frames=args.legacy_frames)
+    observing.install(runtime)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -128,6 +171,7 @@ async def _worker(args: argparse.Namespace) -> int:
     log.info("dflow worker %s: stopping; running steps get %.0fs", runtime.worker_id, args.grace)
     await runtime.stop(args.grace)
     client.detach()
+    observing.close()
     return 0
 
 
@@ -148,8 +192,8 @@ async def _inspect(args: argparse.Namespace) -> int:
 
 async def _cancel(args: argparse.Namespace) -> int:
     from ._connect import store_from_url, transport_from_url
+    from ._dispatch import route as _route
     from ._ids import check_trace_id, is_run_id
-    from .runtime import _route
 
     if not is_run_id(args.trace_id):
         check_trace_id(args.trace_id)  # says what is wrong with it
@@ -171,6 +215,35 @@ async def _cancel(args: argparse.Namespace) -> int:
         await store.close()
 
 
+async def _rerun(args: argparse.Namespace) -> int:
+    from ._connect import store_from_url, transport_from_url
+    from ._dispatch import route as _route
+    from ._durable import ChainCodec
+    from ._ids import check_trace_id, is_run_id
+    from ._rerun import start_rerun
+    from .errors import RunError
+
+    if not is_run_id(args.trace_id):
+        check_trace_id(args.trace_id)  # says what is wrong with it
+    chains = ChainCodec(os.environ.get("DFLOW_SECRET"))  # the new run's frames are signed: the workers' secret
+    transport = transport_from_url(args.transport) if args.transport else None
+    store = store_from_url(_need(args.store, "--store", "DFLOW_STORE"), transport=transport)
+    try:
+        try:
+            trace_id, publish = await start_rerun(store, chains, args.trace_id, args.seq)
+        except RunError as exc:
+            print(f"dflow rerun: {safe(exc)}", file=sys.stderr)
+            return 1
+        if publish and transport is not None and not store.fused:
+            await transport.publish_many([(m.encode(), _route(m)) for m in publish])
+        print(trace_id)
+        return 0
+    finally:
+        await store.close()
+        if transport is not None:
+            await transport.close()
+
+
 async def _serve(args: argparse.Namespace) -> int:
     from .server import serve
 
@@ -186,12 +259,21 @@ async def _ls(args: argparse.Namespace) -> int:
     from ._connect import store_from_url
 
     store = store_from_url(_need(args.store, "--store", "DFLOW_STORE"))
+    runs: list[RunInfo] = []
     try:
-        runs = await store.list_runs(args.limit)
+        cursor: str | None = None
+        status = RunStatus(args.status) if args.status else None
+        while len(runs) < args.limit:
+            page = await store.page_runs(min(args.limit - len(runs), 1000), status=status,
+                                         pipeline=args.pipeline or None, cursor=cursor)
+            runs += page.runs
+            if page.cursor is None:
+                break
+            cursor = page.cursor
     finally:
         await store.close()
     # STEP: the run's step sequence number, how many steps it has taken (its position)
-    print(f"{'TRACE ID':<40} {'STATUS':<8} {'STEP':>5} {'STARTED':<19} {'AGE':>8}  NOTE")
+    print(f"{'TRACE ID':<40} {'STATUS':<9} {'PIPELINE':<24} {'STEP':>5} {'STARTED':<19} {'AGE':>8}  NOTE")
     now = time.time()
     for r in runs:
         note = r.waiting_for and f"waiting for {r.waiting_for}" or ""
@@ -200,8 +282,10 @@ async def _ls(args: argparse.Namespace) -> int:
         elif r.error:
             note = f"{r.error.get('type')}: {r.error.get('message')}"
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.created))
-        print(f"{safe(r.trace_id):<40} {r.status.value:<8} {r.seq:>5} {started:<19} {now - r.created:>7.0f}s  "
-              f"{safe(note[:80])}")
+        pipeline = safe(r.pipeline or "-")
+        pipeline = pipeline if len(pipeline) <= 24 else pipeline[:23] + "~"
+        print(f"{safe(r.trace_id):<40} {r.status.value:<9} {pipeline:<24} {r.seq:>5} {started:<19} "
+              f"{now - r.created:>7.0f}s  {safe(note[:80])}")
     return 0
 
 
@@ -210,7 +294,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     level = getattr(args, "log_level", "WARNING")
     logging.basicConfig(level=str(level).upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    command = {"worker": _worker, "inspect": _inspect, "ls": _ls, "cancel": _cancel, "serve": _serve}[args.command]
+    command = {"worker": _worker, "inspect": _inspect, "ls": _ls, "cancel": _cancel, "serve": _serve,
+               "rerun": _rerun}[args.command]
     try:
         return asyncio.run(command(args))
     except (ConfigurationError, InvalidTraceIdError, ImportError) as exc:

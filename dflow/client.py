@@ -49,7 +49,8 @@ def new_trace(trace_id: str | None) -> str:
 @dataclass(slots=True)
 class Start:
     """A run to start: at ``frames`` (``None`` for one finished at creation, with
-    ``result``), with ``value``, its first step's ``message`` and its first ``records``."""
+    ``result``), with ``value``, its first step's ``message`` and its first ``records``;
+    ``pipeline``, the name of the pipeline that starts it."""
 
     trace_id: str
     frames: tuple[Frame, ...] | None
@@ -57,21 +58,24 @@ class Start:
     message: Message | None
     records: list[StepRecord] = field(default_factory=list)
     result: bytes | None = None
+    pipeline: str | None = None
 
 
-def entry_run(trace_id: str, chain_frames: tuple[Frame, ...], value: bytes, key: str) -> Start:
+def entry_run(
+    trace_id: str, chain_frames: tuple[Frame, ...], value: bytes, key: str, pipeline: str | None = None
+) -> Start:
     """A run that starts after its entry node, which outputs ``value``."""
     top = chain_frames[-1]
     record = StepRecord(key, 0, StepStatus.ENTRY, raw_output=value)
     if top.pos + 1 >= len(top.chain.nodes):
-        return Start(trace_id, None, value, None, [record], result=value)
+        return Start(trace_id, None, value, None, [record], result=value, pipeline=pipeline)
     frames = (Frame(top.chain, top.pos + 1, top.suffix),)
-    return Start(trace_id, frames, value, Message(trace_id, 1, frames[-1].key), [record])
+    return Start(trace_id, frames, value, Message(trace_id, 1, frames[-1].key), [record], pipeline=pipeline)
 
 
 def _starting(host: _Host, run: Start) -> Coroutine[Any, Any, None]:
     return host.runtime.start_run(run.trace_id, run.frames, run.value, run.message, records=run.records,
-                                  result=run.result)
+                                  result=run.result, pipeline=run.pipeline)
 
 
 def start(run: Start) -> Run[Any]:
@@ -106,7 +110,8 @@ class Entry(Generic[Out_co]):
     def _new_run(self, param: Any, trace_id: str | None) -> Start:
         trace = new_trace(trace_id)
         frame = Frame(self.pipeline._chain, 0)
-        return entry_run(trace, (frame,), encode(param, f"the parameter of entry {self.call_type!r}"), frame.key)
+        return entry_run(trace, (frame,), encode(param, f"the parameter of entry {self.call_type!r}"), frame.key,
+                         self.pipeline.name)
 
     def call(self, param: Any = None, trace_id: str | None = None) -> Run[Out_co]:
         """Start a run with ``param``; ``RunExistsError`` if ``trace_id`` is taken."""
@@ -176,7 +181,7 @@ class Pipeline(Generic[Out_co]):
             )
         trace = new_trace(trace_id)
         frame = Frame(self._chain, 0)
-        return Start(trace, (frame,), encode(None), Message(trace, 0, frame.key))
+        return Start(trace, (frame,), encode(None), Message(trace, 0, frame.key), pipeline=self.name)
 
     def call(self, param: Any = None, trace_id: str | None = None) -> Run[Out_co]:
         """Start a run through the pipeline's only entry (or its ``just`` head)."""

@@ -84,6 +84,7 @@ class RunInfo:
     error: dict[str, Any] | None = None
     parent: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    pipeline: str | None = None  #: the pipeline that started the run, if one did
 
     @property
     def result(self) -> Any:

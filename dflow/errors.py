@@ -24,7 +24,10 @@
     ├── StepTimeoutError            a step ran longer than its ``timeout``
     ├── StepFailedError             an error recorded elsewhere (a branch, an on_init)
     ├── TransportError              the message transport failed
-    └── StoreError                  the store failed
+    ├── StoreError                  the store failed
+    ├── ConflictError               a shared ``State`` changed under a write (compare-and-set lost)
+    ├── VersionNotFoundError        a ``State`` version that is not (or no longer) kept
+    └── CircuitOpenError            a circuit breaker is open: the call failed fast
 
 Errors that also mean something to Python carry the builtin as a second base
 (``RunTimeoutError`` is a ``TimeoutError``, ``SerializationError`` a ``TypeError``), so
@@ -37,7 +40,9 @@ from typing import Any
 
 __all__ = [
     "BuildError",
+    "CircuitOpenError",
     "ConfigurationError",
+    "ConflictError",
     "DFlowError",
     "DuplicateIdError",
     "InvalidTraceIdError",
@@ -59,6 +64,7 @@ __all__ = [
     "UnknownEntryError",
     "UnknownStepError",
     "ValueTooLargeError",
+    "VersionNotFoundError",
 ]
 
 
@@ -188,3 +194,41 @@ class TransportError(DFlowError):
 
 class StoreError(DFlowError):
     """The store failed (connection refused, script error)."""
+
+
+class ConflictError(DFlowError):
+    """A write to the shared ``State`` ``name`` met a version other than the one it was
+    based on: ``set(expect=...)`` found another version, or each of ``update``'s
+    ``attempts`` lost to a concurrent writer. ``version`` is the version found last."""
+
+    def __init__(self, message: str, *, name: str, version: int, attempts: int = 1) -> None:
+        super().__init__(message)
+        self.name = name
+        self.version = version
+        self.attempts = attempts
+
+
+class VersionNotFoundError(DFlowError, LookupError):
+    """``State.rollback(version)`` names a version the state does not keep: never written,
+    or older than the last ``history`` versions. ``kept`` lists the versions kept."""
+
+    def __init__(self, message: str, *, name: str, version: int, kept: list[int]) -> None:
+        super().__init__(message)
+        self.name = name
+        self.version = version
+        self.kept = kept
+
+
+class CircuitOpenError(DFlowError):
+    """The circuit breaker ``name`` is open (or half-open with its one probe already out):
+    the call failed fast, without reaching what the circuit guards. ``retry_at`` (seconds
+    since the epoch) is when a probe may go through; ``retry_after``, the seconds until
+    then, which a step's ``retry`` policy waits at least. Catch it with
+    ``on_error_return`` to answer with a fallback."""
+
+    def __init__(self, message: str, *, name: str, state: str, retry_at: float, retry_after: float) -> None:
+        super().__init__(message)
+        self.name = name
+        self.state = state
+        self.retry_at = retry_at
+        self.retry_after = retry_after

@@ -2,7 +2,7 @@
 
 Operators return new ``DFlow`` values; nothing runs until a pipeline made by ``init()``
 is called, or ``DFlow.direct_run`` starts a run. Modifiers (``id``, ``name``,
-``on_error_return``, ``retry``, ``timeout``, ``in_thread``) apply to the last node.
+``on_error_return``, ``retry``, ``timeout``, ``in_thread``, ``circuit``) apply to the last node.
 """
 
 from __future__ import annotations
@@ -353,6 +353,38 @@ class DFlow(Node, Generic[T_co]):
         if self._kind not in (Kind.MAP, Kind.FLAT_MAP):
             raise BuildError(f"in_thread applies to map and flat_map steps, not to {self._describe()}")
         return self._with(_thread=True)
+
+    def circuit(
+        self,
+        name: str,
+        failures: int = 5,
+        window: float = 30.0,
+        cool_down: float = 10.0,
+        *,
+        probe_lease: float = 30.0,
+        on: type[BaseException] | tuple[type[BaseException], ...] = Exception,
+    ) -> DFlow[T_co]:
+        """Guard the last node's function with the circuit breaker ``name``, shared by every
+        worker through the store (see ``dflow.Circuit``): ``failures`` failures (exceptions
+        of ``on``) within ``window`` seconds open it, and for ``cool_down`` seconds the step
+        fails fast with ``CircuitOpenError`` (catch it with ``on_error_return``) without
+        calling the function; then one probe at a time goes through, and closes it on
+        success. Each attempt of a retried step is one call. A guarded sync function runs
+        in a thread.
+        """
+        if self._kind not in (Kind.MAP, Kind.FLAT_MAP):
+            raise BuildError(
+                f"circuit applies to map and flat_map steps, not to {self._describe()}: put it on the step that "
+                "calls the dependency"
+            )
+        from .circuit import Circuit
+
+        try:
+            breaker = Circuit(name, failures, window, cool_down, probe_lease=probe_lease, on=on)
+        except (TypeError, ValueError) as exc:
+            raise BuildError(f"circuit on {self._describe()}: {exc}") from None
+        assert self._fn is not None
+        return self._with(_fn=breaker.guard(self._fn))
 
     # -- running ---------------------------------------------------------------------
 

@@ -28,6 +28,7 @@ from ._followers import Followers
 from ._memblobs import BlobTable
 from ._memends import CANCELLED as CANCELLED  # (where it was)
 from ._memends import RunEnds
+from ._memindex import RunIndex, RunListing
 from ._memruns import JoinState, Lease, RunState
 from .context import RunInfo, RunStatus, StepRecord
 from .errors import NotWaitingError, RefusedMessageError, RunExistsError, RunNotFoundError, SerializationError
@@ -48,7 +49,7 @@ from .store import (
 __all__ = ["MemoryBroker", "MemoryStore", "MemoryTransport"]
 
 
-class MemoryStore(RunEnds, Store):
+class MemoryStore(RunEnds, RunListing, Store):
     """``Store`` in a dict. ``ttl``: seconds a finished run is kept; ``blob_ttl``: seconds
     a flow blob no live run references is kept; ``redispatch_after``: seconds after which a
     committed but unclaimed next message is handed out again (outbox; not fused).
@@ -68,6 +69,7 @@ class MemoryStore(RunEnds, Store):
         self.transport = transport
         self.fused = transport is not None
         self._runs: dict[str, RunState] = {}
+        self._index = RunIndex()
         self._leased: dict[str, RunState] = {}
         self._outbox: OrderedDict[str, tuple[float, Message]] = OrderedDict()
         self._timers: list[tuple[float, int, Message]] = []
@@ -108,10 +110,13 @@ class MemoryStore(RunEnds, Store):
             updated=now,
             changed=set() if run.parent is not None else None,
             kind=msg.kind if msg is not None else RUN,
+            pipeline=run.pipeline or None,
         )
         if run.frames is not None:
             self._blobs.hold(r, run.frames.blobs, now, self.blob_ttl)
         self._runs[run.trace_id] = r
+        if run.parent is None:
+            self._index.add(r)
         return r
 
     def _leased_by(self, claim: Claim) -> RunState | None:
@@ -169,7 +174,7 @@ class MemoryStore(RunEnds, Store):
         if held is not None and held.until > now:
             return None
         if run.status is RunStatus.SLEEPING:
-            run.status = RunStatus.RUNNING
+            self._status(run, RunStatus.RUNNING)
         self._outbox.pop(message.ident, None)
         token = str(next(self._tokens))
         run.lease = Lease(token, now + lease, lease, message)
@@ -256,14 +261,15 @@ class MemoryStore(RunEnds, Store):
             run.value = transition.value
             run.seq, run.attempt, run.key, run.kind = msg.seq, msg.attempt, msg.key, msg.kind
             if transition.at is not None and transition.at > now:
-                run.status = RunStatus.SLEEPING
+                self._status(run, RunStatus.SLEEPING)
                 run.due = transition.at
                 heapq.heappush(self._timers, (transition.at, next(self._timer_seq), msg))
             else:
-                run.status = RunStatus.RUNNING
+                if run.status is not RunStatus.RUNNING:  # (a step that moves on changes nothing listed)
+                    self._status(run, RunStatus.RUNNING)
                 self._emit(msg, now, out)
         elif isinstance(transition, Wait):
-            run.status = RunStatus.WAITING
+            self._status(run, RunStatus.WAITING)
             run.waiting_for = transition.call_type
             run.init_pending = transition.init_pending
             if transition.init_pending:  # keep a lease so a crash before on_init re-runs it
@@ -274,7 +280,7 @@ class MemoryStore(RunEnds, Store):
             if transition.frames is not None:
                 run.frames = transition.frames.record
                 self._blobs.hold(run, transition.frames.blobs, now, self.blob_ttl)
-            run.status = RunStatus.WAITING
+            self._status(run, RunStatus.WAITING)
             run.seq, run.attempt, run.key, run.kind = msg.seq, msg.attempt, msg.key, msg.kind
             run.join = JoinState(transition.kind, len(transition.children), msg, [c.trace_id for c in transition.children])
             for child in transition.children:
@@ -282,11 +288,11 @@ class MemoryStore(RunEnds, Store):
                 assert child.message is not None
                 self._emit(child.message, now, out)
         elif isinstance(transition, Finish):
-            run.status = RunStatus.DONE
+            self._status(run, RunStatus.DONE)
             run.result = transition.result
             self._finished(run, now, out)
         elif isinstance(transition, Fail):
-            run.status = RunStatus.FAILED
+            self._status(run, RunStatus.FAILED)
             run.error = transition.error
             self._finished(run, now, out)
         else:  # pragma: no cover
@@ -359,7 +365,7 @@ class MemoryStore(RunEnds, Store):
         run.kind = FAIL if failed else CONTINUE
         run.due = None
         run.value = payload
-        run.status = RunStatus.RUNNING
+        self._status(run, RunStatus.RUNNING)
         run.waiting_for = None
         run.init_pending = False
         run.lease = None
@@ -408,6 +414,8 @@ class MemoryStore(RunEnds, Store):
             run = self._runs.get(trace_id)
             if run is not None and run.status.finished:
                 del self._runs[trace_id]
+                if run.parent is None:
+                    self._index.remove(run)
         if expiry:
             next_due.append(expiry[0][0])
         self._blobs.expire(now)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import itertools
 import logging
 import os
@@ -23,11 +24,12 @@ from . import _codec
 from . import _interpret as interp
 from ._calls import contained_call, error_info, is_async, unwrap
 from ._codec import RUN, Message, encode
+from ._dispatch import Dispatcher
 from ._durable import ChainCodec
 from ._frames import FrameCodec
-from ._model import Frame, Node
+from ._model import Node
 from ._step import StepRunner
-from .context import ContextStack, RunInfo, StepRecord, StepStatus
+from .context import ContextStack, StepRecord, StepStatus
 from .errors import (
     DFlowError,
     PayloadRejectedError,
@@ -36,14 +38,14 @@ from .errors import (
     SerializationError,
     StoreError,
     UnknownStepError,
-    ValueTooLargeError,
 )
+from .observe import StepObserver, combine, step_labels
 from .store import (
     BlobsMissingError,
     Claim,
     Committed,
     Fail,
-    NewRun,
+    Fork,
     Store,
     Taken,
     Transition,
@@ -60,7 +62,7 @@ _TAKE_LIMIT = 32  # steps one consumer runs in a row from commits before it read
 _RETRY_PAUSE = 0.2  # seconds a consumer waits after a step it could not process
 
 
-class Runtime(StepRunner):
+class Runtime(Dispatcher, StepRunner):
     """Consumes step messages from ``transport`` and runs them against ``store``.
 
     ``concurrency`` steps run at once (async steps interleave; sync steps run on the loop
@@ -70,6 +72,7 @@ class Runtime(StepRunner):
     ``max_branches`` the branches of one ``zip``/``any`` (a zip of zips has no such bound).
     ``secret`` signs the flows and frames this runtime stores (default: ``DFLOW_SECRET``);
     ``legacy_frames`` also accepts the unsigned frames of runs started by dflow 0.1.
+    ``observers`` watch the step path (``dflow.observe``: metrics, traces, log context).
     """
 
     def __init__(
@@ -85,6 +88,7 @@ class Runtime(StepRunner):
         max_branches: int = 1000,
         secret: str | bytes | Sequence[str | bytes] | None = None,
         legacy_frames: bool = False,
+        observers: Sequence[StepObserver] = (),
     ) -> None:
         self.transport = transport
         self.store = store
@@ -105,13 +109,26 @@ class Runtime(StepRunner):
         self._consumers: list[asyncio.Task[None]] = []
         self._busy: set[asyncio.Task[Any]] = set()
         self._stopping = False
+        self._observers: list[StepObserver] = list(observers)
+        self._observer: StepObserver | None = combine(self._observers)
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def add_observer(self, observer: StepObserver) -> None:
+        """Watch this runtime's step path with ``observer`` too (from any thread; a
+        started runtime attaches it on its loop soon after)."""
+        self._observer = combine([*self._observers, observer])  # (checks it)
+        self._observers.append(observer)
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(observer.attach, self)
 
     # -- lifecycle -------------------------------------------------------------------
 
     async def start(self, *, consume: bool = True) -> None:
         """Start the consumers (when ``consume``), the timer loop and lease renewal."""
         self._stopping = False
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
+        if self._observer is not None:
+            self._observer.attach(self)
         if consume:
             self._consumers = [loop.create_task(self._consume()) for _ in range(self.concurrency)]
             self._tasks.append(loop.create_task(self._renew_leases()))
@@ -134,67 +151,17 @@ class Runtime(StepRunner):
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if self._observer is not None:
+            try:
+                await self._observer.detach(self)
+            except Exception:
+                log.exception("dflow: an observer failed to stop")
+        self._loop = None
         await self.transport.close()
         await self.store.close()
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
             self._executor = None
-
-    # -- client operations (run on this runtime's loop) ------------------------------
-
-    async def publish(self, messages: list[Message]) -> None:
-        """Publish step messages, keyed by trace id. A repeated attempt (a retry, a takeover,
-        a parked step) gets another key, so that a keyed transport may route it to another
-        consumer: the run waits on this step alone, so its order no longer matters."""
-        if len(messages) == 1:
-            m = messages[0]
-            await self.transport.publish(m.encode(), _route(m))
-        elif messages:
-            await self.transport.publish_many([(m.encode(), _route(m)) for m in messages])
-
-    async def start_run(
-        self,
-        trace_id: str,
-        frames: tuple[Frame, ...] | None,
-        value: bytes,
-        message: Message | None,
-        *,
-        records: list[StepRecord] | None = None,
-        result: bytes | None = None,
-    ) -> None:
-        """Create a run at ``frames`` (``None`` and a ``result`` for a run finished at
-        creation) and dispatch its first step, ``message``."""
-        if len(value) > self.max_value_bytes:
-            raise ValueTooLargeError(
-                f"the parameter of run {trace_id!r} is {len(value)} bytes, over the limit of "
-                f"{self.max_value_bytes} bytes"
-            )
-        for _ in range(3):
-            sealed = self.frames.dump(trace_id, frames)[0] if frames is not None else None
-            new = NewRun(trace_id, sealed, value, message, records=list(records or ()), result=result)
-            try:
-                await self.publish(await self.store.create_run(new))
-                return
-            except BlobsMissingError as exc:  # it expired unreferenced: send it again
-                self.frames.forget(exc.refs)
-        raise StoreError(f"the store keeps refusing the flow blobs of run {trace_id!r}")
-
-    async def resume(
-        self, trace_id: str, call_type: str, payload: bytes, *, failed: bool = False, seq: int | None = None
-    ) -> None:
-        """Deliver a call to a run waiting in ``from_call`` (at step ``seq``, when given)."""
-        if len(payload) > self.max_value_bytes:
-            raise ValueTooLargeError(
-                f"the payload of call {call_type!r} to run {trace_id!r} is {len(payload)} bytes, over the "
-                f"limit of {self.max_value_bytes} bytes"
-            )
-        await self.publish(await self.store.resume(trace_id, call_type, payload, failed=failed, seq=seq))
-
-    async def cancel(self, trace_id: str, reason: str) -> RunInfo | None:
-        """End a run CANCELLED (see ``Store.cancel``); its state, ``None`` if there is none."""
-        info, publish = await self.store.cancel(trace_id, reason)
-        await self.publish(publish)
-        return info
 
     # -- loops -----------------------------------------------------------------------
 
@@ -248,7 +215,8 @@ class Runtime(StepRunner):
                 raise
             except Exception:
                 log.exception(
-                    "dflow: step %s of run %s could not be processed; handing it back", msg.key, msg.trace_id
+                    "dflow: step %s of run %s could not be processed; handing it back", msg.key, msg.trace_id,
+                    extra={"dflow_run": msg.trace_id, "dflow_step": msg.key},
                 )
                 await self.transport.nack(d)
                 await asyncio.sleep(_RETRY_PAUSE)  # what failed may well fail again at once
@@ -266,6 +234,8 @@ class Runtime(StepRunner):
         message that can never be processed must not stay pending (on Kafka it would hold
         its partition's committed offset back for good)."""
         log.error("dflow: dead-lettering an undecodable message: %s", reason)
+        if self._observer is not None:
+            self._observer.dead_lettered(reason)
         try:
             await self.transport.dead_letter(d, reason)
         except Exception:
@@ -329,6 +299,9 @@ class Runtime(StepRunner):
                 return False, None
         receipt = delivery.tag if store.fused and delivery is not None else None
         self._inflight[claim.token] = (time.monotonic(), claim)
+        obs = self._observer
+        seen: Any = None  # the observer's token of this step
+        running = False  # started and not finished: aborted if it ends otherwise
         try:
             try:
                 record = claim.frames
@@ -349,6 +322,9 @@ class Runtime(StepRunner):
             if claim.init_only:
                 await self._on_init(node, ctx, msg)
                 return False, None
+            if obs is not None:
+                seen = obs.started(claim, *step_labels(frames, msg.key))
+                running = True
             started = time.time()
             t0 = time.perf_counter()
             records: list[StepRecord]
@@ -376,6 +352,8 @@ class Runtime(StepRunner):
                 transition, records, changes = await self._failure(node, claim, frames, exc, started, t0)
             init_pending = isinstance(transition, Wait) and transition.init_pending
             take_lease = self.lease if take and store.fused and not self._stopping and not init_pending else None
+            if obs is not None and type(transition) is Fork:
+                obs.forking(seen, transition.children, changes)
             try:
                 done = await self._commit(claim, records, changes, transition, receipt, take_lease)
             except RunExistsError as exc:  # a branch would overwrite another run: fail this one instead
@@ -384,12 +362,20 @@ class Runtime(StepRunner):
                                       time.perf_counter() - t0, None, None, err, node._name)]
                 done = await self._commit(claim, records, {}, Fail(err), receipt, None)
             if not done.applied:
-                log.warning("dflow: lost the lease of step %s of run %s; its result was dropped", msg.key, msg.trace_id)
-            elif done.publish:
+                log.warning("dflow: lost the lease of step %s of run %s; its result was dropped", msg.key,
+                            msg.trace_id, extra={"dflow_run": msg.trace_id, "dflow_step": msg.key})
+            if obs is not None:
+                running = False
+                obs.finished(seen, records, done.applied)
+            if done.applied and done.publish:
                 await self.publish(done.publish)
             if init_pending:
                 await self._on_init(node, ctx, msg)
             return done.acknowledged, done.taken
+        except BaseException as exc:
+            if obs is not None and running:
+                obs.aborted(seen, exc)
+            raise
         finally:
             del self._inflight[claim.token]
 
@@ -410,11 +396,17 @@ class Runtime(StepRunner):
         """The step's flow could not be loaded here: park it when another worker may have
         what is missing, else fail the run."""
         msg = claim.message
+        ids = {"dflow_run": msg.trace_id, "dflow_step": msg.key}
         if isinstance(problem, UnknownStepError):
             count = await self.store.park(claim, str(problem))
-            log.warning("dflow: parked step %s of run %s (%d times): %s", msg.key, msg.trace_id, count, problem)
+            log.warning("dflow: parked step %s of run %s (%d times): %s", msg.key, msg.trace_id, count,
+                        problem, extra=ids)
+            if self._observer is not None:
+                self._observer.parked(claim, str(problem), count)
             return False, None
-        log.error("dflow: run %s fails: %s", msg.trace_id, problem)
+        log.error("dflow: run %s fails: %s", msg.trace_id, problem, extra=ids)
+        if self._observer is not None:
+            self._observer.rejected(claim, str(problem))
         err = error_info(problem, msg.key)
         rec = StepRecord(msg.key, msg.seq, StepStatus.FAILED, msg.attempt, self.worker_id, time.time(), 0.0,
                          None, None, err, None)
@@ -432,13 +424,15 @@ class Runtime(StepRunner):
                 await fn(ctx)
             else:  # in a thread: a sync on_init may block, or make sync dflow calls
                 loop = asyncio.get_running_loop()
-                result = await unwrap(loop.run_in_executor(self._pool(), contained_call, fn, ctx))
+                here = contextvars.copy_context()  # (the step's log context, its span)
+                result = await unwrap(loop.run_in_executor(self._pool(), lambda: here.run(contained_call, fn, ctx)))
                 if hasattr(result, "__await__"):
                     await result
         except BaseException as exc:
             if not self._step_error(exc):
                 raise
-            log.info("dflow: on_init of step %s of run %s raised %r", msg.key, msg.trace_id, exc)
+            log.info("dflow: on_init of step %s of run %s raised %r", msg.key, msg.trace_id, exc,
+                     extra={"dflow_run": msg.trace_id, "dflow_step": msg.key})
             try:
                 await self.resume(
                     msg.trace_id, node._value, encode(error_info(exc, msg.key)), failed=True, seq=msg.seq
@@ -446,7 +440,3 @@ class Runtime(StepRunner):
             except Exception as exc2:  # the call may have arrived already
                 log.info("dflow: could not deliver the on_init error of run %s: %s", msg.trace_id, exc2)
         await self.store.init_done(msg.trace_id, msg.seq)
-
-
-def _route(m: Message) -> str:
-    return m.trace_id if m.attempt == 0 else f"{m.trace_id}/{m.attempt}"

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ._codec import Message
-from .context import RunInfo, StepRecord
+from .context import RunInfo, RunStatus, StepRecord
 from .errors import DFlowError
 
 __all__ = [
@@ -43,6 +43,7 @@ __all__ = [
     "Frames",
     "NewRun",
     "Parent",
+    "RunPage",
     "Store",
     "Taken",
     "Transition",
@@ -73,7 +74,8 @@ class Parent:
 @dataclass(slots=True)
 class NewRun:
     """A run to create: its frames, value, data and first message (``message`` is ``None``
-    for a run finished at creation, with ``result``)."""
+    for a run finished at creation, with ``result``); ``pipeline``, the name of the pipeline
+    that starts it (a run without ``parent`` is listed under it)."""
 
     trace_id: str
     frames: Frames | None
@@ -83,6 +85,15 @@ class NewRun:
     records: list[StepRecord] = field(default_factory=list)
     parent: Parent | None = None
     result: bytes | None = None
+    pipeline: str | None = None
+
+
+@dataclass(slots=True)
+class RunPage:
+    """One page of runs, newest first; ``cursor`` fetches the next page (None: no more)."""
+
+    runs: list[RunInfo]
+    cursor: str | None
 
 
 @dataclass(slots=True)
@@ -304,6 +315,28 @@ class Store(ABC):
     @abstractmethod
     async def list_runs(self, limit: int = 50) -> list[RunInfo]:
         """Recent runs, newest first."""
+
+    @abstractmethod
+    async def page_runs(
+        self,
+        limit: int = 50,
+        *,
+        status: RunStatus | None = None,
+        pipeline: str | None = None,
+        cursor: str | None = None,
+    ) -> RunPage:
+        """A page of at most ``limit`` (1 to 1000) root runs (runs without a parent: zip/any
+        branches are reached through theirs), newest first (by creation time, then trace
+        id); when given, only those whose status is now ``status`` and those ``pipeline``
+        started. ``cursor``, from the page before, goes on after its last run: runs created
+        meanwhile never shift later pages. ``ValueError`` for a malformed cursor or another
+        bad argument. A run leaves the listings when the store lets it expire."""
+
+    @abstractmethod
+    async def count_runs(self, *, pipeline: str | None = None) -> dict[RunStatus, int]:
+        """How many root runs (started by ``pipeline``, when given) are in each status,
+        every status present (0 for none). A run whose time to be kept is over counts until
+        ``due`` sweeps it out."""
 
     async def ping(self) -> None:
         """Raise ``StoreError`` when the store cannot be reached."""

@@ -54,5 +54,11 @@ class Transport(ABC):
     async def ping(self) -> None:
         """Raise ``TransportError`` when the transport cannot be reached."""
 
+    async def lag(self) -> int | None:
+        """How many messages were published and not yet acknowledged (waiting, or being
+        processed), as far as this consumer can tell; ``None`` when the transport cannot
+        say. For metrics, sampled now and then: it may cost a round trip."""
+        return None
+
     async def close(self) -> None:
         """Leave the group; unacknowledged messages go back to the others."""

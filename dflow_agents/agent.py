@@ -19,7 +19,7 @@ import uuid
 import warnings
 import weakref
 from collections import OrderedDict
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from enum import Enum
 from typing import Any
 
@@ -220,6 +220,14 @@ class Agent:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"
+
+    def console_conversation(self, data: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+        """This agent's conversation in a run's data (decoded values), for the web console of
+        ``dflow serve``, which asks every shared object that has this method; ``None`` when
+        the agent took no turn in the run."""
+        from ._console import conversation
+
+        return conversation(self._pointer, data)
 
     # -- running -----------------------------------------------------------------------
 

@@ -20,15 +20,23 @@ LAYERS: list[set[str]] = [
     {"_ids", "policy", "_signing", "_urls"},  # run ids; retry policies; keys; URL text
     {"_codec"},  # values and step messages
     {"_model", "_shared"},  # the node/chain model; objects that travel by name
-    {"context", "store", "_shape", "_registry"},  # what a run holds; the Store seam; chain keys
-    {"_durable", "_broker", "_calls"},  # chains that travel; the in-process broker; calling user code
+    {"context", "store", "_shape", "_registry",  # what a run holds; the Store seam; chain keys;
+     "shared_state",  # the seam of state shared by runs (State, Circuit);
+     "_runpage"},  # the order and cursors of run listings
+    {"_durable", "_broker", "_calls",  # chains that travel; the in-process broker; calling user code;
+     "observe"},  # the runtime's instrumentation seam (StepObserver)
     {"_frames", "_interpret", "memory", "_tree",  # frames records; interpretation; the in-process store,
-     "_memruns", "_memblobs", "_memends", "_followers"},  # its runs, blobs, run endings, waiters
-    {"runtime", "_step", "adapters"},  # the worker loop; what a step does; the Redis and Kafka adapters
+     "_memruns", "_memblobs", "_memends", "_followers",  # its runs, blobs, run endings, waiters;
+     "_memstate",  # the in-process store's shared state;
+     "_memindex",  # its run listings;
+     "_rerun"},  # re-running a run from a step (replaying the steps before it)
+    {"runtime", "_step", "_dispatch", "adapters"},  # the worker loop; what a step does; its client side; the adapters
     {"_connect"},  # stores and transports from URLs (imports the adapters)
-    {"client", "_host", "_run"},  # Runtime's owner (_host), Pipeline, Run
+    {"client", "_host", "_run", "state", "circuit"},  # Runtime's owner (_host), Pipeline, Run; State, Circuit
     {"server"},  # the HTTP API (dflow serve): only the command line imports it
-    {"flow", "cli", "testing"},  # DFlow's entry points; the command line; the contract suites
+    {"flow", "cli", "testing",  # DFlow's entry points; the command line; the contract suites;
+     "metrics", "otel", "_logs", "_observing"},  # observers: Prometheus metrics, OpenTelemetry traces, JSON
+    # logs; what the worker's flags for them set up
     {"__init__"},
 ]
 LAYER = {name: i for i, layer in enumerate(LAYERS) for name in layer}

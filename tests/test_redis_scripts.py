@@ -12,10 +12,11 @@ pytest.importorskip("redis")
 
 from dflow.adapters.redis import _scripts
 from dflow.adapters.redis._scripts import SCRIPTS, Script
+from dflow.adapters.redis._state import SCRIPTS as STATE_SCRIPTS
 
 SLOT = re.compile(r"^--\s+ARGV\[(\d+)\]\s+(\w+)", re.MULTILINE)
 PARTS = re.compile(r"^--\s+ARGV\[(\d+)\.\.\]\s+(\w+(?:, \w+)*)", re.MULTILINE)
-FRAGMENTS = {"emit", "blobs", "finish", "claim_step"}
+FRAGMENTS = {"listed", "emit", "blobs", "finish", "claim_step"}
 
 
 def _lua(name: str) -> str:
@@ -31,15 +32,23 @@ def test_every_lua_file_is_used_and_every_script_is_assembled_from_its_files() -
     lua = resources.files("dflow.adapters.redis").joinpath("lua")
     on_disk = {p.name[:-4] for p in lua.iterdir() if p.name.endswith(".lua")}
     used = {f for s in SCRIPTS.values() for f in s.files}
-    assert used == on_disk
-    assert set(SCRIPTS) == {"CREATE", "CLAIM", "COMMIT", "RESUME", "INIT_DONE", "EXTEND", "PARK", "DUE", "CANCEL"}
+    assert used | set(STATE_SCRIPTS) == on_disk  # (shared State and circuits load theirs one per file)
+    assert set(SCRIPTS) == {
+        "CREATE", "CLAIM", "COMMIT", "RESUME", "INIT_DONE", "EXTEND", "PARK", "DUE", "CANCEL", "PAGE", "COUNT",
+    }
     for s in SCRIPTS.values():
         assert s.files[-1] not in FRAGMENTS and set(s.files[:-1]) <= FRAGMENTS
         assert s.source == "\n".join(_lua(f) for f in s.files)
     # a fragment comes after those it uses
     for s in SCRIPTS.values():
         if "finish" in s.files:
-            assert s.files.index("emit") < s.files.index("blobs") < s.files.index("finish")
+            assert s.files.index("listed") < s.files.index("emit") < s.files.index("blobs") < s.files.index("finish")
+        if "claim_step" in s.files:
+            assert s.files.index("listed") < s.files.index("claim_step")
+    # every script that writes a run's status keeps the listings: it has the fragment that does
+    for s in SCRIPTS.values():
+        if "'status'," in _code(s.source) and "HSET" in _code(s.source):
+            assert "listed" in s.files, s.name
 
 
 @pytest.mark.parametrize("script", sorted(SCRIPTS.values(), key=lambda s: s.name), ids=lambda s: s.name)

@@ -24,7 +24,16 @@ from fastapi import APIRouter, Depends
 import dflow
 from dflow import DFlow
 from dflow.errors import ConfigurationError
-from dflow.server import SESSION_KEY, AdminToken, Server, ServerThread, Session, TokenError, Tokens, create_app
+from dflow.server import (
+    SESSION_KEY,
+    AdminToken,
+    Server,
+    ServerThread,
+    Session,
+    TokenError,
+    Tokens,
+    create_app,
+)
 from tests.support import http_api
 from tests.support.http_api import bearer, sse_events, start, wait_status
 

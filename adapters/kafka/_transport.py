@@ -269,6 +269,17 @@ class KafkaTransport(Transport):
 
         await asyncio.get_running_loop().run_in_executor(None, check)
 
+    async def lag(self) -> int | None:
+        """Messages not yet acknowledged on the partitions this consumer holds: each one's
+        high watermark (as its last fetch saw it) less its first unacknowledged offset. The
+        consumer's thread measures it when asked: this returns what the previous call asked
+        for (``None`` at first). Summed over the group's consumers, it is the group's lag."""
+        reader = self._reader
+        if reader is None:
+            return None
+        reader.lag_wanted = True
+        return reader.lag
+
     async def crash(self) -> None:
         """Stop consuming without committing or handing anything back, as a killed process
         would (for tests): the group gives this consumer's partitions to the others."""
@@ -311,6 +322,8 @@ class _Reader(threading.Thread, ConsumerRebalanceListener):
         self._halt = threading.Event()
         self._commit_on_stop = True
         self.consumer: KafkaConsumer | None = None
+        self.lag_wanted = False
+        self.lag: int | None = None
 
     def stop(self, commit: bool) -> None:
         self._commit_on_stop = commit
@@ -375,6 +388,23 @@ class _Reader(threading.Thread, ConsumerRebalanceListener):
                 if state is not None and om.offset is not None and state.committed <= om.offset:
                     state.committed = min(state.committed, om.offset - 1)
 
+    def _measure_lag(self, consumer: KafkaConsumer) -> int | None:
+        """See ``KafkaTransport.lag`` (on this thread: the consumer is not thread-safe)."""
+        total = 0
+        try:
+            for tp in consumer.assignment():
+                high = consumer.highwater(tp)
+                if high is None:  # not fetched from yet
+                    continue
+                state = self.parts.get(tp)
+                first = state.point() if state is not None else consumer.position(tp, timeout_ms=1000)
+                if first is not None:
+                    total += max(0, high - first)
+        except Exception as exc:  # noqa: BLE001 - a metric: not worth failing the consumer for
+            log.debug("dflow: measuring the Kafka lag failed: %s", exc)
+            return None
+        return total
+
     def run(self) -> None:
         t = self.t
         try:
@@ -414,6 +444,9 @@ class _Reader(threading.Thread, ConsumerRebalanceListener):
                         out.append(Delivery(rec.value, (tp, rec.offset, rec.key)))
                 if out:
                     self.loop.call_soon_threadsafe(_put_all, self.deliveries, out)
+                if self.lag_wanted:
+                    self.lag_wanted = False
+                    self.lag = self._measure_lag(consumer)
             if self._commit_on_stop:
                 self._apply_acks()
                 self._commit()

@@ -3,9 +3,10 @@ layout of the arguments each reads. Each store operation is one atomic script.
 
 The source is in ``lua/*.lua`` beside this module (package data, read with
 ``importlib.resources``): one file per script, and fragments that several scripts share
-(``emit``, ``blobs``, ``finish``, ``claim_step``). ``Script.files`` names, for each script,
-the files that make it, in order: they are joined into one chunk, fragments first, and a
-fragment needs only those before it. This module is the only place that assembles them.
+(``listed``, ``emit``, ``blobs``, ``finish``, ``claim_step``). ``Script.files`` names, for
+each script, the files that make it, in order: they are joined into one chunk, fragments
+first, and a fragment needs only those before it. This module is the only place that
+assembles them.
 
 Arguments: no script takes KEYS (the keys a script touches depend on what it reads, such as
 a run's parent, its branches or the blobs its frames refer to, so each is built inside from
@@ -20,9 +21,12 @@ Keys, under a prefix P: ``P:r:<trace>`` run hash, ``P:d:<trace>`` data hash, ``P
 step records (list), ``P:c:<trace>`` keys a branch run changed (set), ``P:j:<trace>`` join
 state, ``P:js:<trace>`` branch results in arrival order, ``P:ja:<trace>`` arrived branch
 indexes, ``P:jc:<trace>`` branch run ids, ``P:w:<trace>`` channels of processes waiting for
-the run to finish, ``P:e:<trace>`` channels of processes following its step records; global sorted sets ``P:outbox`` (published, not yet claimed),
-``P:timers``, ``P:leases``, ``P:runs`` (by creation) and ``P:expiry`` (finished runs, by the
-time their keys expire: ``DUE`` takes them out of ``P:runs`` then); ``P:b:<ref>`` signed
+the run to finish, ``P:e:<trace>`` channels of processes following its step records; global
+sorted sets ``P:outbox`` (published, not yet claimed), ``P:timers``, ``P:leases``, ``P:runs``
+(by creation) and ``P:expiry`` (finished runs, by the time their keys expire: ``DUE`` takes
+them out of ``P:runs`` and the listings then; ``P:expiryp`` for listed runs of a pipeline,
+whose members name it: see ``listed.lua``); the run listings ``P:ix`` (root runs, by the band
+of their status, then creation) and ``P:ixp:<pipeline>`` (those of one pipeline); ``P:b:<ref>`` signed
 flow blobs and ``P:bn:<ref>`` how many live runs reference each (a blob no run references
 expires after the blob grace). With a stream (``dispatch_via``), step messages go onto it
 inside the scripts and the outbox is not used.
@@ -44,7 +48,8 @@ from keyword import iskeyword
 from typing import Any
 
 __all__ = [
-    "CANCEL", "CLAIM", "COMMIT", "CREATE", "DUE", "EXTEND", "INIT_DONE", "PARK", "RESUME", "SCRIPTS", "Script",
+    "CANCEL", "CLAIM", "COMMIT", "COUNT", "CREATE", "DUE", "EXTEND", "INIT_DONE", "PAGE", "PARK", "RESUME",
+    "SCRIPTS", "Script",
 ]
 
 
@@ -97,16 +102,16 @@ def _read(name: str) -> str:
     return lua.joinpath(f"{name}.lua").read_text(encoding="utf-8")
 
 
-# The fragments a script uses come first, each after those it needs: finish needs emit and
-# blobs; claim_step needs nothing.
+# The fragments a script uses come first, each after those it needs: finish needs listed, emit
+# and blobs; claim_step needs listed; listed, emit and blobs need nothing.
 CREATE = Script(
-    "CREATE", ("emit", "blobs", "finish", "create"),
+    "CREATE", ("listed", "emit", "blobs", "finish", "create"),
     ("prefix", "trace", "now", "redispatch", "ttl_ms", "stream", "blob_grace_ms", "blobs", "frames", "value", "msg",
-     "seq", "key", "kind", "result", "parent_trace", "parent_seq", "parent_index"),
+     "seq", "key", "kind", "result", "parent_trace", "parent_seq", "parent_index", "pipeline", "listed_ms"),
     ("records", "data"),
 )
 CLAIM = Script(
-    "CLAIM", ("claim_step", "claim"),
+    "CLAIM", ("listed", "claim_step", "claim"),
     ("prefix", "trace", "msg", "seq", "attempt", "key", "kind", "now", "lease", "token"),
 )
 # The fields of each transition, in ``fields``: advance: frames, value, msg, seq, attempt,
@@ -115,25 +120,31 @@ CLAIM = Script(
 # unchanged), then for each branch: trace, frames, value, msg, key, index, blobs; finish:
 # result; fail: error.
 COMMIT = Script(
-    "COMMIT", ("emit", "blobs", "finish", "claim_step", "commit"),
+    "COMMIT", ("listed", "emit", "blobs", "finish", "claim_step", "commit"),
     ("prefix", "trace", "token", "now", "ttl_ms", "redispatch", "claim_kind", "stream", "group", "receipt", "taker",
      "take_token", "take_lease", "blob_grace_ms", "blob_refs", "children", "transition"),
     ("records", "sets", "dels", "fields"),
 )
 RESUME = Script(
-    "RESUME", ("emit", "resume"),
+    "RESUME", ("listed", "emit", "resume"),
     ("prefix", "trace", "call_type", "payload", "failed", "now", "redispatch", "seq", "stream"),
 )
 INIT_DONE = Script("INIT_DONE", ("init_done",), ("prefix", "trace", "seq"))
 EXTEND = Script("EXTEND", ("extend",), ("prefix", "now", "lease"), ("claims",))
 PARK = Script("PARK", ("park",), ("prefix", "trace", "token", "reason", "now", "msg", "base", "cap"))
-DUE = Script("DUE", ("emit", "due"), ("prefix", "now", "limit", "redispatch", "stream"))
+DUE = Script("DUE", ("listed", "emit", "due"), ("prefix", "now", "limit", "redispatch", "stream"))
 CANCEL = Script(
-    "CANCEL", ("emit", "blobs", "finish", "cancel"),
+    "CANCEL", ("listed", "emit", "blobs", "finish", "cancel"),
     ("prefix", "trace", "now", "ttl_ms", "redispatch", "stream", "error"),
 )
+# Reading the run listings (they only read).
+PAGE = Script(
+    "PAGE", ("listed", "page"), ("prefix", "pipeline", "status", "after_ms", "after_trace", "limit"),
+    ("fields",),
+)
+COUNT = Script("COUNT", ("listed", "count"), ("prefix", "pipeline"))
 
 SCRIPTS: dict[str, Script] = {
-    s.name: s for s in (CREATE, CLAIM, COMMIT, RESUME, INIT_DONE, EXTEND, PARK, DUE, CANCEL)
+    s.name: s for s in (CREATE, CLAIM, COMMIT, RESUME, INIT_DONE, EXTEND, PARK, DUE, CANCEL, PAGE, COUNT)
 }
 

@@ -12,6 +12,7 @@ import msgpack
 import redis.asyncio as aioredis
 
 from dflow._codec import JOIN, Message
+from dflow._runpage import check_page, check_pipeline, created_ms, encode_cursor
 from dflow._urls import redact_url
 from dflow.context import RunInfo, RunStatus, StepRecord, StepStatus
 from dflow.errors import (
@@ -33,6 +34,7 @@ from dflow.store import (
     Finish,
     Fork,
     NewRun,
+    RunPage,
     Store,
     Taken,
     Transition,
@@ -71,6 +73,12 @@ def _unrecord(data: bytes) -> StepRecord:
 
 def _s(v: bytes | None) -> str | None:
     return None if v is None else v.decode()
+
+
+#: The fields of a run's hash that ``_info`` reads (status and pipeline first, as PAGE wants).
+_INFO_FIELDS = ("status", "pipeline", "seq", "created", "updated", "waiting", "result", "error", "p_trace",
+                "parked", "park_count", "lease_token", "lease_until", "due")
+_INFO_KEYS = tuple(f.encode() for f in _INFO_FIELDS)
 
 
 class RedisStore(Store):
@@ -146,8 +154,9 @@ class RedisStore(Store):
         msg = run.message
         parent = run.parent
         frames = run.frames
+        now = time.time()
         args = _scripts.CREATE.args(
-            prefix=self.prefix, trace=run.trace_id, now=time.time(), redispatch=self.redispatch_after,
+            prefix=self.prefix, trace=run.trace_id, now=now, redispatch=self.redispatch_after,
             ttl_ms=int(self.ttl * 1000), stream=self._stream, blob_grace_ms=int(self.blob_ttl * 1000),
             blobs=" ".join(frames.blobs) if frames else "", frames=frames.record if frames else b"",
             value=run.value,
@@ -158,6 +167,7 @@ class RedisStore(Store):
             result=run.result if run.result is not None else b"",
             parent_trace=parent.trace_id if parent else "", parent_seq=parent.seq if parent else 0,
             parent_index=parent.index if parent else 0,
+            pipeline=run.pipeline or "", listed_ms=created_ms(now) if parent is None else "",
             records=[_record(r) for r in run.records],
             data=[x for kv in run.data.items() for x in kv],
         )
@@ -491,6 +501,35 @@ class RedisStore(Store):
                 out += [_info(t.decode(), h) for t, h in zip(ids, hashes) if h]
         return out[:limit]
 
+    async def page_runs(
+        self,
+        limit: int = 50,
+        *,
+        status: RunStatus | None = None,
+        pipeline: str | None = None,
+        cursor: str | None = None,
+    ) -> RunPage:
+        """One script reads the page from the listings (see ``lua/listed.lua``) and each
+        run's fields, in O(log N + page) for N listed runs."""
+        status, after = check_page(limit, status, pipeline, cursor)
+        after_ms, after_trace = after if after is not None else ("", "")
+        args = _scripts.PAGE.args(
+            prefix=self.prefix, pipeline=pipeline or "", status=status.value if status is not None else "",
+            after_ms=after_ms, after_trace=after_trace, limit=limit, fields=_INFO_FIELDS,
+        )
+        packed, ms, trace = await self._run_script("PAGE", args)
+        flat = msgpack.unpackb(packed, raw=True) or ()
+        runs = [
+            _info(flat[i].decode(), {k: v for k, v in zip(_INFO_KEYS, flat[i + 1]) if v is not False})
+            for i in range(0, len(flat), 2)
+        ]
+        return RunPage(runs, None if trace is None else encode_cursor(int(ms), trace.decode()))
+
+    async def count_runs(self, *, pipeline: str | None = None) -> dict[RunStatus, int]:
+        check_pipeline(pipeline)
+        r = await self._run_script("COUNT", _scripts.COUNT.args(prefix=self.prefix, pipeline=pipeline or ""))
+        return {RunStatus(r[i].decode()): int(r[i + 1]) for i in range(0, len(r), 2)}
+
     async def ping(self) -> None:
         with store_errors():
             await self.redis.ping()
@@ -568,4 +607,5 @@ def _info(trace_id: str, h: dict[bytes, bytes]) -> RunInfo:
         error=_unpack(h[b"error"]) if b"error" in h else None,
         parent=_s(h.get(b"p_trace")),
         extra=extra,
+        pipeline=_s(h.get(b"pipeline")),
     )

@@ -158,6 +158,12 @@ class RedisStreamsTransport(Transport):
         with transport_errors():
             await self.redis.ping()
 
+    async def lag(self) -> int | None:
+        """The stream's length: acknowledged entries are deleted from it, so what is left
+        is waiting for a consumer or being processed (by the whole group)."""
+        with transport_errors():
+            return int(await self.redis.xlen(self.stream))
+
     async def close(self) -> None:
         """Hand back buffered, unprocessed messages, then disconnect."""
         pending, self._buffer = list(self._buffer), deque()

@@ -95,7 +95,7 @@ async def start_in_session(
         for _ in range(3):
             sealed = runtime.frames.dump(start.trace_id, start.frames)[0] if start.frames is not None else None
             new = NewRun(start.trace_id, sealed, start.value, start.message, data=dict(data),
-                         records=list(start.records), result=start.result)
+                         records=list(start.records), result=start.result, pipeline=start.pipeline)
             try:
                 await runtime.publish(await runtime.store.create_run(new))
                 return

@@ -15,6 +15,7 @@ Endpoints (every body is JSON, at most ``max_body`` bytes; OpenAPI docs at ``/do
 ``GET  /runs/{trace_id}/events``            the run's steps as server-sent events
 ``POST /runs/{trace_id}/calls/{call_type}`` answer a ``from_call`` with the body
 ``POST /runs/{trace_id}/cancel``            cancel (``{"reason"}`` optional)
+``GET  /console/``                          the web console (``dflow.server.console``)
 ==========================================  ===========================================
 
 **Who may do what.** Tokens travel in ``Authorization: Bearer ...`` only (never in a URL,
@@ -413,6 +414,7 @@ def create_app(
     routes: Iterable[RouteProvider] = (),
     max_body: int = 1024 * 1024,
     title: str = "dflow",
+    console: bool = True,
 ) -> FastAPI:
     """The HTTP API as a FastAPI app (see the module for the endpoints and who may use them).
 
@@ -426,6 +428,8 @@ def create_app(
             built in this process, except internal ones (whose names start with ``_``).
         routes: route providers, each called with the :class:`Server`.
         max_body: the largest request body read, in bytes (413 beyond).
+        console: serve the web console under ``/console`` (:mod:`dflow.server.console`),
+            whose login is the admin token (open, like the app, without one).
 
     The :class:`Server` is ``app.state.dflow``.
     """
@@ -441,6 +445,10 @@ def create_app(
     if server.admin is None:
         app.add_middleware(OpenServerGuard)  # loopback host names only, no cross-site writes
     app.include_router(_api(server))
+    if console:
+        from .console import console_router
+
+        app.include_router(console_router(server, admin_token))
     for provider in routes:
         if not callable(provider):
             raise TypeError(f"a route provider is a callable taking the Server, got {provider!r}")

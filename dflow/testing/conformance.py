@@ -17,22 +17,20 @@ use made-up records; tests are async functions run with ``asyncio.run``.
 from __future__ import annotations
 
 import asyncio
-import functools
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, Literal, TypeVar
+from collections.abc import Callable, Coroutine
+from typing import Any, Literal
 
 import msgpack
 import pytest
 
 from .._codec import CONTINUE, FAIL, JOIN, NONE, Message, decode, encode
-from ..context import RunStatus, StepRecord, StepStatus
+from ..context import RunStatus, StepStatus
 from ..errors import NotWaitingError, RefusedMessageError, RunExistsError, RunNotFoundError, RunTimeoutError
 from ..store import (
     Advance,
     BlobsMissingError,
-    Claim,
     Fail,
     Finish,
     Fork,
@@ -43,10 +41,16 @@ from ..store import (
     Wait,
 )
 from ..transport import Delivery, Transport
+from ._listing import RunListingContract
+from ._made import KEYS, until
+from ._made import advance as _advance
+from ._made import due_for as _due_for
+from ._made import frames_of as _frames
+from ._made import new_run as _new_run
+from ._made import rec as _rec
+from ._made import sync as _sync
 
 __all__ = ["FusedStoreContract", "MALFORMED_MESSAGES", "StoreContract", "TransportContract"]
-
-T = TypeVar("T")
 
 
 def _packed(fields: Any) -> bytes:
@@ -84,68 +88,10 @@ MALFORMED_MESSAGES: list[tuple[str, bytes]] = [
 ]
 
 
-def _sync(test: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
-    """An async test method as a plain one (pytest still sees its fixtures)."""
-
-    @functools.wraps(test)
-    def run(*args: Any, **kwargs: Any) -> None:
-        asyncio.run(test(*args, **kwargs))
-
-    return run
-
-
-async def until(check: Callable[[], Awaitable[T | None]], timeout: float = 5.0, what: str = "") -> T:
-    """Poll ``check`` until it gives something truthy; that, or a failure after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        got = await check()
-        if got:
-            return got
-        assert time.monotonic() < deadline, f"timed out waiting: {what}"
-        await asyncio.sleep(0.02)
-
-
-# -- runs made by hand: the store keeps frames as opaque bytes ------------------------
-
-KEYS = ("entry>a>b", "a>b", "b")  # the step keys of a made-up three-node flow
-
-
-def _frames(label: str, blobs: dict[str, bytes] | None = None) -> Frames:
-    blobs = blobs or {}
-    return Frames(f"frames:{label}".encode(), tuple(sorted(blobs)), dict(blobs))
-
-
-def _new_run(trace: str | None = None, value: Any = 1, data: dict[str, Any] | None = None,
-             blobs: dict[str, bytes] | None = None) -> NewRun:
-    trace = trace or uuid.uuid4().hex
-    return NewRun(
-        trace,
-        _frames("at-a", blobs),
-        encode(value),
-        Message(trace, 1, KEYS[1]),
-        data={k: encode(v) for k, v in (data or {}).items()},
-        records=[StepRecord(KEYS[0], 0, StepStatus.ENTRY, raw_output=encode(value))],
-    )
-
-
-def _rec(msg: Message, out: Any = None) -> StepRecord:
-    return StepRecord(msg.key, msg.seq, StepStatus.DONE, msg.attempt, "w", time.time(), 0.0, None, encode(out))
-
-
-def _advance(claim: Claim, value: Any, frames: Frames | None = None, at: float | None = None) -> Advance:
-    return Advance(frames or _frames("at-b"), encode(value), Message(claim.message.trace_id, claim.message.seq + 1,
-                                                                     KEYS[2]), at=at)
-
-
-async def _due_for(store: Store, trace: str) -> list[Message]:
-    due, _ = await store.due(time.time())
-    return [m for m in due if m.trace_id == trace]
-
-
-class StoreContract:
+class StoreContract(RunListingContract):
     """What a ``Store`` must do. Needs the fixture ``make_store(**options) -> Store``, a
     plain store (one that returns the messages to publish; ``FusedStoreContract`` checks
-    what a fused store does besides)."""
+    what a fused store does besides). Listing runs is in ``RunListingContract``."""
 
     @pytest.fixture
     def make_store(self) -> Callable[..., Store]:  # pragma: no cover - provided by subclasses

@@ -20,9 +20,12 @@ import pytest
 
 import dflow
 import dflow.server
+import dflow_agents.pulling
 from dflow import DFlow
 from dflow.server import ServerThread, Tokens, create_app
+from dflow.server._runs import start_in_session
 from dflow_agents import ToolCallAgent
+from dflow_agents._jobboard import timer_trace
 from dflow_agents.pulling import (
     SESSION_KEY,
     InMemoryJobBoard,
@@ -32,9 +35,6 @@ from dflow_agents.pulling import (
     job_routes,
     pulling_tool,
 )
-import dflow_agents.pulling
-from dflow.server._runs import start_in_session
-from dflow_agents._jobboard import timer_trace
 from dflow_agents.testing import FunctionModel
 from tests.support.http_api import SessionClient
 from tests.support.pulled import ask_user, fetch_or_ask

@@ -2,7 +2,7 @@
 
 A finished run's keys expire after the store's TTL, and its entry in the runs index goes
 with them; a flow built at run time lives as long as the longest-lived run that references
-it, then expires after the blob grace. A soak of 20,000 runs leaves nothing behind.
+it, then expires after the blob grace. A soak of 10,000 runs leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -96,9 +96,9 @@ def test_a_blob_that_expired_unreferenced_is_stored_again_when_needed(runtime: r
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("runtime", [30], indirect=True)  # runs kept 30 s: long enough to read them
-def test_soak_20000_runs_leave_nothing_behind(runtime: redis.Redis, prefix: str) -> None:
+def test_soak_10000_runs_leave_nothing_behind(runtime: redis.Redis, prefix: str) -> None:
     r = runtime
-    n, batch = 20_000, 2_000
+    n, batch = 10_000, 2_000
     base = r.info("memory")["used_memory"]
     t0 = time.monotonic()
     alive = keys_alive = 0

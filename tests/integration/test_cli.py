@@ -79,6 +79,7 @@ def test_inspect_shows_what_it_cannot_decode_and_escapes_what_it_prints(redis_ur
     r.rpush(f"{prefix}:s:{trace}", msgpack.packb(["evil\x1b[31m", 1, "done", 0, "w\x1b]0;x\x07", 0.0, 0.0, None,
                                                   evil_result, None, None]))
     r.zadd(f"{prefix}:runs", {trace: 0})
+    r.zadd(f"{prefix}:ix", {trace: 4 * 10**13})  # listed as a done run (lua/listed.lua) created at 0
     out = dflow_cmd("inspect", trace, "--store", store_url)
     assert out.returncode == 0, out.stderr
     assert "undecodable" in out.stdout and "\x1b" not in out.stdout and "\x07" not in out.stdout

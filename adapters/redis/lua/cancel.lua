@@ -40,9 +40,10 @@ while i <= #todo do
   local ct = todo[i]
   i = i + 1
   local crk = P..':r:'..ct
-  local due = redis.call('HGET', crk, 'due')
-  if due then drop_timer(ct, due) end
+  local r = redis.call('HMGET', crk, 'due', 'ix', 'pipeline')
+  if r[1] then drop_timer(ct, r[1]) end
   redis.call('HSET', crk, 'status', 'cancelled', 'error', err, 'updated', tostring(now))
+  listed(P, ct, r[2], r[3], 'cancelled')
   local jk = P..':j:'..ct
   if redis.call('HGET', jk, 'closed') == '0' then
     redis.call('HSET', jk, 'closed', '1')
@@ -51,6 +52,6 @@ while i <= #todo do
       if st == 'running' or st == 'waiting' or st == 'sleeping' then todo[#todo + 1] = child end
     end
   end
-  finished(P, ct, crk, now, redispatch, ttl, out)
+  finished(P, ct, crk, now, redispatch, ttl, out, r[2] and r[3])
 end
 return {status, out}

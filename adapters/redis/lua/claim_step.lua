@@ -2,11 +2,11 @@
 -- run's expected transition and take its lease. Returns the claim, false for a stale message
 -- (its step was committed, or is another attempt, or the run is gone), or {'refused', why} for
 -- one that names the current step but not as the run expects it (a forged kind, or a timer's
--- message before its time).
+-- message before its time). A sleeping run that is claimed runs again (and is listed so).
 local function claim_step(P, t, msg, seq, attempt, key, kind, now, lease, token)
   local rk = P..':r:'..t
   local r = redis.call('HMGET', rk, 'status', 'seq', 'attempt', 'key', 'init_pending', 'lease_until', 'frames',
-                       'value', 'kind', 'due', 'blobs')
+                       'value', 'kind', 'due', 'blobs', 'ix', 'pipeline')
   if not r[1] then return false end
   if r[2] ~= seq or r[3] ~= attempt or r[4] ~= key then return false end
   if r[9] and r[9] ~= kind then
@@ -26,7 +26,10 @@ local function claim_step(P, t, msg, seq, attempt, key, kind, now, lease, token)
   redis.call('ZREM', P..':outbox', msg)
   local until_ = tostring(now + tonumber(lease))  -- one rounding for the record and the index
   redis.call('HSET', rk, 'lease_token', token, 'lease_until', until_, 'lease_len', lease, 'lease_msg', msg)
-  if r[1] == 'sleeping' then redis.call('HSET', rk, 'status', 'running') end
+  if r[1] == 'sleeping' then
+    redis.call('HSET', rk, 'status', 'running')
+    listed(P, t, r[12], r[13], 'running')
+  end
   redis.call('ZADD', P..':leases', until_, t)
   local slots = false
   if kind == '2' then slots = redis.call('LRANGE', P..':js:'..t, 0, -1) end

@@ -39,7 +39,8 @@ if RECEIPT ~= '' then
   redis.call('XDEL', STREAM, RECEIPT)
 end
 local rk = P..':r:'..t
-local lease = redis.call('HMGET', rk, 'lease_token', 'lease_len', 'lease_msg', 'p_trace')
+local lease = redis.call('HMGET', rk, 'lease_token', 'lease_len', 'lease_msg', 'p_trace', 'status', 'ix',
+                         'pipeline')
 if lease[1] ~= ARGV[3] then return false end
 -- Nothing is written before these checks pass.
 local missing = {}
@@ -155,21 +156,29 @@ redis.call('HSET', rk, 'updated', ARGV[4])
 if ARGV[7] == '2' then redis.call('DEL', P..':j:'..t, P..':js:'..t, P..':ja:'..t, P..':jc:'..t) end
 local kind = ARGV[17]
 local out = {}
+-- the run's status is now ``status``: a root run whose status changed moves in the listings
+local function moved(status)
+  if status ~= lease[5] then listed(P, t, lease[6], lease[7], status) end
+end
 if kind == 'advance' then
   -- frames, value, msg, seq, attempt, key, at, message kind, blobs ('=' when unchanged)
-  redis.call('HSET', rk, 'status', 'running', 'frames', ARGV[i], 'value', ARGV[i + 1], 'seq', ARGV[i + 3],
+  local at = tonumber(ARGV[i + 6])
+  local status = 'running'
+  if at > now then status = 'sleeping' end
+  redis.call('HSET', rk, 'status', status, 'frames', ARGV[i], 'value', ARGV[i + 1], 'seq', ARGV[i + 3],
              'attempt', ARGV[i + 4], 'key', ARGV[i + 5], 'kind', ARGV[i + 7])
   if ARGV[i + 8] ~= '=' then set_blobs(P, rk, ARGV[i + 8]) end  -- '=': the same blobs as before
-  local at = tonumber(ARGV[i + 6])
   if at > now then
     redis.call('ZADD', P..':timers', at, ARGV[i + 2])
-    redis.call('HSET', rk, 'status', 'sleeping', 'due', ARGV[i + 6])
+    redis.call('HSET', rk, 'due', ARGV[i + 6])
   else
     emit(P, now, redispatch, ARGV[i + 2], out)
   end
+  moved(status)
 elseif kind == 'wait' then
   -- call_type, init_pending
   redis.call('HSET', rk, 'status', 'waiting', 'waiting', ARGV[i], 'init_pending', ARGV[i + 1])
+  moved('waiting')
   if ARGV[i + 1] == '1' then
     local until_ = tostring(now + tonumber(lease[2]))
     redis.call('HSET', rk, 'lease_token', ARGV[3], 'lease_until', until_, 'lease_len', lease[2],
@@ -184,6 +193,7 @@ elseif kind == 'fork' then
   local nchild = tonumber(ARGV[i + 4])
   redis.call('HSET', jk, 'kind', ARGV[i], 'n', ARGV[i + 4], 'msg', ARGV[i + 1], 'closed', '0')
   redis.call('HSET', rk, 'status', 'waiting', 'seq', ARGV[i + 2], 'attempt', '0', 'key', ARGV[i + 3], 'kind', '2')
+  moved('waiting')
   if ARGV[i + 5] ~= '' then  -- the run moved to the zip/any (a flat_map that returned it forks at once)
     redis.call('HSET', rk, 'frames', ARGV[i + 5])
     if ARGV[i + 6] ~= '=' then set_blobs(P, rk, ARGV[i + 6]) end
@@ -207,10 +217,12 @@ elseif kind == 'fork' then
   end
 elseif kind == 'finish' then
   redis.call('HSET', rk, 'status', 'done', 'result', ARGV[i])
-  finished(P, t, rk, now, redispatch, ttl, out)
+  moved('done')
+  finished(P, t, rk, now, redispatch, ttl, out, lease[6] and lease[7])
 elseif kind == 'fail' then
   redis.call('HSET', rk, 'status', 'failed', 'error', ARGV[i])
-  finished(P, t, rk, now, redispatch, ttl, out)
+  moved('failed')
+  finished(P, t, rk, now, redispatch, ttl, out, lease[6] and lease[7])
 else
   return redis.error_reply('unknown transition ' .. kind)
 end

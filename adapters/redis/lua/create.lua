@@ -21,9 +21,11 @@
 --   ARGV[16] parent_trace    '' for a run that is not a branch
 --   ARGV[17] parent_seq
 --   ARGV[18] parent_index
---   ARGV[19] n_records       how many ARGV slots each part takes
---   ARGV[20] n_data
---   ARGV[21..] records, data   the parts, in this order: step records; (field, value) pairs
+--   ARGV[19] pipeline        the pipeline that starts it ('' for none)
+--   ARGV[20] listed_ms       its creation in whole milliseconds, for the listings ('' for a branch)
+--   ARGV[21] n_records       how many ARGV slots each part takes
+--   ARGV[22] n_data
+--   ARGV[23..] records, data   the parts, in this order: step records; (field, value) pairs
 -- KEYS: none (every key is built from P).
 local P, t = ARGV[1], ARGV[2]
 STREAM, GRACE = ARGV[6], tonumber(ARGV[7])
@@ -33,26 +35,34 @@ local missing = {}
 missing_blobs(P, ARGV[8], missing)
 if #missing > 0 then return {'need', missing} end
 local now, redispatch, ttl = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-redis.call('HSET', rk, 'frames', ARGV[9], 'value', ARGV[10], 'seq', ARGV[12], 'attempt', '0', 'key', ARGV[13],
-           'kind', ARGV[14], 'created', ARGV[3], 'updated', ARGV[3])
+local pl, ix = ARGV[19] ~= '' and ARGV[19], ARGV[20] ~= '' and ARGV[20]
+local fields = {'frames', ARGV[9], 'value', ARGV[10], 'seq', ARGV[12], 'attempt', '0', 'key', ARGV[13],
+                'kind', ARGV[14], 'created', ARGV[3], 'updated', ARGV[3]}
+if pl then fields[#fields + 1] = 'pipeline'; fields[#fields + 1] = pl end
+if ix then fields[#fields + 1] = 'ix'; fields[#fields + 1] = ix end
+redis.call('HSET', rk, unpack(fields))
 set_blobs(P, rk, ARGV[8])
 if ARGV[16] ~= '' then
   redis.call('HSET', rk, 'p_trace', ARGV[16], 'p_seq', ARGV[17], 'p_index', ARGV[18])
 end
-local i = 21
-local n = tonumber(ARGV[19])
+local i = 23
+local n = tonumber(ARGV[21])
 if n > 0 then redis.call('RPUSH', P..':s:'..t, unpack(ARGV, i, i + n - 1)) end
 i = i + n
-n = tonumber(ARGV[20])
+n = tonumber(ARGV[22])
 if n > 0 then redis.call('HSET', P..':d:'..t, unpack(ARGV, i, i + n - 1)) end
 redis.call('ZADD', P..':runs', now, t)
-redis.call('ZREM', P..':expiry', t)
+-- the id of a run whose keys expired before DUE saw them go: a new root run takes its place in
+-- the listings (of another pipeline: DUE takes the old one out, and pages pass it over)
+if redis.call('ZREM', P..':expiry', t) == 1 and not ix then unlisted(P, t, false) end
 local out = {}
 if ARGV[11] ~= '' then
   redis.call('HSET', rk, 'status', 'running')
+  listed(P, t, ix, pl, 'running')
   emit(P, now, redispatch, ARGV[11], out)
 else
   redis.call('HSET', rk, 'status', 'done', 'result', ARGV[15])
-  finished(P, t, rk, now, redispatch, ttl, out)
+  listed(P, t, ix, pl, 'done')
+  finished(P, t, rk, now, redispatch, ttl, out, ix and pl)
 end
 return {'ok', out}

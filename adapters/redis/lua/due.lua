@@ -51,18 +51,39 @@ for _, t in ipairs(redis.call('ZRANGEBYSCORE', P..':leases', '-inf', now, 'LIMIT
     end
   end
 end
--- finished runs whose keys expired leave the runs index
+-- finished runs whose keys expired leave the runs index and the listings
 for _, t in ipairs(redis.call('ZRANGEBYSCORE', P..':expiry', '-inf', now, 'LIMIT', 0, limit)) do
   redis.call('ZREM', P..':expiry', t)
   local left = redis.call('PTTL', P..':r:'..t)
   if left == -2 then
     redis.call('ZREM', P..':runs', t)  -- gone
+    unlisted(P, t, false)
   elseif left >= 0 then
     redis.call('ZADD', P..':expiry', now + left / 1000 + 1, t)  -- not yet (our clock runs ahead)
   end  -- no expiry at all: started again under this id, it stays listed
 end
+-- the same for listed runs of a pipeline (see listed), whose entries name the pipeline too
+for _, m in ipairs(redis.call('ZRANGEBYSCORE', P..':expiryp', '-inf', now, 'LIMIT', 0, limit)) do
+  redis.call('ZREM', P..':expiryp', m)
+  local ok, f = pcall(cmsgpack.unpack, m)
+  if ok and type(f) == 'table' and type(f[1]) == 'string' and type(f[2]) == 'string' then
+    local t, pl = f[1], f[2]
+    local rk = P..':r:'..t
+    local left = redis.call('PTTL', rk)
+    if left == -2 then
+      redis.call('ZREM', P..':runs', t)  -- gone
+      unlisted(P, t, pl)
+    elseif left >= 0 then
+      redis.call('ZADD', P..':expiryp', now + left / 1000 + 1, m)  -- not yet
+    elseif redis.call('HGET', rk, 'pipeline') ~= pl then
+      redis.call('ZREM', P..':ixp:'..pl, t)  -- started again under this id, by another pipeline
+    end
+  else
+    bad = bad + 1
+  end
+end
 local nxt = false
-for _, z in ipairs({'timers', 'outbox', 'leases', 'expiry'}) do
+for _, z in ipairs({'timers', 'outbox', 'leases', 'expiry', 'expiryp'}) do
   local first = redis.call('ZRANGE', P..':'..z, 0, 0, 'WITHSCORES')
   if first[2] and ((not nxt) or tonumber(first[2]) < nxt) then nxt = tonumber(first[2]) end
 end

@@ -1,6 +1,7 @@
--- Fragment: finishing runs (assembled after emit and blobs, before create and commit).
+-- Fragment: finishing runs (assembled after listed, emit and blobs, before create and commit).
 -- ``finished`` clears a run that ended, hands its result to the join of its parent
--- (``arrive``), tells the processes waiting for it, and lets its keys expire after the ttl.
+-- (``arrive``), tells the processes waiting for it, and lets its keys expire after the ttl
+-- (``pl``: the pipeline of a listed run, else false; see listed).
 local function run_keys(P, t)
   return {P..':r:'..t, P..':d:'..t, P..':s:'..t, P..':c:'..t, P..':j:'..t, P..':js:'..t, P..':ja:'..t,
           P..':jc:'..t, P..':e:'..t}
@@ -21,7 +22,8 @@ local function arrive(P, t, rk, now, redispatch, ttl, out)
   if not link[1] then return end
   local pt = link[1]
   local prk = P..':r:'..pt
-  if redis.call('HGET', prk, 'seq') ~= link[2] then return end
+  local pr = redis.call('HMGET', prk, 'seq', 'ix', 'pipeline')
+  if pr[1] ~= link[2] then return end
   local jk = P..':j:'..pt
   local j = redis.call('HMGET', jk, 'kind', 'n', 'msg', 'closed')
   if not j[1] or j[4] == '1' then return end
@@ -41,6 +43,7 @@ local function arrive(P, t, rk, now, redispatch, ttl, out)
   if complete then
     redis.call('HSET', jk, 'closed', '1')
     redis.call('HSET', prk, 'status', 'running', 'updated', tostring(now))
+    listed(P, pt, pr[2], pr[3], 'running')
     emit(P, now, redispatch, j[3], out)
     -- the other branches are no longer wanted
     for i, ct in ipairs(redis.call('LRANGE', P..':jc:'..pt, 0, -1)) do
@@ -49,14 +52,14 @@ local function arrive(P, t, rk, now, redispatch, ttl, out)
         local st = redis.call('HGET', crk, 'status')
         if st == 'running' or st == 'waiting' or st == 'sleeping' then
           redis.call('HSET', crk, 'status', 'failed', 'error', CANCELLED, 'updated', tostring(now))
-          finished(P, ct, crk, now, redispatch, ttl, out)
+          finished(P, ct, crk, now, redispatch, ttl, out, false)
         end
       end
     end
   end
 end
 
-finished = function(P, t, rk, now, redispatch, ttl, out)
+finished = function(P, t, rk, now, redispatch, ttl, out, pl)
   redis.call('HDEL', rk, 'frames', 'value', 'lease_token', 'lease_until', 'lease_len', 'lease_msg', 'waiting',
              'init_pending', 'parked', 'due')
   redis.call('ZREM', P..':leases', t)
@@ -69,8 +72,13 @@ finished = function(P, t, rk, now, redispatch, ttl, out)
   tell_watchers(P, t)
   if ttl > 0 then
     for _, k in ipairs(run_keys(P, t)) do redis.call('PEXPIRE', k, ttl) end
-    redis.call('ZADD', P..':expiry', now + ttl / 1000, t)
+    if pl then
+      redis.call('ZADD', P..':expiryp', now + ttl / 1000, cmsgpack.pack({t, pl}))
+    else
+      redis.call('ZADD', P..':expiry', now + ttl / 1000, t)
+    end
   else
+    unlisted(P, t, pl)
     redis.call('DEL', unpack(run_keys(P, t)))
     redis.call('ZREM', P..':runs', t)
   end

@@ -16,7 +16,7 @@
 local P, t = ARGV[1], ARGV[2]
 STREAM = ARGV[9]
 local rk = P..':r:'..t
-local r = redis.call('HMGET', rk, 'status', 'waiting', 'seq', 'key')
+local r = redis.call('HMGET', rk, 'status', 'waiting', 'seq', 'key', 'ix', 'pipeline')
 if not r[1] then return {'missing'} end
 if r[1] ~= 'waiting' or r[2] ~= ARGV[3] or (ARGV[8] ~= '' and ARGV[8] ~= r[3]) then
   local joining = redis.call('HGET', P..':j:'..t, 'closed') == '0'
@@ -28,6 +28,7 @@ if ARGV[5] == '1' then kind = 3 end
 local msg = cmsgpack.pack({t, seq, r[4], 0, kind})
 redis.call('HSET', rk, 'status', 'running', 'seq', tostring(seq), 'attempt', '0', 'kind', tostring(kind),
            'value', ARGV[4], 'updated', ARGV[6])
+listed(P, t, r[5], r[6], 'running')
 redis.call('HDEL', rk, 'waiting', 'init_pending', 'lease_token', 'lease_until', 'lease_len', 'lease_msg', 'due')
 redis.call('ZREM', P..':leases', t)
 local out = {}

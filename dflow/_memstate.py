@@ -1,0 +1,150 @@
+"""Shared state and circuit breakers of the in-memory store (local mode).
+
+Like the store, it belongs to the runtime's event loop: no operation awaits anything, so
+each is atomic there. Importing this module registers it for ``MemoryStore``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .memory import MemoryStore
+from .shared_state import (
+    Admission,
+    CasResult,
+    CircuitConfig,
+    CircuitSnapshot,
+    Outcome,
+    StateBackend,
+    StoredVersion,
+    Writer,
+    register_backend,
+)
+
+__all__ = ["MemoryStateBackend"]
+
+CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
+
+
+@dataclass(slots=True)
+class _Circuit:
+    state: str = CLOSED
+    failures: deque[float] = field(default_factory=deque)  #: times of the failures in the window
+    opened_at: float = 0.0
+    retry_at: float = 0.0
+    probe: str = ""  #: the token holding the probe
+    probe_until: float = 0.0
+
+
+class MemoryStateBackend(StateBackend):
+    """``StateBackend`` in dicts. ``clock``: seconds since the epoch (``time.time``)."""
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
+        self._values: dict[str, deque[StoredVersion]] = {}  # newest first
+        self._circuits: dict[str, _Circuit] = {}
+        self._turns: dict[str, tuple[str, float]] = {}  # by name: the updater with the turn, until when
+
+    # -- values ----------------------------------------------------------------------
+
+    async def get(self, name: str) -> tuple[bytes | None, int]:
+        kept = self._values.get(name)
+        if not kept:
+            return None, 0
+        return kept[0].value, kept[0].version
+
+    def _write(self, name: str, value: bytes, writer: Writer, keep: int, restores: int | None) -> StoredVersion:
+        kept = self._values.setdefault(name, deque())
+        version = kept[0].version + 1 if kept else 1
+        entry = StoredVersion(version, value, writer.run, writer.step, self._clock(), restores)
+        kept.appendleft(entry)
+        while len(kept) > keep:
+            kept.pop()
+        return entry
+
+    async def cas(self, name: str, value: bytes, expect: int | None, writer: Writer, keep: int, *,
+                  turn: str = "", take: bool = False, turn_lease: float = 0.5) -> CasResult:
+        current, version = await self.get(name)
+        holder = ""
+        if turn:
+            holder, until = self._turns.get(name, ("", 0.0))
+            if holder and time.monotonic() >= until:
+                holder = ""
+            if holder and holder != turn:
+                return CasResult(False, version, current, turn_held=True)
+        if expect is not None and expect != version:
+            if take and not holder:
+                self._turns[name] = (turn, time.monotonic() + turn_lease)
+            return CasResult(False, version, current)
+        if holder:
+            del self._turns[name]
+        return CasResult(True, self._write(name, value, writer, keep, None).version)
+
+    async def history(self, name: str) -> list[StoredVersion]:
+        return list(self._values.get(name, ()))
+
+    async def rollback(self, name: str, version: int, writer: Writer, keep: int) -> int | list[int]:
+        kept = self._values.get(name, deque())
+        for entry in kept:
+            if entry.version == version:
+                return self._write(name, entry.value, writer, keep, version).version
+        return [e.version for e in kept]
+
+    # -- circuits --------------------------------------------------------------------
+
+    def _circuit(self, name: str, config: CircuitConfig, now: float) -> _Circuit:
+        c = self._circuits.get(name)
+        if c is None:
+            c = self._circuits[name] = _Circuit()
+        while c.failures and c.failures[0] <= now - config.window:
+            c.failures.popleft()
+        return c
+
+    async def circuit_enter(self, name: str, config: CircuitConfig, token: str) -> Admission:
+        now = self._clock()
+        c = self._circuit(name, config, now)
+        if c.state == CLOSED:
+            return Admission(True, False, CLOSED)
+        if c.state == OPEN and now < c.retry_at:
+            return Admission(False, False, OPEN, c.retry_at, c.retry_at - now)
+        if c.state == HALF_OPEN and c.probe and now < c.probe_until:
+            return Admission(False, False, HALF_OPEN, c.probe_until, c.probe_until - now)
+        found = c.state
+        c.state, c.probe, c.probe_until = HALF_OPEN, token, now + config.probe_lease
+        return Admission(True, True, found)
+
+    async def circuit_record(
+        self, name: str, config: CircuitConfig, token: str, probe: bool, outcome: Outcome
+    ) -> None:
+        now = self._clock()
+        c = self._circuit(name, config, now)
+        if probe:
+            if c.state != HALF_OPEN or c.probe != token:
+                return  # its lease ran out and another caller probes now: that one decides
+            if outcome == Outcome.SUCCESS:
+                self._circuits[name] = _Circuit()
+            elif outcome == Outcome.FAILURE:
+                c.state, c.opened_at, c.retry_at, c.probe, c.probe_until = OPEN, now, now + config.cool_down, "", 0.0
+            else:
+                c.probe, c.probe_until = "", 0.0
+            return
+        if outcome != Outcome.FAILURE or c.state != CLOSED:
+            return  # (a call let through before the circuit opened counts no more)
+        c.failures.append(now)
+        if len(c.failures) >= config.failures:
+            c.state, c.opened_at, c.retry_at = OPEN, now, now + config.cool_down
+            c.failures.clear()
+
+    async def circuit_state(self, name: str, config: CircuitConfig) -> CircuitSnapshot:
+        now = self._clock()
+        c = self._circuit(name, config, now)
+        probing = c.state == HALF_OPEN and bool(c.probe) and now < c.probe_until
+        retry_at = c.retry_at if c.state == OPEN else (c.probe_until if probing else 0.0)
+        state = HALF_OPEN if c.state == OPEN and now >= c.retry_at else c.state
+        return CircuitSnapshot(state, len(c.failures), c.opened_at, retry_at, probing)
+
+
+register_backend(MemoryStore, lambda store: MemoryStateBackend())

@@ -1,0 +1,576 @@
+"""The web console (``dflow.server.console``) over real sockets, on the in-memory runtime:
+logging in (the cookie's flags, a credential that is not the token, forged, expired and
+foreign credentials), the runs list (counts, filters, cursor pages), a run's page (its step
+tree with branches and flat_map flows, one step's values, the live stream), the actions
+(cancel, answer a ``from_call``, re-run from a step) and what each refuses (no login, no
+anti-forgery token, another origin), bad input to every endpoint (unknown runs, malformed
+JSON, huge bodies, traversal in static paths), hostile stored text rendered inert, an
+agent's conversation, and the open console of a server without an admin token."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+import dflow
+from dflow import DFlow, Run
+from dflow.context import RunInfo, RunStatus
+from dflow.memory import MemoryStore
+from dflow.server import Server, ServerThread, create_app
+from dflow.server.console_auth import ConsoleAuth
+from dflow.server.console_html import head_html, tree_html
+from dflow.server.console_tree import RunTree
+from dflow.server.console_views import ConsoleView
+from dflow_agents.testing import ScriptedModel, call, reply
+from dflow_agents.toolcall import ToolCallAgent
+from dflow_agents.tools import tool
+from tests.support.console import csrf_of, login, raw_request, stream_events
+
+ADMIN = "admin-token-of-the-console-tests-0123456789"
+ROOT = Path(__file__).resolve().parent.parent
+HOSTILE = "<script>alert('x')</script>"
+
+
+def _answer_flow(question: Any) -> DFlow[Any]:
+    return DFlow.from_call("con-answer")
+
+
+ask = (
+    DFlow.from_call("con-ask").map(lambda q: f"Q: {q}").id("question")
+    .flat_map(_answer_flow).id("wait")
+    .map(lambda a: {"answered": a}).id("done")
+    .init("con-ask")
+)
+twice = DFlow.from_call("con-twice").map(lambda x: x + 1).id("inc").map(lambda x: x * 2).id("dbl").init("con-twice")
+forked = (
+    DFlow.from_call("con-fork")
+    .flat_map(lambda x: DFlow.zip([DFlow.just(x).map(lambda v: v * 10).id("tens"),
+                                   DFlow.from_call("con-branch").map(lambda v: v).id("given")])).id("fork")
+    .map(lambda pair: sum(pair)).id("total")
+    .init("con-fork")
+)
+
+
+def _boom(value: Any) -> Any:
+    raise ValueError(f"{HOSTILE} failed on {value}")
+
+
+hostile = (
+    DFlow.from_call("con-hostile").map(lambda x: f"<img src=x onerror=alert(1)> {x}").id("shout")
+    .name(f"<b>{HOSTILE}</b>")
+    .map(_boom).id("boom")
+    .init("con-hostile")
+)
+
+
+@tool
+def lookup(city: str) -> str:
+    """Look a city up."""
+    return f"{city} has 3 parks <i>{HOSTILE}</i>"
+
+
+def _reserve_jobs(server: Server) -> None:
+    """A route provider that keeps the call types ``con-job:...`` to its own route."""
+    server.reserve_call_prefix("con-job:", "POST /con-jobs/{id}")
+
+
+@pytest.fixture(scope="module")
+def url(runtime: dflow.Runtime) -> Iterator[str]:
+    with ServerThread(create_app(admin_token=ADMIN, routes=[_reserve_jobs])) as base:
+        yield base
+
+
+@pytest.fixture
+def anon(url: str) -> Iterator[httpx.Client]:
+    """A client that has not logged in."""
+    with httpx.Client(base_url=url, timeout=30) as c:
+        yield c
+
+
+@pytest.fixture
+def browser(url: str) -> Iterator[httpx.Client]:
+    """A logged-in client that sends the page's anti-forgery token, as the console's script does."""
+    with httpx.Client(base_url=url, timeout=30) as c:
+        login(c, ADMIN)
+        c.headers["X-DFlow-CSRF"] = csrf_of(c)
+        yield c
+
+
+def wait_for(run: Run[Any], status: str, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while run.status().value != status:
+        assert time.monotonic() < deadline, f"{run} is {run.status().value}, not {status}"
+        time.sleep(0.01)
+
+
+def waiting_ask(question: str = "why?") -> Run[Any]:
+    run = ask.call(question)
+    wait_for(run, "waiting")
+    return run
+
+
+# -- logging in ---------------------------------------------------------------------------------
+
+
+def test_the_console_needs_a_login_and_the_cookie_is_a_credential_not_the_token(anon: httpx.Client) -> None:
+    r = anon.get("/console/?status=waiting")
+    assert r.status_code == 303 and r.headers["location"] == "/console/login?next=%2Fconsole%2F%3Fstatus%3Dwaiting"
+    assert anon.get("/console/api/runs").status_code == 401
+    form = anon.get("/console/login?next=/console/runs/x")
+    assert form.status_code == 200 and 'name="token"' in form.text and 'value="/console/runs/x"' in form.text
+    assert "Content-Security-Policy" in form.headers and "script-src 'self'" in form.headers["content-security-policy"]
+    bad = anon.post("/console/login", data={"token": ADMIN + "x", "next": "/console/"})
+    assert bad.status_code == 401 and "is not the admin token" in bad.text and "set-cookie" not in bad.headers
+    r = anon.post("/console/login", data={"token": ADMIN, "next": "https://evil.example/"})
+    assert r.status_code == 303 and r.headers["location"] == "/console/"  # never sent elsewhere
+    cookie = r.headers["set-cookie"]
+    assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Path=/console" in cookie
+    assert "Max-Age=28800" in cookie
+    value = anon.cookies.get("dflow_console", path="/console")
+    assert value and ADMIN not in value and value.startswith("c1.")
+    assert anon.get("/console/").status_code == 200
+    # the credential is not a token of the HTTP API, nor the other way round
+    assert anon.get("/pipelines", headers={"Authorization": f"Bearer {value}"}).status_code == 401
+    assert anon.post("/console/logout").status_code == 303
+    assert anon.get("/console/").status_code == 303
+
+
+def test_forged_expired_and_foreign_credentials_are_refused(url: str) -> None:
+    mine = ConsoleAuth(ADMIN)
+    fresh = mine.login(ADMIN)
+    assert fresh is not None and mine.verify(fresh) is not None
+    expired = mine.login(ADMIN, now=time.time() - 9 * 3600)
+    foreign = ConsoleAuth("another-admin-token-0123456789abcdef0123").login("another-admin-token-0123456789abcdef0123")
+    body, _, mac = fresh.rpartition(".")
+    tampered = body[:-1] + ("A" if body[-1] != "A" else "B") + "." + mac
+    longer = fresh.replace(fresh.split(".")[1], str(int(fresh.split(".")[1]) + 3600), 1)
+    for what, value in {"expired": expired, "foreign": foreign, "tampered": tampered, "extended": longer,
+                        "garbage": "c1.x.y.z", "empty": "", "huge": "c1." + "A" * 5000}.items():
+        with httpx.Client(base_url=url, cookies={"dflow_console": value or ""}) as c:
+            assert c.get("/console/").status_code == 303, what
+            assert c.get("/console/api/runs").status_code == 401, what
+    with httpx.Client(base_url=url, cookies={"dflow_console": fresh}) as c:
+        assert c.get("/console/api/runs").status_code == 200  # any process with the admin token accepts it
+    with httpx.Client(base_url=url) as c:
+        assert c.get("/console/api/runs", headers={"Authorization": f"Bearer {ADMIN}"}).status_code == 200
+        assert c.get("/console/api/runs", headers={"Authorization": "Bearer nope"}).status_code == 401
+
+
+def test_login_refuses_bad_forms(anon: httpx.Client) -> None:
+    assert anon.post("/console/login", json={"token": ADMIN}).status_code == 415
+    big = anon.post("/console/login", content=b"token=" + b"a" * 10_000,
+                    headers={"Content-Type": "application/x-www-form-urlencoded"})
+    assert big.status_code == 413
+    bad = anon.post("/console/login", content=b"\xff\xfe=\xff", headers={"Content-Type": "application/x-www-form-urlencoded"})
+    assert bad.status_code == 400
+    cross = anon.post("/console/login", data={"token": ADMIN}, headers={"Origin": "http://evil.example"})
+    assert cross.status_code == 403 and "set-cookie" not in cross.headers
+
+
+# -- the runs list ------------------------------------------------------------------------------
+
+
+def test_the_runs_list_shows_counts_filters_and_pages(browser: httpx.Client) -> None:
+    done = [twice.call(i) for i in range(5)]
+    assert [r.result(10) for r in done] == [(i + 1) * 2 for i in range(5)]
+    waiting = waiting_ask("listed?")
+    page = browser.get("/console/")
+    assert page.status_code == 200 and waiting.trace_id in page.text and done[-1].trace_id in page.text
+    assert f'href="/console/runs/{waiting.trace_id}"' in page.text
+    listed = browser.get("/console/api/runs", params={"pipeline": "con-twice", "limit": 2}).json()
+    assert set(listed["counts"]) == {"running", "sleeping", "waiting", "done", "failed", "cancelled"}
+    assert listed["counts"]["done"] >= 5 and all(r["pipeline"] == "con-twice" for r in listed["runs"])
+    seen: list[str] = []
+    cursor = None
+    while True:
+        params: dict[str, Any] = {"pipeline": "con-twice", "status": "done", "limit": 2}
+        if cursor:
+            params["cursor"] = cursor
+        got = browser.get("/console/api/runs", params=params).json()
+        assert len(got["runs"]) <= 2 and all(r["status"] == "done" for r in got["runs"])
+        seen += [r["trace_id"] for r in got["runs"]]
+        cursor = got["cursor"]
+        if not cursor:
+            break
+    assert len(seen) == len(set(seen)) and {r.trace_id for r in done} <= set(seen)
+    # the HTML page links the next page with its cursor, keeping the filters
+    html = browser.get("/console/", params={"pipeline": "con-twice", "status": "done", "limit": 2}).text
+    nxt = re.search(r'<a class="next" href="([^"]+)"', html)
+    assert nxt is not None and "pipeline=con-twice" in nxt.group(1) and "cursor=" in nxt.group(1)
+    waits = browser.get("/console/api/runs", params={"status": "waiting", "pipeline": "con-ask"}).json()
+    row = next(r for r in waits["runs"] if r["trace_id"] == waiting.trace_id)
+    assert row["waiting_for"] == "con-answer" and row["finished"] is False
+
+
+def test_the_runs_list_refuses_bad_filters(browser: httpx.Client) -> None:
+    for params, status, words in (
+        ({"status": "sleepy"}, 422, "not a run status"),
+        ({"limit": "0"}, 422, "limit"),
+        ({"limit": "many"}, 422, "limit"),
+        ({"pipeline": "p" * 16_385}, 422, "over the limit"),
+        ({"cursor": "not-a-cursor!"}, 400, "first page"),
+        ({"cursor": "bm9jb2xvbg"}, 400, "malformed run cursor"),
+        ({"cursor": "x" * 3000}, 422, "over the limit"),
+    ):
+        for path in ("/console/api/runs", "/console/"):
+            r = browser.get(path, params=params)
+            assert r.status_code == status and words in r.json()["detail"], (path, params, r.text)
+
+
+# -- a run's page ---------------------------------------------------------------------------------
+
+
+def test_a_run_page_draws_branches_side_by_side_and_flat_map_flows_nested(browser: httpx.Client) -> None:
+    run = forked.call(4)
+    wait_for(run, "waiting")
+    html = browser.get(f"/console/runs/{run.trace_id}").text
+    assert '<div class="fork">' in html and html.count('class="branch"') == 2
+    assert f'href="/console/runs/{run.trace_id}/' in html  # each branch links to its own page
+    assert '<ol class="flow nested">' in html  # the zip sits inside the flat_map's flow
+    assert ">tens<" in html and ">con-branch<" in html and "waiting for call &#x27;con-branch&#x27;" in html
+    assert 'class="answer" data-run="' + run.trace_id + '/' in html  # the branch's wait can be answered
+    branch = browser.get(f"/console/runs/{run.trace_id}/2-0")  # a branch's own page (an id with a /)
+    assert branch.status_code == 200 and "Branch of" in branch.text
+
+
+_FLAKY: dict[str, int] = {}
+
+
+def _flaky(ctx: Any, value: Any) -> Any:
+    _FLAKY[ctx.trace_id] = _FLAKY.get(ctx.trace_id, 0) + 1
+    if _FLAKY[ctx.trace_id] < 3:
+        raise ConnectionError(f"try {_FLAKY[ctx.trace_id]} failed")
+    return value
+
+
+flaky = (DFlow.from_call("con-flaky").map(_flaky).id("shaky").retry(3, backoff=0.01, jitter=False)
+         .flat_map(lambda v: DFlow.delay(v, 30)).id("later").init("con-flaky"))
+
+
+def test_retries_and_a_sleeping_run_are_drawn(browser: httpx.Client) -> None:
+    run = flaky.call(1)
+    deadline = time.monotonic() + 10
+    while ">delay<" not in (html := browser.get(f"/console/api/runs/{run.trace_id}/tree").json()["tree"]):
+        assert time.monotonic() < deadline, html  # (a retry's backoff sleeps too: wait for the delay)
+        time.sleep(0.02)
+    assert run.status().value == "sleeping"
+    nodes = re.findall(r'<li class="step st-(\w+)"><button[^>]*><span class="nm">([^<]*)</span><span class="badge '
+                       r'[^>]*>[^<]*</span><span class="meta">([^<]*)</span>', html)
+    attempts = [(status, meta.split(" · ")[1] if "attempt" in meta else "") for status, name, meta in nodes
+                if name == "shaky"]
+    assert attempts == [("retrying", ""), ("retrying", "attempt 2"), ("done", "attempt 3")], nodes
+    assert "ConnectionError: try 1 failed" in html and "sleeping until its timer fires" in html
+    run.cancel()
+
+
+def test_a_parked_run_says_why_in_its_header_and_its_tree() -> None:
+    """(A run is parked when no worker knows its next step: drawn from the state the store
+    gives, as a ``RunInfo``.)"""
+    info = RunInfo("parked-run", RunStatus.RUNNING, 3, time.time() - 5, time.time(), pipeline="p",
+                   extra={"parked": "no worker knows step 'resize>store' <yet>", "park_count": 4})
+    head = head_html(info, "parked-run", "p")
+    assert "Parked" in head and "4× — no worker knows step &#x27;resize&gt;store&#x27; &lt;yet&gt;" in head
+    tree = RunTree(MemoryStore(), "parked-run")
+    tree.root.info, tree.root.read = info, True
+    assert "running the next step… (parked 4×: no worker knows step" in tree_html(tree)
+
+
+def test_a_step_shows_its_input_output_and_error(browser: httpx.Client) -> None:
+    run = twice.call(20)
+    assert run.result(10) == 42
+    step = browser.get(f"/console/api/runs/{run.trace_id}/steps/2").json()
+    assert step["name"] == "dbl" and step["status"] == "done" and step["input"] == "21" and step["output"] == "42"
+    assert step["duration"] >= 0 and step["worker"] and step["error"] is None
+    failed = hostile.call("x")
+    with pytest.raises(dflow.RunFailedError):
+        failed.result(10)
+    err = browser.get(f"/console/api/runs/{failed.trace_id}/steps/2").json()
+    assert err["status"] == "failed" and err["error"]["type"] == "ValueError" and HOSTILE in err["error"]["message"]
+    assert "Traceback" in err["error"]["traceback"]
+    for path, status in ((f"/console/api/runs/{run.trace_id}/steps/99", 404),
+                         (f"/console/api/runs/{run.trace_id}/steps/-1", 404),
+                         (f"/console/api/runs/{run.trace_id}/steps/1e3", 404),
+                         ("/console/api/runs/no-such-run/steps/1", 404),
+                         ("/console/api/runs/bad%20id!/steps/1", 404),
+                         ("/console/api/runs/no-such-run/tree", 404)):
+        r = browser.get(path)
+        assert r.status_code == status and r.json()["detail"], (path, r.text)
+    page = browser.get("/console/runs/no-such-run")
+    assert page.status_code == 404 and "does not exist" in page.text
+
+
+big = DFlow.from_call("con-big").map(lambda n: "x" * n).id("grow").init("con-big")
+
+
+def test_a_long_value_is_drawn_by_its_size_and_shown_whole_in_its_step(browser: httpx.Client) -> None:
+    run = big.call(10_000)
+    assert run.result(10) == "x" * 10_000
+    tree = browser.get(f"/console/api/runs/{run.trace_id}/tree").json()["tree"]
+    assert "10,003 bytes: select the step to see it" in tree and "x" * 200 not in tree
+    assert browser.get(f"/console/api/runs/{run.trace_id}/steps/1").json()["output"] == "x" * 10_000
+
+
+def test_hostile_stored_text_renders_inert(browser: httpx.Client) -> None:
+    failed = hostile.call(HOSTILE)
+    with pytest.raises(dflow.RunFailedError):
+        failed.result(10)
+    for text in (browser.get(f"/console/runs/{failed.trace_id}").text,
+                 browser.get(f"/console/api/runs/{failed.trace_id}/tree").json()["tree"],
+                 browser.get("/console/").text):
+        assert "<script>alert" not in text and "<img src=x" not in text and "<b><script" not in text
+    page = browser.get(f"/console/runs/{failed.trace_id}").text
+    assert "&lt;b&gt;&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;&lt;/b&gt;" in page  # the step's name
+    assert "&lt;img src=x onerror=alert(1)&gt;" in page  # its output
+    assert "ValueError" in page and "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt; failed" in page  # the error
+    assert re.findall(r"<script[^>]*>", page) == ['<script src="/console/static/console.js" defer>']
+
+
+def test_an_agent_run_shows_its_conversation(browser: httpx.Client) -> None:
+    model = ScriptedModel([
+        reply(f"I will look both up {HOSTILE}", calls=[call("lookup", city="Oslo"), call("lookup", city="Bergen")]),
+        reply(calls=[call("terminate", status="success", conclusion="both have parks")]),
+    ])
+    agent = ToolCallAgent("con-agent", model, [lookup])
+    assert isinstance(agent, ConsoleView)  # an agent supplies its runs' conversations
+    run = agent.run("parks in Oslo and Bergen?")
+    assert run.result(10).answer == "both have parks"
+    conv = browser.get(f"/console/api/runs/{run.trace_id}/tree").json()["conversation"]
+    assert "Conversation · con-agent" in conv and "<script>" not in conv
+    order = ["parks in Oslo and Bergen?", "I will look both up &lt;script&gt;", "lookup", "&quot;Oslo&quot;",
+             "&quot;Bergen&quot;", "Oslo has 3 parks &lt;i&gt;", "Bergen has 3 parks", "terminate",
+             "both have parks"]
+    at = [conv.find(piece) for piece in order]
+    assert -1 not in at and at == sorted(at), dict(zip(order, at))
+    assert conv.count('class="msg tool"') == 3 and conv.count('class="msg assistant"') == 2
+    plain = browser.get(f"/console/api/runs/{twice.call(1).trace_id}/tree").json()
+    assert plain["conversation"] == ""  # not an agent's run: no conversation
+
+
+class _FussyView:
+    """A console view that fails on the runs it is for (those with ``con-view/boom`` in their data)."""
+
+    def console_conversation(self, data: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+        if "con-view/boom" in data:
+            raise RuntimeError(f"cannot read {HOSTILE}")
+        return None
+
+
+fussy = dflow.shared(_FussyView(), "con-fussy-view")
+fussed = DFlow.from_call("con-fussed").map(lambda ctx, x: ctx.put("con-view/boom", 1)).id("mark").init("con-fussed")
+
+
+def test_a_failing_view_is_reported_on_the_page_which_still_shows(browser: httpx.Client) -> None:
+    assert isinstance(fussy, ConsoleView)
+    run = fussed.call(1)
+    run.result(10)
+    page = browser.get(f"/console/runs/{run.trace_id}")
+    assert page.status_code == 200 and ">mark<" in page.text
+    assert "This view failed: RuntimeError: cannot read &lt;script&gt;" in page.text and "<script>alert" not in page.text
+
+
+# -- actions ------------------------------------------------------------------------------------------
+
+
+def test_actions_without_login_token_or_origin_are_refused_and_change_nothing(url: str, browser: httpx.Client) -> None:
+    run = waiting_ask("guarded?")
+    body = {"call_type": "con-answer", "payload": 1}
+    csrf = browser.headers["X-DFlow-CSRF"]
+    cookie = browser.cookies.get("dflow_console", path="/console") or ""
+    auth = ConsoleAuth(ADMIN)
+    other = auth.verify(auth.login(ADMIN) or "")
+    assert other is not None
+    cases: list[tuple[str, dict[str, str], dict[str, str], int]] = [
+        ("no login", {}, {"X-DFlow-CSRF": csrf}, 401),
+        ("no token", {"dflow_console": cookie}, {}, 403),
+        ("wrong token", {"dflow_console": cookie}, {"X-DFlow-CSRF": csrf[:-2] + "xx"}, 403),
+        ("other origin", {"dflow_console": cookie}, {"X-DFlow-CSRF": csrf, "Origin": "http://evil.example"}, 403),
+        ("cross-site", {"dflow_console": cookie}, {"X-DFlow-CSRF": csrf, "Sec-Fetch-Site": "cross-site"}, 403),
+        ("another login's token", {"dflow_console": cookie}, {"X-DFlow-CSRF": auth.csrf(other)}, 403),
+    ]
+    for what, cookies, headers, status in cases:
+        with httpx.Client(base_url=url, cookies=cookies, timeout=30) as c:
+            for action, payload in (("answer", body), ("cancel", {}), ("rerun", {"seq": 1})):
+                r = c.post(f"/console/api/runs/{run.trace_id}/{action}", json=payload, headers=headers)
+                assert r.status_code == status, (what, action, r.text)
+    assert run.status().value == "waiting"
+    # the admin token as a bearer token (a script) needs no page token
+    with httpx.Client(base_url=url) as c:
+        r = c.post(f"/console/api/runs/{run.trace_id}/cancel", headers={"Authorization": f"Bearer {ADMIN}"})
+        assert r.status_code == 200 and r.json()["status"] == "cancelled"
+
+
+def test_answering_a_call_resumes_the_run_and_bad_answers_change_nothing(browser: httpx.Client) -> None:
+    run = waiting_ask("answer me")
+    path = f"/console/api/runs/{run.trace_id}/answer"
+    bad: list[tuple[dict[str, Any], int, str]] = [
+        ({"content": b"{not json", "headers": {"Content-Type": "application/json"}}, 400, "not JSON"),
+        ({"content": b"payload=1", "headers": {"Content-Type": "application/x-www-form-urlencoded"}}, 415, "JSON"),
+        ({"content": b'{"call_type": "con-answer", "payload": "' + b"a" * 2_000_000 + b'"}',
+          "headers": {"Content-Type": "application/json"}}, 413, "limit"),
+        ({"json": {"payload": 1}}, 422, "call_type"),
+        ({"json": {"call_type": "con-answer", "payload": 1, "extra": 2}}, 422, "extra"),
+        ({"json": {"call_type": "something-else", "payload": 1}}, 409, "something-else"),
+        ({"json": {"call_type": "con-answer", "payload": 1, "run": "elsewhere"}}, 422, "not this run"),
+        ({"json": {"call_type": "con-job:7", "payload": 1}}, 403, "their own route"),
+        ({"content": b'{"call_type": "con-answer", "payload": NaN}', "headers": {"Content-Type": "application/json"}},
+         400, "NaN"),
+    ]
+    for kwargs, status, words in bad:
+        r = browser.post(path, **kwargs)
+        assert r.status_code == status and words in r.text, (kwargs.get("json"), r.text[:300])
+    assert run.status().value == "waiting"
+    assert browser.post("/console/api/runs/no-such-run/answer", json={"call_type": "x"}).status_code == 404
+    assert browser.post("/console/api/runs/..%2f..%2fetc/answer", json={"call_type": "x"}).status_code == 404
+    r = browser.post(path, json={"call_type": "con-answer", "payload": {"because": [1, 2]}})
+    assert r.status_code == 202 and r.json()["delivered"] is True
+    assert run.result(10) == {"answered": {"because": [1, 2]}}
+    assert browser.post(path, json={"call_type": "con-answer", "payload": 2}).status_code == 409
+
+
+def test_answering_a_branch_wait_resumes_the_join(browser: httpx.Client) -> None:
+    run = forked.call(3)
+    wait_for(run, "waiting")
+    deadline = time.monotonic() + 10
+    while (found := re.search(r'data-run="([^"]+)" data-call="con-branch"',
+                              browser.get(f"/console/api/runs/{run.trace_id}/tree").json()["waits"])) is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    branch = found.group(1)
+    assert branch.startswith(run.trace_id + "/")
+    r = browser.post(f"/console/api/runs/{run.trace_id}/answer",
+                     json={"call_type": "con-branch", "payload": 5, "run": branch})
+    assert r.status_code == 202, r.text
+    assert run.result(10) == 35
+
+
+def test_cancel_and_rerun(browser: httpx.Client) -> None:
+    run = waiting_ask("cancel me")
+    r = browser.post(f"/console/api/runs/{run.trace_id}/rerun", json={"seq": 1})
+    assert r.status_code == 409 and "still waiting" in r.json()["detail"] and run.status().value == "waiting"
+    r = browser.post(f"/console/api/runs/{run.trace_id}/cancel", json={"reason": "from a test"})
+    assert r.status_code == 200 and r.json()["status"] == "cancelled"
+    assert browser.post(f"/console/api/runs/{run.trace_id}/cancel", json={"reason": "x" * 2000}).status_code == 422
+    assert browser.post("/console/api/runs/no-such-run/cancel").status_code == 404
+    done = twice.call(5)
+    assert done.result(10) == 12
+    for payload, status in (({"seq": "2"}, 422), ({"seq": -1}, 422), ({}, 422), ({"seq": 99}, 409)):
+        assert browser.post(f"/console/api/runs/{done.trace_id}/rerun", json=payload).status_code == status, payload
+    r = browser.post(f"/console/api/runs/{done.trace_id}/rerun", json={"seq": 2})
+    assert r.status_code == 201, r.text
+    again = Run(r.json()["trace_id"])
+    assert r.json()["url"] == f"/console/runs/{again.trace_id}" and again.result(10) == 12
+    page = browser.get(r.json()["url"]).text
+    assert "Rerun of" in page and f'href="/console/runs/{done.trace_id}"' in page
+
+
+# -- the live stream ------------------------------------------------------------------------------------
+
+
+def test_the_stream_sends_the_page_each_time_the_run_moves_then_ends(url: str, browser: httpx.Client) -> None:
+    run = waiting_ask("live?")
+
+    def answer_later() -> None:
+        time.sleep(0.4)
+        dflow.DFlow.call("con-answer", "live!", run.trace_id)
+
+    t = threading.Thread(target=answer_later)
+    t.start()
+    t0 = time.monotonic()
+    events = stream_events(browser, f"/console/api/runs/{run.trace_id}/stream")
+    t.join()
+    assert time.monotonic() - t0 >= 0.35  # it stayed open while the run waited
+    states = [data for event, data in events if event == "state"]
+    assert states[0]["status"] == "waiting" and "con-answer" in states[0]["waits"]
+    assert states[-1]["status"] == "done" and states[-1]["waits"] == "" and "live!" in states[-1]["tree"]
+    assert events[-1] == ("end", {"trace_id": run.trace_id, "status": "done"})
+    # a finished run's stream: its state, then the end
+    again = stream_events(browser, f"/console/api/runs/{run.trace_id}/stream")
+    assert [e for e, _ in again] == ["state", "end"]
+    with httpx.Client(base_url=url) as anon:
+        assert anon.get(f"/console/api/runs/{run.trace_id}/stream").status_code == 401
+    assert browser.get("/console/api/runs/no-such-run/stream").status_code == 404
+
+
+def test_streams_are_capped_per_login(url: str, browser: httpx.Client) -> None:
+    run = waiting_ask("many tabs")
+    path = f"/console/api/runs/{run.trace_id}/stream"
+    with httpx.Client(base_url=url, cookies=browser.cookies, timeout=30) as c:
+        opened = [c.stream("GET", path) for _ in range(8)]
+        responses = [s.__enter__() for s in opened]
+        try:
+            assert all(r.status_code == 200 for r in responses)
+            r = c.get(path)
+            assert r.status_code == 429 and "too many" in r.json()["detail"]
+        finally:
+            for s in opened:
+                s.__exit__(None, None, None)
+        deadline = time.monotonic() + 10
+        while _open_after_close(c, path) == 429:  # the server counts a stream closed once it notices
+            assert time.monotonic() < deadline, "closed streams are still counted as open"
+            time.sleep(0.05)
+    run.cancel()
+
+
+def _open_after_close(c: httpx.Client, path: str) -> int:
+    with c.stream("GET", path) as r:
+        return r.status_code
+
+
+# -- static files, bad paths, the open console -----------------------------------------------------------
+
+
+def test_static_files_come_from_an_allow_list_only(url: str) -> None:
+    with httpx.Client(base_url=url) as c:
+        css, js = c.get("/console/static/console.css"), c.get("/console/static/console.js")
+        assert css.status_code == 200 and css.headers["content-type"].startswith("text/css") and ".node" in css.text
+        assert js.status_code == 200 and js.headers["content-type"].startswith("text/javascript")
+        assert js.headers["x-content-type-options"] == "nosniff"
+    for path in ("/console/static/../app.py", "/console/static/%2e%2e/app.py", "/console/static/..%2fapp.py",
+                 "/console/static/%2e%2e%2f%2e%2e%2fpyproject.toml", "/console/static//etc/passwd",
+                 "/console/static/%2fetc%2fpasswd", "/console/static/console.js%00.css", "/console/static/__init__.py",
+                 "/console/static/console_static/console.js", "/console/static/C:%5cwindows%5cwin.ini",
+                 "/console/static/....//....//app.py"):
+        status, body = raw_request(url, f"GET {path} HTTP/1.1")
+        assert status == 404, (path, status, body[:200])
+        assert "import" not in body and "root:" not in body and "[project]" not in body
+
+
+def test_the_packaged_static_files_are_listed_as_package_data() -> None:
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        tomllib = pytest.importorskip("tomli")
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    globs = config["tool"]["setuptools"]["package-data"]["dflow.server"]
+    static = ROOT / "dflow" / "server" / "console_static"
+    files = {p.name for p in static.iterdir() if p.is_file()}
+    covered = {p.name for g in globs for p in (ROOT / "dflow" / "server").glob(g)}
+    assert files and files == covered, f"static files not shipped in the wheel: {sorted(files - covered)}"
+
+
+def test_a_server_without_an_admin_token_has_an_open_console_that_still_guards_writes(runtime: dflow.Runtime) -> None:
+    with ServerThread(create_app()) as base, httpx.Client(base_url=base, timeout=30) as c:
+        run = waiting_ask("open?")
+        page = c.get(f"/console/runs/{run.trace_id}")
+        assert page.status_code == 200 and "Log out" not in page.text
+        assert c.get("/console/login").status_code == 303
+        path = f"/console/api/runs/{run.trace_id}/cancel"
+        assert c.post(path, json={}).status_code == 403  # no page token
+        csrf = csrf_of(c)
+        assert c.post(path, json={}, headers={"X-DFlow-CSRF": csrf, "Origin": "http://evil.example"}).status_code == 403
+        assert c.get("/console/", headers={"Host": "evil.example"}).status_code == 421  # DNS rebinding
+        assert run.status().value == "waiting"
+        r = c.post(path, json={}, headers={"X-DFlow-CSRF": csrf})
+        assert r.status_code == 200 and r.json()["status"] == "cancelled"
+
+
+def test_the_console_can_be_left_out(runtime: dflow.Runtime) -> None:
+    with ServerThread(create_app(admin_token=ADMIN, console=False)) as base, httpx.Client(base_url=base) as c:
+        assert c.get("/console/").status_code == 404 and c.get("/health").status_code == 200

@@ -1,0 +1,258 @@
+"""The web console in a real browser: the system's headless chromium driven by Playwright
+(never a downloaded browser; the tests skip without chromium, and fail under ``CI``).
+
+A test logs in through the form and finds its run in the runs list; a run page draws the
+step tree and follows the run live while it advances; answering a ``from_call`` from the
+page resumes the run (invalid JSON is refused before anything is sent); cancelling from the
+page cancels it (dismissing the confirmation does not); an action without the login or the
+page's token is refused; a step's panel shows its values and re-runs a finished run from it;
+hostile stored text shows as text and runs no script. Screenshots go to each test's
+``tmp_path``."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import dflow
+from dflow import DFlow, Run
+from dflow.server import ServerThread, create_app
+from tests.support.console import chromium
+
+try:
+    from playwright.sync_api import expect, sync_playwright
+except ImportError:  # the dev extra is missing: the ``chrome`` fixture skips (or fails under CI)
+    pass
+
+ADMIN = "admin-token-of-the-console-browser-tests-0123"
+HOSTILE = "<img src=x onerror=alert('xss')>"
+
+
+def _second(first: Any) -> DFlow[Any]:
+    return DFlow.from_call("cb-second").map(lambda b: {"first": first, "second": b}).id("both")
+
+
+two_calls = (
+    DFlow.from_call("cb-two").map(lambda q: f"asked {q}").id("question")
+    .flat_map(lambda q: DFlow.from_call("cb-first")).id("first")
+    .flat_map(_second).id("second")
+    .init("cb-two")
+)
+counted = DFlow.from_call("cb-count").map(lambda x: x + 1).id("inc").map(lambda x: x * 3).id("triple").init("cb-count")
+shouting = (
+    DFlow.from_call("cb-shout").map(lambda x: HOSTILE).id("shout").name("<script>alert('name')</script>")
+    .init("cb-shout")
+)
+
+
+@pytest.fixture(scope="module")
+def url(runtime: dflow.Runtime) -> Iterator[str]:
+    with ServerThread(create_app(admin_token=ADMIN)) as base:
+        yield base
+
+
+@pytest.fixture(scope="module")
+def chrome() -> Iterator[Any]:
+    executable = chromium()
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=executable, headless=True)
+        yield browser
+        browser.close()
+
+
+class Dialogs:
+    """The page's dialogs: those a test expects are answered as it says; any other (an
+    injected script's alert) is dismissed and fails the test."""
+
+    def __init__(self) -> None:
+        self.expected: list[tuple[str, bool]] = []  # (words the message holds, accept)
+        self.unexpected: list[str] = []
+
+    def handle(self, dialog: Any) -> None:
+        if not self.expected:
+            self.unexpected.append(f"{dialog.type}: {dialog.message}")
+            dialog.dismiss()
+            return
+        words, accept = self.expected.pop(0)
+        if dialog.type != "confirm" or words not in dialog.message:
+            self.unexpected.append(f"{dialog.type}: {dialog.message} (expected a confirmation of {words!r})")
+            dialog.dismiss()
+        elif accept:
+            dialog.accept()
+        else:
+            dialog.dismiss()
+
+    def accept(self, words: str) -> None:
+        """Accept the next confirmation, which must mention ``words``."""
+        self.expected.append((words, True))
+
+    def dismiss(self, words: str) -> None:
+        """Dismiss the next confirmation, which must mention ``words``."""
+        self.expected.append((words, False))
+
+
+@pytest.fixture
+def dialogs() -> Dialogs:
+    return Dialogs()
+
+
+@pytest.fixture(scope="module")
+def session(chrome: Any, url: str) -> Iterator[Any]:
+    """A browser context (its own cookies) logged in through the console's form."""
+    context = chrome.new_context(base_url=url, viewport={"width": 1300, "height": 900})
+    p = context.new_page()
+    p.goto("/console/")
+    expect(p).to_have_url(f"{url}/console/login?next=%2Fconsole%2F")
+    p.fill("input[name=token]", ADMIN)
+    p.click("button[type=submit]")
+    expect(p.locator("h1")).to_have_text("Runs")
+    p.close()
+    yield context
+    context.close()
+
+
+@pytest.fixture
+def page(session: Any, dialogs: Dialogs) -> Iterator[Any]:
+    """A page of the logged-in browser, on the runs list."""
+    p = session.new_page()
+    p.set_default_timeout(8000)
+    p.on("dialog", dialogs.handle)
+    p.goto("/console/")
+    yield p
+    p.close()
+    assert not dialogs.unexpected, f"the page opened dialogs nobody asked for: {dialogs.unexpected}"
+
+
+def wait_status(run: Run[Any], status: str, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while run.status().value != status:
+        assert time.monotonic() < deadline, f"{run} is {run.status().value}, not {status}"
+        time.sleep(0.02)
+
+
+def test_the_runs_list_shows_a_run_started_by_the_test(page: Any, tmp_path: Path) -> None:
+    run = two_calls.call("listed")
+    wait_status(run, "waiting")
+    page.reload()
+    row = page.locator(f'tr[data-trace="{run.trace_id}"]')
+    expect(row).to_contain_text("waiting")
+    expect(row).to_contain_text("cb-first")
+    page.screenshot(path=str(tmp_path / "runs.png"), full_page=True)
+    page.select_option("select[name=status]", "waiting")
+    page.click(".filters button[type=submit]")
+    expect(page).to_have_url(f"{page.url.split('?')[0]}?pipeline=&status=waiting")
+    expect(row).to_be_visible()
+    row.locator("a").click()
+    expect(page.locator("#head h1")).to_have_text(run.trace_id)
+    run.cancel()
+
+
+def test_a_run_page_follows_the_run_live_and_answers_its_call(page: Any, dialogs: Dialogs, tmp_path: Path) -> None:
+    run = two_calls.call("live?")
+    wait_status(run, "waiting")
+    page.goto(f"/console/runs/{run.trace_id}")
+    tree = page.locator("#tree")
+    expect(tree.locator(".node .nm", has_text=re.compile(r"^question$"))).to_be_visible()
+    expect(page.locator("#live")).to_have_text("live")
+    expect(page.locator("form.answer h2")).to_contain_text("cb-first")
+    page.screenshot(path=str(tmp_path / "waiting.png"), full_page=True)
+    # the run advances elsewhere: the page shows it without a reload
+    DFlow.call("cb-first", "one", run.trace_id)
+    expect(page.locator("form.answer h2")).to_contain_text("cb-second")
+    expect(tree.locator(".node .nm", has_text=re.compile(r"^cb-second$"))).to_be_visible()
+    page.screenshot(path=str(tmp_path / "advanced.png"), full_page=True)
+    # invalid JSON is refused in the page: nothing is sent
+    form = page.locator("form.answer")
+    form.locator("textarea").fill("{not json")
+    form.locator("button").click()
+    expect(form.locator(".error")).to_contain_text("Not valid JSON, nothing was sent")
+    time.sleep(0.2)
+    assert run.status().value == "waiting"
+    # a valid answer, confirmed, resumes the run
+    form.locator("textarea").fill('{"two": [2, "<b>2</b>"]}')
+    dialogs.accept("cb-second")
+    form.locator("button").click()
+    assert run.result(10) == {"first": "one", "second": {"two": [2, "<b>2</b>"]}}
+    expect(page.locator("#head .badge")).to_have_text("done")
+    expect(page.locator("#live")).to_have_text("ended")
+    expect(page.locator("form.answer")).to_have_count(0)  # nothing waits any more
+    expect(page.locator("#head .outcome")).to_contain_text('"<b>2</b>"')  # shown as text
+    page.screenshot(path=str(tmp_path / "done.png"), full_page=True)
+
+
+def test_cancelling_from_the_page_cancels_the_run(page: Any, dialogs: Dialogs, tmp_path: Path) -> None:
+    run = two_calls.call("cancel me")
+    wait_status(run, "waiting")
+    page.goto(f"/console/runs/{run.trace_id}")
+    dialogs.dismiss(run.trace_id)  # changed their mind
+    page.click("#cancel")
+    time.sleep(0.3)
+    assert run.status().value == "waiting"
+    dialogs.accept(run.trace_id)
+    page.click("#cancel")
+    expect(page.locator("#flash")).to_have_text("Run cancelled.")
+    expect(page.locator("#head .badge")).to_have_text("cancelled")
+    expect(page.locator("#cancel")).to_be_hidden()
+    assert run.status().value == "cancelled"
+    page.screenshot(path=str(tmp_path / "cancelled.png"), full_page=True)
+
+
+def test_an_action_without_the_login_or_the_page_token_is_refused(page: Any, chrome: Any, url: str) -> None:
+    run = two_calls.call("guarded")
+    wait_status(run, "waiting")
+    page.goto(f"/console/runs/{run.trace_id}")
+    # from the console's own page, a request without its token
+    status = page.evaluate(
+        """async (path) => (await fetch(path, {method: "POST", headers: {"Content-Type": "application/json"},
+                                              body: "{}"})).status""",
+        f"/console/api/runs/{run.trace_id}/cancel",
+    )
+    assert status == 403
+    # a browser that never logged in
+    stranger = chrome.new_context(base_url=url)
+    try:
+        r = stranger.request.post(f"/console/api/runs/{run.trace_id}/cancel", data={})
+        assert r.status == 401
+        other = stranger.new_page()
+        other.goto(f"/console/runs/{run.trace_id}")
+        expect(other.locator("h1")).to_have_text("Log in")
+    finally:
+        stranger.close()
+    assert run.status().value == "waiting"
+    run.cancel()
+
+
+def test_a_step_panel_shows_values_and_reruns_a_finished_run(page: Any, dialogs: Dialogs, tmp_path: Path) -> None:
+    run = counted.call(4)
+    assert run.result(10) == 15
+    page.goto(f"/console/runs/{run.trace_id}")
+    page.click('#tree .node[data-seq="2"]')
+    panel = page.locator("#detail")
+    expect(panel.locator("h2")).to_have_text("triple")
+    expect(panel.locator("pre").nth(0)).to_have_text("5")
+    expect(panel.locator("pre").nth(1)).to_have_text("15")
+    expect(page.locator('#tree .node[data-seq="2"]')).to_have_class("node selected")
+    page.screenshot(path=str(tmp_path / "step.png"), full_page=True)
+    dialogs.accept("from step #2")
+    panel.locator("button.rerun").click()
+    expect(page.locator("#head")).to_contain_text("Rerun of")
+    new_id = page.locator("#head h1").inner_text()
+    assert new_id != run.trace_id and Run(new_id).result(10) == 15
+
+
+def test_hostile_stored_text_runs_no_script(page: Any, dialogs: Dialogs, tmp_path: Path) -> None:
+    run = shouting.call(1)
+    assert run.result(10) == HOSTILE
+    page.goto(f"/console/runs/{run.trace_id}")
+    expect(page.locator("#tree .node .nm").nth(1)).to_have_text("<script>alert('name')</script>")
+    expect(page.locator("#head .outcome pre")).to_have_text(HOSTILE)
+    assert page.locator("#tree img, #head img").count() == 0
+    page.click('#tree .node[data-seq="1"]')
+    expect(page.locator("#detail pre").nth(1)).to_have_text(HOSTILE)
+    page.screenshot(path=str(tmp_path / "hostile.png"), full_page=True)
+    assert dialogs.unexpected == []  # no alert fired

@@ -1,0 +1,197 @@
+"""dflow.metrics in local mode: the counters match the steps of a known load, lease losses,
+in-flight steps, dead letters, bounded labels, and the HTTP endpoint."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import urllib.request
+import uuid
+from typing import Any
+
+import prometheus_client as prom
+import pytest
+
+import dflow
+from dflow import ContextStack, DFlow
+from dflow.metrics import Metrics, serve_metrics
+from dflow.observe import NO_PIPELINE, StepObserver, combine, outer_key, step_labels
+from dflow.runtime import Runtime
+
+
+@pytest.fixture
+def metered(local: Runtime) -> tuple[Runtime, prom.CollectorRegistry]:
+    registry = prom.CollectorRegistry()
+    local.add_observer(Metrics(registry=registry, lag_interval=0.05))
+    return local, registry
+
+
+def _value(registry: prom.CollectorRegistry, name: str, **labels: str) -> float:
+    return registry.get_sample_value(name, labels) or 0.0
+
+
+def _counts(registry: prom.CollectorRegistry, name: str, pipeline: str) -> dict[str, float]:
+    out = {}
+    for family in registry.collect():
+        for s in family.samples:
+            if s.name == name and s.labels.get("pipeline") == pipeline and s.value:
+                out[s.labels["step"]] = s.value
+    return out
+
+
+def _flaky(ctx: ContextStack, x: int) -> int:
+    if ctx.attempt < 2:
+        raise ConnectionError("not yet")
+    return x
+
+
+def _boom(x: int) -> int:
+    raise ValueError(x)
+
+
+def _fan(x: int) -> DFlow[list[int]]:
+    return DFlow.zip([DFlow.just(x + i).map(_double).id("mul") for i in range(4)]).id("z")
+
+
+def _double(v: int) -> int:
+    return v * 2
+
+
+def test_the_counters_match_the_steps_of_a_known_load(metered: tuple[Runtime, prom.CollectorRegistry]) -> None:
+    _, registry = metered
+    name = f"m-load-{uuid.uuid4().hex[:6]}"
+    pipeline = (
+        DFlow.from_call("go")
+        .map(lambda x: x + 1).id("inc")
+        .flat_map(_fan).id("fan")
+        .map(sum).id("sum")
+        .map(_flaky).id("flaky").retry(3, backoff=0.001, jitter=False)
+        .map(_boom).id("boom").on_error_return(lambda exc: "recovered")
+        .init(name)
+    )
+    runs = [pipeline.call(i) for i in range(7)]
+    assert dflow.gather(runs, timeout=10) == ["recovered"] * 7
+    per_run = {"inc": 1, "fan": 1, "mul": 4, "z": 1, "sum": 1, "flaky": 3, "boom": 1}
+    expected = {k: 7.0 * n for k, n in per_run.items()}
+    deadline = time.monotonic() + 5  # the last step is counted just after its commit, which the waiter may see first
+    while _counts(registry, "dflow_steps_committed_total", name) != expected and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _counts(registry, "dflow_steps_started_total", name) == expected
+    assert _counts(registry, "dflow_steps_committed_total", name) == expected
+    assert _counts(registry, "dflow_step_duration_seconds_count", name) == expected
+    assert _counts(registry, "dflow_steps_retried_total", name) == {"flaky": 14.0}
+    assert _counts(registry, "dflow_steps_failed_total", name) == {"boom": 7.0}
+    assert _counts(registry, "dflow_lease_losses_total", name) == {}
+    assert _counts(registry, "dflow_steps_aborted_total", name) == {}
+    assert _value(registry, "dflow_steps_in_flight") == 0
+    assert _value(registry, "dflow_dead_letters_total") == 0
+
+
+def test_a_lost_lease_in_flight_steps_and_dead_letters_are_counted(
+    metered: tuple[Runtime, prom.CollectorRegistry],
+) -> None:
+    runtime, registry = metered
+    name = f"m-lost-{uuid.uuid4().hex[:6]}"
+    release = threading.Event()
+
+    async def hold(x: int) -> int:
+        while not release.is_set():
+            await asyncio.sleep(0.005)
+        return x
+
+    run = DFlow.from_call("go").map(hold).id("hold").init(name).call(1)
+    deadline = time.monotonic() + 5
+    while _value(registry, "dflow_steps_in_flight") != 1 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert _value(registry, "dflow_steps_in_flight") == 1
+    run.cancel("stop")  # the running step commits nothing: its lease is gone
+    release.set()
+    while _value(registry, "dflow_lease_losses_total", pipeline=name, step="hold") != 1 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert _counts(registry, "dflow_lease_losses_total", name) == {"hold": 1.0}
+    assert _counts(registry, "dflow_steps_started_total", name) == {"hold": 1.0}
+    assert _counts(registry, "dflow_steps_committed_total", name) == {}
+    assert _value(registry, "dflow_steps_in_flight") == 0
+
+    from dflow._host import _current
+
+    _current().run(runtime.transport.publish(b"\xc1 no step message", "k"))
+    while _value(registry, "dflow_dead_letters_total") != 1 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert _value(registry, "dflow_dead_letters_total") == 1
+    assert runtime.transport.broker.dead_letters[-1][0] == b"\xc1 no step message"  # type: ignore[attr-defined]
+
+
+def test_labels_name_the_pipeline_and_the_node_and_stay_bounded() -> None:
+    assert outer_key("a>b") == "a>b"
+    assert outer_key("x>y/f>c") == "f>c"  # inside a flat_map: its own key
+    assert outer_key("p>q>z[3]>c") == "z>c"  # a zip branch: the zip's key
+    assert outer_key("p>z2[1]>q/f>z[0]>c") == "z>c"
+
+    # two pipelines ending alike: a step of a flow built at run time cannot be told apart
+    tail = f"t{uuid.uuid4().hex[:6]}"
+    p1 = DFlow.just(1).flat_map(lambda x: DFlow.just(x).map(lambda v: v).id("in")).id(tail).init("amb-1")
+    DFlow.just(2).map(lambda x: x).id("other").flat_map(lambda x: DFlow.just(x)).id(tail).init("amb-2")
+    inner = dflow.DFlow.just(1).map(lambda v: v).id("in")
+    from dflow._model import Frame, compile_flow
+
+    dynamic = (Frame(compile_flow(inner), 1, f"/{tail}"),)
+    assert step_labels(dynamic, f"in/{tail}") == (NO_PIPELINE, "in")
+    static = (Frame(p1._chain, 1),)
+    assert step_labels(static, p1._chain.keys[1]) == ("amb-1", tail)
+
+    registry = prom.CollectorRegistry()
+    m = Metrics(registry=registry, max_series=2)
+    for step in ("a", "b", "c", "d"):
+        m.started(None, "p", step)  # type: ignore[arg-type]  # (the claim is not read)
+    assert registry.get_sample_value("dflow_steps_started_total", {"pipeline": "p", "step": "b"}) == 1
+    assert registry.get_sample_value("dflow_steps_started_total", {"pipeline": "(other)", "step": "(other)"}) == 2
+
+
+def test_metrics_are_served_over_http_and_misuse_is_refused() -> None:
+    registry = prom.CollectorRegistry()
+    m = Metrics(registry=registry)
+    m.dead_lettered("bad")
+    server = serve_metrics(0, registry=registry)
+    try:
+        with urllib.request.urlopen(server.url, timeout=5) as reply:
+            text = reply.read().decode()
+        assert "dflow_dead_letters_total 1.0" in text and "dflow_steps_in_flight 0.0" in text
+        with pytest.raises(OSError, match=f"cannot serve metrics on 127.0.0.1:{server.port}"):
+            serve_metrics(server.port, registry=registry)
+    finally:
+        server.close()
+    with pytest.raises(ValueError, match="registered in this registry already"):
+        Metrics(registry=registry)
+    with pytest.raises(ValueError, match="metrics port"):
+        serve_metrics(70000)
+    with pytest.raises(ValueError, match="lag_interval"):
+        Metrics(registry=prom.CollectorRegistry(), lag_interval=0)
+    with pytest.raises(TypeError, match="StepObserver"):
+        combine([object()])  # type: ignore[list-item]
+
+
+def test_without_observers_nothing_is_observed(local: Runtime) -> None:
+    assert local._observer is None
+    calls: list[Any] = []
+
+    class Spy(StepObserver):
+        def started(self, claim: Any, pipeline: str, step: str) -> Any:
+            calls.append(step)
+
+    run = DFlow.just(2).map(lambda x: x * 3).id("triple").init(f"m-none-{uuid.uuid4().hex[:6]}").call()
+    assert run.result(5) == 6 and calls == []
+    local.add_observer(Spy())
+    assert DFlow.just(2).map(lambda x: x * 3).id("triple").init(f"m-spy-{uuid.uuid4().hex[:6]}").call().result(5) == 6
+    assert calls == ["just", "triple"]
+
+
+def test_the_core_imports_neither_prometheus_nor_opentelemetry() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, dflow, dflow.runtime, dflow.observe, dflow.cli; "
+            "print(sorted(m for m in sys.modules if m.startswith(('prometheus_client', 'opentelemetry'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
