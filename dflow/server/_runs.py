@@ -19,10 +19,11 @@ from .. import client
 from .._codec import decode, encode
 from ..client import Entry, Pipeline, Run
 from ..context import RunInfo, StepRecord
-from ..errors import StoreError, ValueTooLargeError
+from ..errors import DFlowError, NotWaitingError, RunNotFoundError, StoreError, ValueTooLargeError
 from ..store import BlobsMissingError, NewRun
+from ._http import fail
 
-__all__ = ["SESSION_KEY", "SessionIndex", "jsonable", "record_json", "run_json", "start_in_session"]
+__all__ = ["SESSION_KEY", "SessionIndex", "deliver_call", "jsonable", "record_json", "run_json", "start_in_session"]
 
 #: the key of a run's data that names the session it was started in (``str``)
 SESSION_KEY = "dflow/session"
@@ -74,6 +75,21 @@ def run_json(info: RunInfo) -> dict[str, Any]:
         "result": _decoded(info.raw_result),
         "error": jsonable(info.error),
     }
+
+
+async def deliver_call(call_type: str, payload: Any, trace_id: str) -> None:
+    """Resume run ``trace_id`` waiting in ``from_call(call_type)`` with ``payload``; what
+    stops it as HTTP: 409 not waiting for it, 404 no such run, 413 too large, 422 refused."""
+    try:
+        await client.acall(call_type, payload, trace_id)
+    except NotWaitingError as exc:
+        fail(409, str(exc))
+    except RunNotFoundError as exc:
+        fail(404, str(exc))
+    except ValueTooLargeError as exc:
+        fail(413, str(exc))
+    except DFlowError as exc:
+        fail(422, str(exc))
 
 
 async def start_in_session(

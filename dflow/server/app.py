@@ -59,14 +59,12 @@ from fastapi import APIRouter, Depends, FastAPI, Header, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 
-from .. import _registry, client
+from .. import _registry
 from .._ids import check_trace_id
 from ..client import Entry, Pipeline, Run
 from ..context import RunInfo
 from ..errors import (
-    DFlowError,
     InvalidTraceIdError,
-    NotWaitingError,
     RunExistsError,
     RunNotFoundError,
     RunTimeoutError,
@@ -74,7 +72,7 @@ from ..errors import (
     ValueTooLargeError,
 )
 from ._http import OpenServerGuard, fail, parse, read_json, request_body
-from ._runs import SessionIndex, record_json, run_json, start_in_session
+from ._runs import SessionIndex, deliver_call, record_json, run_json, start_in_session
 from .tokens import AdminToken, Session, TokenError, Tokens, check_session_id, new_session_id
 
 __all__ = ["RouteProvider", "Server", "create_app"]
@@ -379,16 +377,7 @@ def _api(server: Server) -> APIRouter:
         """Resume the run waiting in ``from_call(call_type)`` with the body (any JSON)."""
         server.check_call_type(call_type)
         payload = await read_json(request, limit)
-        try:
-            await client.acall(call_type, payload, info.trace_id)
-        except NotWaitingError as exc:
-            fail(409, str(exc))
-        except RunNotFoundError as exc:
-            fail(404, str(exc))
-        except ValueTooLargeError as exc:
-            fail(413, str(exc))
-        except DFlowError as exc:
-            fail(422, str(exc))
+        await deliver_call(call_type, payload, info.trace_id)
         return {"trace_id": info.trace_id, "call_type": call_type, "delivered": True}
 
     @router.post("/runs/{trace_id}/cancel", tags=["runs"], openapi_extra=request_body(CancelRun, required=False))

@@ -13,13 +13,12 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 
-from .. import client
 from .._tree import node_id
 from ..client import Run
 from ..context import StepRecord
-from ..errors import DFlowError, NotWaitingError, RunNotFoundError, ValueTooLargeError
+from ..errors import DFlowError, RunNotFoundError
 from ._http import fail, parse
-from ._runs import jsonable, run_json
+from ._runs import deliver_call, jsonable, run_json
 from .console_auth import Credential
 from .console_html import cut, decoded, run_href, value_text
 
@@ -206,16 +205,7 @@ def add_api_routes(router: APIRouter, console: Console) -> None:
             fail(422, f"run {target[:200]!r} is not this run nor one of its branches")
         console.check_run_id(target)
         server.check_call_type(body.call_type)
-        try:
-            await client.acall(body.call_type, body.payload, target)
-        except NotWaitingError as exc:
-            fail(409, str(exc))
-        except RunNotFoundError:
-            fail(404, f"no run {target[:200]!r} (never started, or expired)")
-        except ValueTooLargeError as exc:
-            fail(413, str(exc))
-        except DFlowError as exc:
-            fail(422, str(exc))
+        await deliver_call(body.call_type, body.payload, target)
         return _json({"trace_id": target, "call_type": body.call_type, "delivered": True}, 202)
 
     @router.post("/api/runs/{trace_id:path}/rerun", status_code=201)
