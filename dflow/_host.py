@@ -182,9 +182,10 @@ def configure(
     consume: bool = True,
     concurrency: int = 64,
     lease: float = 60.0,
-    poll_interval: float = 0.05,
+    poll_interval: float = 2.0,
     secret: str | bytes | None = None,
     legacy_frames: bool = False,
+    deadlock_interval: float | None = 5.0,
 ) -> Runtime:
     """Make ``transport`` and ``store`` this process's runtime, on a background loop.
 
@@ -193,7 +194,10 @@ def configure(
     database as a Redis Streams transport makes a store that writes to the stream itself.
     With ``consume=False`` the process only starts and resumes runs (a web app, say) and
     leaves the steps to workers. ``secret`` signs the flows exchanged (default:
-    ``DFLOW_SECRET``). Replaces (and stops) any runtime configured before.
+    ``DFLOW_SECRET``). The store's timers are scanned when they fall due and at least every
+    ``poll_interval`` seconds (see ``Runtime``). ``deadlock_interval``: seconds between
+    looks for runs waiting for each other (``dflow.deadlock``; ``None``: never). Replaces
+    (and stops) any runtime configured before.
     """
     global _host
     if isinstance(transport, str) or isinstance(store, str):
@@ -209,7 +213,7 @@ def configure(
 
         async def make() -> Runtime:
             rt = Runtime(transport, store, concurrency=concurrency, lease=lease, poll_interval=poll_interval,
-                         secret=secret, legacy_frames=legacy_frames)
+                         secret=secret, legacy_frames=legacy_frames, deadlock_interval=deadlock_interval)
             await rt.start(consume=consume)
             return rt
 
@@ -233,15 +237,18 @@ def detach() -> None:
         _host = None
 
 
-def global_init_for_test(*, concurrency: int = 16, ttl: float = 3600.0) -> Runtime:
+def global_init_for_test(
+    *, concurrency: int = 16, ttl: float = 3600.0, deadlock_interval: float | None = 5.0
+) -> Runtime:
     """Local mode: the runtime on an in-memory transport and store, in this process.
 
-    Finished runs are kept ``ttl`` seconds for ``Run.result()`` and inspection.
+    Finished runs are kept ``ttl`` seconds for ``Run.result()`` and inspection; runs
+    waiting for each other are looked for every ``deadlock_interval`` seconds.
     """
     transport = MemoryTransport()
     return configure(
         transport, MemoryStore(ttl=ttl, transport=transport), concurrency=concurrency, poll_interval=0.005,
-        secret=os.urandom(32),
+        secret=os.urandom(32), deadlock_interval=deadlock_interval,
     )
 
 

@@ -23,6 +23,7 @@ import msgpack
 from ._codec import CONTINUE, JOIN, MAX_KEY, NONE, Message, encode
 from ._ids import branch_id
 from ._model import Chain, Frame, Kind, Node, compile_flow
+from .context import WAIT_FOR_KEY
 from .errors import BuildError, StepFailedError
 from .store import BranchResult, Fail, Finish, Parent, Wait
 
@@ -198,10 +199,12 @@ def join(node: Node, branches: list[BranchResult]) -> tuple[bytes, dict[str, byt
         if node._value is not False:  # merge=False: the branches' writes stay theirs
             for b in ordered:
                 changes.update(b.changes)
+            changes.pop(WAIT_FOR_KEY, None)  # (whom a branch's wait was for is not the run's)
         return _ARRAY_HEADER.pack_array_header(len(ordered)) + b"".join(b.value or NONE for b in ordered), changes
     for b in branches:
         if b.ok:
-            return b.value or NONE, dict(b.changes) if node._value is not False else {}
+            return b.value or NONE, {k: v for k, v in b.changes.items() if k != WAIT_FOR_KEY} if (
+                node._value is not False) else {}
     first = branches[0].error if branches else {}
     raise StepFailedError(_recorded(first, f"all {n} branches of any failed; the first"), first or {})
 

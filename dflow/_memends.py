@@ -1,7 +1,8 @@
 """How the runs of the in-memory store end: a finished run wakes its followers, lets its
 blobs go and is kept ``ttl`` seconds; a zip/any branch arrives at its join, which, once
 complete, sends its run on and ends the branches it no longer needs; a cancelled run ends
-with the branches its open join waits for, and its timers and unclaimed messages go.
+with the branches its open join waits for, and its timers and unclaimed messages go. A run
+holding compensations is sent a FAIL message instead of ending (see ``Store.cancel``).
 """
 
 from __future__ import annotations
@@ -11,12 +12,12 @@ import time
 from collections import OrderedDict, deque
 from typing import TYPE_CHECKING, Any
 
-from ._codec import Message
+from ._codec import FAIL, Message, encode
 from ._followers import Followers
 from ._memblobs import BlobTable
 from ._memruns import RunState
 from .context import RunInfo, RunStatus
-from .store import BranchResult
+from .store import COMPENSATING, BranchResult, saga_prefix
 
 __all__ = ["CANCELLED", "RunEnds"]
 
@@ -77,6 +78,8 @@ class RunEnds:
             for i, trace_id in enumerate(j.children):  # the others are no longer wanted
                 other = self._runs.get(trace_id)
                 if i not in j.arrived and other is not None and not other.status.finished:
+                    if self._compensates(other, CANCELLED, now, out):
+                        continue
                     self._status(other, RunStatus.FAILED)
                     other.error = dict(CANCELLED)
                     other.waiting_for = None
@@ -102,15 +105,17 @@ class RunEnds:
 
     def _cancel(self, run: RunState, error: dict[str, Any], now: float, out: list[Message], gone: set[str]) -> None:
         """End ``run`` and the branches its open join waits for (first: their arrivals
-        must not reach a join that is going away)."""
-        gone.add(run.trace_id)
-        self._status(run, RunStatus.CANCELLED)
-        run.error = dict(error)
-        run.updated = now
-        run.waiting_for = None
-        run.init_pending = False
-        run.parked = None
-        self._leased.pop(run.trace_id, None)
+        must not reach a join that is going away); one holding compensations runs them."""
+        compensates = self._compensates(run, error, now, out)
+        if not compensates:
+            gone.add(run.trace_id)
+            self._status(run, RunStatus.CANCELLED)
+            run.error = dict(error)
+            run.updated = now
+            run.waiting_for = None
+            run.init_pending = False
+            run.parked = None
+            self._leased.pop(run.trace_id, None)
         j = run.join
         if j is not None and not j.closed:
             j.closed = True
@@ -118,4 +123,30 @@ class RunEnds:
                 child = self._runs.get(child_id)
                 if child is not None and not child.status.finished:
                     self._cancel(child, error, now, out, gone)
-        self._finished(run, now, out)
+        if not compensates:
+            self._finished(run, now, out)
+
+    def _compensates(self, run: RunState, error: dict[str, Any], now: float, out: list[Message]) -> bool:
+        """Whether ``run`` runs its compensations (then it is left as it is), or holds some
+        of its own: then what it waits for goes, and its next step is a FAIL message with
+        ``error``, on which it runs them."""
+        data = run.data
+        if COMPENSATING in data:
+            return True
+        own = saga_prefix(run.trace_id)
+        if not any(k.startswith(own) for k in data):
+            return False
+        run.seq += 1
+        run.attempt = 0
+        run.kind = FAIL
+        run.due = None
+        run.value = encode(dict(error))
+        self._status(run, RunStatus.RUNNING)
+        run.waiting_for = None
+        run.init_pending = False
+        run.parked = None
+        run.lease = None
+        self._leased.pop(run.trace_id, None)
+        run.updated = now
+        self._emit(Message(run.trace_id, run.seq, run.key, 0, FAIL), now, out)
+        return True

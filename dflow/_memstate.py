@@ -13,13 +13,17 @@ from dataclasses import dataclass, field
 
 from .memory import MemoryStore
 from .shared_state import (
+    KNOWN_CIRCUITS,
+    KNOWN_FOR,
     Admission,
     CasResult,
     CircuitConfig,
     CircuitSnapshot,
+    KnownCircuit,
     Outcome,
     StateBackend,
     StoredVersion,
+    WaitEdge,
     Writer,
     register_backend,
 )
@@ -46,7 +50,10 @@ class MemoryStateBackend(StateBackend):
         self._clock = clock
         self._values: dict[str, deque[StoredVersion]] = {}  # newest first
         self._circuits: dict[str, _Circuit] = {}
+        self._known: dict[str, tuple[CircuitConfig, float]] = {}  # circuits used: settings, when; oldest first
         self._turns: dict[str, tuple[str, float]] = {}  # by name: the updater with the turn, until when
+        self._waits: dict[tuple[str, int, str], tuple[str, float]] = {}  # (waiter, seq, target): call, since
+        self._waits_lease: tuple[str, float] = ("", 0.0)  # the detector holding it, until when (monotonic)
 
     # -- values ----------------------------------------------------------------------
 
@@ -105,6 +112,11 @@ class MemoryStateBackend(StateBackend):
 
     async def circuit_enter(self, name: str, config: CircuitConfig, token: str) -> Admission:
         now = self._clock()
+        known = self._known
+        known.pop(name, None)
+        known[name] = (config, now)
+        if len(known) > KNOWN_CIRCUITS:
+            del known[next(iter(known))]
         c = self._circuit(name, config, now)
         if c.state == CLOSED:
             return Admission(True, False, CLOSED)
@@ -145,6 +157,33 @@ class MemoryStateBackend(StateBackend):
         retry_at = c.retry_at if c.state == OPEN else (c.probe_until if probing else 0.0)
         state = HALF_OPEN if c.state == OPEN and now >= c.retry_at else c.state
         return CircuitSnapshot(state, len(c.failures), c.opened_at, retry_at, probing)
+
+    async def circuit_list(self) -> list[KnownCircuit]:
+        since = self._clock() - KNOWN_FOR
+        return [KnownCircuit(name, config, await self.circuit_state(name, config))
+                for name, (config, at) in sorted(self._known.items()) if at > since]
+
+    # -- the waits-for graph ---------------------------------------------------------
+
+    async def waits_add(self, waiter: str, seq: int, call_type: str, targets: list[str]) -> None:
+        now = self._clock()
+        for target in targets:
+            self._waits.setdefault((waiter, seq, target), (call_type, now))
+
+    async def waits_list(self) -> list[WaitEdge]:
+        return [WaitEdge(w, seq, call, t, since) for (w, seq, t), (call, since) in self._waits.items()]
+
+    async def waits_drop(self, edges: list[WaitEdge]) -> None:
+        for e in edges:
+            self._waits.pop((e.waiter, e.seq, e.target), None)
+
+    async def waits_lease(self, token: str, seconds: float) -> bool:
+        holder, until = self._waits_lease
+        now = time.monotonic()
+        if holder and holder != token and now < until:
+            return False
+        self._waits_lease = (token, now + seconds) if seconds > 0 else ("", 0.0)
+        return seconds > 0
 
 
 register_backend(MemoryStore, lambda store: MemoryStateBackend())

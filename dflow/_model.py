@@ -23,7 +23,7 @@ from .policy import RetryPolicy
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-__all__ = ["CONSUMED", "Chain", "Frame", "Kind", "MessageKind", "Node", "compile_flow"]
+__all__ = ["CONSUMED", "Chain", "Fallback", "Frame", "Kind", "MessageKind", "Node", "compile_flow"]
 
 
 class Kind(IntEnum):
@@ -82,6 +82,8 @@ class Node:
     _branches: tuple[Node, ...]
     _site: tuple[str, int]
     _compiled: Chain | None
+    _compensate: Chain | None  #: the one-node chain that undoes this step (``compensate``)
+    _fallback: Fallback | None
     #: a flat_map whose flow takes its place in step keys (only dflow's own direct_run
     #: builder); a class attribute, so that nodes pickled before it existed load with it
     _transparent: bool = False
@@ -153,7 +155,19 @@ _DEFAULTS: dict[str, Any] = {
     "_timeout": None,
     "_thread": False,
     "_compiled": None,
+    "_compensate": None,
+    "_fallback": None,
 }
+
+
+@dataclass(frozen=True, slots=True)
+class Fallback:
+    """What ``DFlow.fallback`` sets: ``fn(value)`` or ``fn(ctx, value)`` returns the flow
+    that runs in place of the step when it fails for good with one of ``on``."""
+
+    fn: Callable[..., Any]
+    ctx_arg: bool
+    on: tuple[type[BaseException], ...]
 
 
 # -- compiled chains -------------------------------------------------------------------
@@ -236,7 +250,7 @@ def _node_state(n: Node) -> tuple[Any, ...]:
     return (int(n._kind), n._fn, n._value, n._id, extras or None)
 
 
-_EXTRAS = frozenset(("_name", "_on_error", "_err_ctx_arg", "_retry", "_timeout", "_thread"))
+_EXTRAS = frozenset(("_name", "_on_error", "_err_ctx_arg", "_retry", "_timeout", "_thread", "_compensate", "_fallback"))
 
 
 def _chain_from(states: tuple[tuple[Any, ...], ...], keys: tuple[str, ...]) -> Chain:

@@ -35,7 +35,9 @@ What a step wrote with ``ctx.put`` is not in its record: the rerun starts with t
 original's data as it is now (its own link replaced), which holds the writes of the
 replayed steps, and also those of the steps from ``SEQ`` on that ran in the original (none
 when it failed at ``SEQ``, the common case): those steps see their earlier writes until
-they write again.
+they write again. The original's compensations (``DFlow.compensate``) do not carry over:
+a rerun that fails compensates the steps it ran itself, not the replayed ones; a run whose
+compensations ran is rerun from its first step only (what it did was undone).
 
 Refused, with an error saying why: an unknown run, one still going (it would race its
 rerun: cancel it first), a ``zip``/``any`` branch run (rerun its parent from the zip's
@@ -65,7 +67,7 @@ from ._model import Frame, Kind, Node, compile_flow
 from ._registry import static_ref
 from .context import ContextStack, StepRecord, StepStatus
 from .errors import BuildError, RunError, RunNotFoundError, StoreError
-from .store import Claim, Fail, Finish, Frames, NewRun, Store
+from .store import COMPENSATING, SAGA_PREFIX, Claim, Fail, Finish, Frames, NewRun, Store
 
 __all__ = ["RERUN_KEY", "RerunLink", "describe", "link_of", "replay", "start_rerun"]
 
@@ -162,7 +164,13 @@ async def start_rerun(store: Store, chains: ChainCodec, original: str, seq: int)
     if seq < first or seq > last:
         raise RunError(f"run {original!r} has no step {seq} to rerun from: its steps are {first} to {last}"
                        + (" (0 is the entry call that started it)" if seq == 0 and first else ""), trace_id=original)
-    data = await store.get_data(original)
+    undone = (info.error or {}).get("compensated")
+    if seq > first and isinstance(undone, list) and undone:
+        raise RunError(f"run {original!r} was compensated: what its steps did was undone, so their results cannot be "
+                       f"replayed; rerun it from its first step ({first})", trace_id=original)
+    # the original's compensations (signed for it) are not the rerun's: it undoes the steps it runs
+    data = {k: v for k, v in (await store.get_data(original)).items()
+            if not k.startswith(SAGA_PREFIX) and k != COMPENSATING}
     parent = link_of(data.get(RERUN_KEY))
     sources = _sources(parent if parent is not None and parent.run == original else None, original, info.created,
                        seq)

@@ -15,7 +15,14 @@ from ._host import _current, _Host
 from ._ids import check_trace_id, is_run_id
 from ._rerun import start_rerun
 from .context import ContextStack, RunInfo, RunStatus, StepRecord
-from .errors import DFlowError, RunCancelledError, RunFailedError, RunNotFoundError, RunTimeoutError
+from .errors import (
+    DFlowError,
+    RunCancelledError,
+    RunCompensatedError,
+    RunFailedError,
+    RunNotFoundError,
+    RunTimeoutError,
+)
 from .store import wait_finished
 
 __all__ = ["Out_co", "Run", "gather"]
@@ -208,13 +215,13 @@ def _outcome(info: RunInfo) -> Any:
         reason = str((info.error or {}).get("message", ""))
         raise RunCancelledError(f"run {info.trace_id!r} was cancelled: {reason}", trace_id=info.trace_id,
                                 reason=reason)
-    if info.status is RunStatus.FAILED:
+    if info.status is RunStatus.FAILED or info.status is RunStatus.COMPENSATED:
         err = info.error or {}
-        raise RunFailedError(
-            f"run {info.trace_id!r} failed at step {err.get('step')!r}: {err.get('type')}: {err.get('message')}",
-            trace_id=info.trace_id,
-            error=err,
-        )
+        text = f"run {info.trace_id!r} failed at step {err.get('step')!r}: {err.get('type')}: {err.get('message')}"
+        if info.status is RunStatus.COMPENSATED:
+            raise RunCompensatedError(f"{text}; its {len(err.get('compensated') or ())} compensations ran",
+                                      trace_id=info.trace_id, error=err)
+        raise RunFailedError(text, trace_id=info.trace_id, error=err)
     return info.result
 
 

@@ -64,6 +64,12 @@ def _chain_key(chain: Chain, consumed_head: bool, budget: list[Any]) -> tuple[An
                 raise _Unkeyable
             value = packed
         fn, err, branches = d["_fn"], d["_on_error"], d["_branches"]
+        undo, fb = d["_compensate"], d["_fallback"]
+        if undo is not None or fb is not None:  # (rare: kept out of the common key)
+            out.append((
+                None if undo is None else _chain_key(undo, False, budget),
+                None if fb is None else (_fn_key(fb.fn, budget), fb.ctx_arg, fb.on),
+            ))
         out.append((
             d["_kind"], None if fn is None else _fn_key(fn, budget), d["_ctx_arg"], value, d["_name"],
             None if err is None else _fn_key(err, budget), d["_err_ctx_arg"], d["_retry"], d["_timeout"],

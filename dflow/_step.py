@@ -9,20 +9,24 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import time
+from typing import Any
 
 from . import _interpret as interp
+from . import _saga as saga
 from ._calls import call_step, error_info
-from ._codec import FAIL, JOIN, RUN, Message, decode, encode
+from ._codec import FAIL, JOIN, NONE, RUN, Message, decode, encode
 from ._frames import FrameCodec
 from ._model import Frame, Kind, Node, compile_flow
 from ._rerun import RERUN_KEY, replay
 from .context import ContextStack, StepRecord, StepStatus
-from .errors import StepFailedError, ValueTooLargeError
-from .store import Advance, Claim, Fail, Finish, Fork, NewRun, Store, Transition, Wait
+from .errors import DeadlockError, DFlowError, StepFailedError, ValueTooLargeError
+from .store import COMPENSATING, Advance, Claim, Fail, Finish, Fork, NewRun, Store, Transition, Wait
 
 __all__ = ["StepRunner"]
 
 _MAP, _FLAT_MAP = int(Kind.MAP), int(Kind.FLAT_MAP)
+#: the recorded type of the error the deadlock detector delivers to a run whose wait it breaks
+DEADLOCK = "dflow.errors.DeadlockError"
 
 
 class StepRunner:
@@ -53,6 +57,9 @@ class StepRunner:
             if nk == _MAP:
                 result = await call_step(node, node._fn, node._ctx_arg, ctx, decode(claim.value), self._pool)
                 out = encode(result, "the result of step", msg.key)
+                if node._compensate is not None:  # its saga entry, committed with its result
+                    field = saga.entry_field(msg.trace_id, msg.seq)
+                    ctx._changes[field] = saga.entry(self.frames.chains, frames[-1], msg, out)
                 return interp.after(msg.trace_id, msg.seq, frames, out), StepStatus.DONE, out
             if nk == _FLAT_MAP:
                 inner = await call_step(node, node._fn, node._ctx_arg, ctx, decode(claim.value), self._pool)
@@ -80,11 +87,15 @@ class StepRunner:
                 return split, StepStatus.FORKED, encode([b.trace_id for b in split.branches])
             raise AssertionError(f"unknown node kind {nk!r}")  # pragma: no cover
         if kind == JOIN:
-            out, changes = interp.join(node, claim.branches or [])
+            branches = claim.branches or []
+            ctx._changes.update(saga.saga_changes(branches))  # (the failed branches' too)
+            out, changes = interp.join(node, branches)
             ctx._changes.update(changes)
             return interp.after(msg.trace_id, msg.seq, frames, out), StepStatus.DONE, out
         if kind == FAIL:
             error = decode(claim.value)
+            if isinstance(error, dict) and error.get("type") == DEADLOCK:  # the deadlock detector broke the wait
+                raise DeadlockError(str(error.get("message")), error)
             raise StepFailedError(
                 f"on_init of from_call({node._value!r}) failed: {error.get('type')}: {error.get('message')}", error
             )
@@ -147,6 +158,10 @@ class StepRunner:
             msg.key, msg.seq, StepStatus.FAILED, msg.attempt, self.worker_id, started,
             time.perf_counter() - t0, claim.value if msg.kind == RUN else None, None, err, node._name,
         )
+        # what the branches of a failed join did is the run's to undo
+        inherited = saga.saga_changes(claim.branches or ()) if msg.kind == JOIN else {}
+        if msg.kind == FAIL and err.get("type") in saga.CANCELLED_TYPES:  # cancelled: compensate, nothing else
+            return self._compensation(claim, frames, err, [rec], inherited)
         if policy is not None and msg.kind == RUN and policy.should_retry(exc, msg.attempt):
             rec.status = StepStatus.RETRYING
             again = Message(msg.trace_id, msg.seq, msg.key, msg.attempt + 1, RUN)
@@ -157,9 +172,25 @@ class StepRunner:
             return Advance(None, claim.value, again, at=time.time() + wait), [rec], {}
         records = [rec]
         error: BaseException = exc
+        fallback = node._fallback
+        if fallback is not None and msg.kind == RUN and isinstance(exc, fallback.on):
+            ctx = ContextStack(msg.trace_id, claim.data, seq=msg.seq, attempt=msg.attempt)
+            try:
+                flow = await call_step(node, fallback.fn, fallback.ctx_arg, ctx, decode(claim.value), self._pool)
+                chain = compile_flow(flow, f"the flow returned by the fallback of step {msg.key!r}")
+                transition = self._sealed(interp.enter(msg, frames, chain), ctx)
+            except BaseException as exc2:
+                if not self._step_error(exc2):
+                    raise
+                error = exc2  # the handlers get the fallback's error
+                rec.error = error_info(exc2, msg.key)
+            else:
+                rec.status = StepStatus.FALLBACK
+                return transition, records, ctx._changes
         for here, handler in interp.handlers(frames):
             key = here[-1].key
             ctx = ContextStack(msg.trace_id, claim.data, seq=msg.seq, attempt=msg.attempt)
+            ctx._changes.update(inherited)
             h0 = time.perf_counter()
             try:
                 value = await call_step(handler, handler._on_error, handler._err_ctx_arg, ctx, error, self._pool)
@@ -176,7 +207,46 @@ class StepRunner:
             records.append(StepRecord(key, msg.seq, StepStatus.RECOVERED, msg.attempt, self.worker_id, time.time(),
                                       time.perf_counter() - h0, None, out, None, handler._name))
             return transition, records, ctx._changes
-        return Fail(err), records, {}
+        return self._compensation(claim, frames, err, records, inherited)
+
+    def _compensation(
+        self, claim: Claim, frames: tuple[Frame, ...], err: dict[str, Any], records: list[StepRecord],
+        changes: dict[str, bytes | None],
+    ) -> tuple[Transition, list[StepRecord], dict[str, bytes | None]]:
+        """A run that failed for good (or was cancelled) with ``err``: it runs the
+        compensations of its completed steps (see ``_saga``), else it ends FAILED; a
+        compensation that failed for good ends it FAILED too. A zip/any branch that failed
+        (not cancelled) ends FAILED: its entries reach its run at the join."""
+        msg = claim.message
+        chains = self.frames.chains
+        if "/" in msg.trace_id and COMPENSATING not in claim.data and err.get("type") not in saga.CANCELLED_TYPES:
+            # a zip/any branch that failed: its entries reach its run at the join, which may recover
+            return Fail(err), records, changes
+        try:
+            if COMPENSATING in claim.data:
+                return saga.gave_up(chains, msg, claim.data, frames, err), records, {}
+            goes_on = saga.compensate(chains, msg, claim.data, changes, err)
+            if goes_on is None:
+                return Fail(err), records, {}
+            return Advance(self.frames.dump(msg.trace_id, goes_on[0])[0], NONE, goes_on[1]), records, changes
+        except DFlowError as exc:  # an entry that cannot be loaded or stored: nothing is undone blindly
+            return Fail({**err, "compensation_error": error_info(exc, msg.key)}), records, {}
+
+    def _compensated(self, claim: Claim, frames: tuple[Frame, ...], ctx: ContextStack) -> interp.Outcome:
+        """A chain of compensations ended: the next one, or the run's end, COMPENSATED."""
+        chains = self.frames.chains
+        try:
+            goes_on = saga.finished(chains, claim.message, claim.data, ctx._changes, frames)
+        except DFlowError as exc:
+            err = error_info(exc, claim.message.key)
+            try:
+                first = saga.mark(claim.message.trace_id, claim.data)["error"]
+            except DFlowError:  # the mark itself is bad
+                return Fail(err)
+            return Fail({**first, "compensation_error": err})
+        if isinstance(goes_on, Fail):
+            return goes_on
+        return interp.Go(goes_on[0], NONE, goes_on[1])
 
     def _step_error(self, exc: BaseException) -> bool:
         """Whether ``exc``, raised by user code, fails the step (rather than the worker).

@@ -13,6 +13,9 @@ What counts as a failure: an exception of one of ``on`` (default ``Exception``).
 that is cancelled, or raises an exception outside ``on``, counts neither way (a probe's
 lease is given up at once). A ``CircuitOpenError`` can be caught by ``on_error_return`` for
 a fallback; it carries ``retry_after``, which a step's ``retry`` policy waits at least.
+
+``Circuit.known()`` lists the circuits used lately, with their state (as ``dflow circuits``
+prints them; ``dflow.metrics`` exports them as ``dflow_circuit_state``).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import threading
 import uuid
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
@@ -29,7 +33,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from ._calls import contained_call, is_async, unwrap
 from .errors import CircuitOpenError
-from .shared_state import Admission, CircuitConfig, Outcome
+from .shared_state import Admission, CircuitConfig, Outcome, StateBackend
 from .state import blocking, check_name, reach
 
 if TYPE_CHECKING:
@@ -45,8 +49,8 @@ R = TypeVar("R")
 class CircuitState:
     """A circuit's state as every process sees it: ``state`` (``"closed"``, ``"open"`` or
     ``"half_open"``: a probe may go, or one is out), the failures counted in its window,
-    when it last opened, when a probe may go through (0.0 when closed), and whether a probe
-    is out now."""
+    when it last opened, when a probe may go through (0.0 when closed), whether a probe
+    is out now, and the settings it is used with."""
 
     name: str
     state: str
@@ -54,6 +58,29 @@ class CircuitState:
     opened_at: float
     retry_at: float
     probing: bool
+    config: CircuitConfig | None = None
+
+
+async def _known_circuits(backend: StateBackend) -> list[CircuitState]:
+    """The circuits ``backend`` lists (see ``Circuit.known``)."""
+    out: list[CircuitState] = []
+    for c in await backend.circuit_list():
+        s = c.snapshot
+        out.append(CircuitState(c.name, s.state, s.failures, s.opened_at, s.retry_at, s.probing, c.config))
+    return out
+
+
+#: calls this process refused at once, by circuit (read by ``dflow.metrics``); names past
+#: ``_MAX_COUNTED`` count under ``"(other)"``
+_fast_failures: dict[str, int] = {}
+_MAX_COUNTED = 1000
+_counting = threading.Lock()
+
+
+def _fast_failure_counts() -> dict[str, int]:
+    """How many calls each circuit refused at once in this process."""
+    with _counting:
+        return dict(_fast_failures)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +143,9 @@ class Circuit:
         if admission.allowed:
             return _Ticket(token, admission.probe)
         wait = max(0.0, admission.retry_after)  # (by the store's clock: this machine's may be off)
+        with _counting:
+            key = self.name if self.name in _fast_failures or len(_fast_failures) < _MAX_COUNTED else "(other)"
+            _fast_failures[key] = _fast_failures.get(key, 0) + 1
         why = "a probe is out" if admission.state == "half_open" else "open"
         raise CircuitOpenError(
             f"circuit {self.name!r} is {why}: calls fail fast for about {wait:.1f}s more (it opens after "
@@ -220,14 +250,29 @@ class Circuit:
         """The circuit's state as every process sees it."""
         host, backend = reach()
         snap = await host.arun(backend.circuit_state(self.name, self.config))
-        return CircuitState(self.name, snap.state, snap.failures, snap.opened_at, snap.retry_at, snap.probing)
+        return CircuitState(self.name, snap.state, snap.failures, snap.opened_at, snap.retry_at, snap.probing,
+                            self.config)
 
     def state(self) -> CircuitState:
         """The circuit's state as every process sees it (see ``astate``)."""
         host, backend = reach()
         snap = blocking(host, backend.circuit_state(self.name, self.config), "Circuit.state()",
                         "await circuit.astate()")
-        return CircuitState(self.name, snap.state, snap.failures, snap.opened_at, snap.retry_at, snap.probing)
+        return CircuitState(self.name, snap.state, snap.failures, snap.opened_at, snap.retry_at, snap.probing,
+                            self.config)
+
+    @staticmethod
+    async def aknown() -> list[CircuitState]:
+        """Every circuit of the store used by some process within the last day (at most
+        1000, those used last), by name, with its state now and its settings."""
+        host, backend = reach()
+        return await host.arun(_known_circuits(backend))
+
+    @staticmethod
+    def known() -> list[CircuitState]:
+        """The circuits used lately, with their state (see ``aknown``)."""
+        host, backend = reach()
+        return blocking(host, _known_circuits(backend), "Circuit.known()", "await Circuit.aknown()")
 
 
 _Spec = tuple[str, int, float, float, float, tuple[type[BaseException], ...]]

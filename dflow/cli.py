@@ -4,6 +4,7 @@
     dflow inspect TRACE_ID --store URL
     dflow rerun TRACE_ID --from SEQ --store URL [--transport URL]
     dflow ls --store URL [--limit N] [--status STATUS] [--pipeline NAME]
+    dflow circuits --store URL [--json]
     dflow serve MODULE [MODULE ...] --transport URL --store URL [--host H] [--port P]
 
 URLs default to the environment: ``DFLOW_TRANSPORT``, ``DFLOW_STORE``; the shared secret
@@ -13,18 +14,27 @@ that signs flows is ``DFLOW_SECRET``.
 from __future__ import annotations
 
 import argparse
+import ast
 import asyncio
+import dataclasses
 import importlib
+import json
 import logging
 import os
+import re
 import signal
 import sys
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from ._tree import safe
 from .context import RunInfo, RunStatus
 from .errors import ConfigurationError, DFlowError, InvalidTraceIdError
+
+if TYPE_CHECKING:
+    from .circuit import CircuitState
+    from .store import Store
 
 log = logging.getLogger("dflow.worker")
 
@@ -39,6 +49,10 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--concurrency", type=int, default=64, help="steps run at once (default 64)")
     w.add_argument("--lease", type=float, default=60.0,
                    help="seconds before a silent step is taken over (default 60)")
+    w.add_argument("--poll-interval", type=float, default=2.0, metavar="SECONDS",
+                   help="scan the store's timers and leases at least this often; they are also scanned when "
+                        "they fall due (default 2: what an idle worker costs, and how late a timer set by a "
+                        "worker that died may fire)")
     w.add_argument("--grace", type=float, default=30.0,
                    help="seconds to finish running steps on SIGTERM (default 30)")
     w.add_argument("--log-level", default=os.environ.get("DFLOW_LOG_LEVEL", "INFO"))
@@ -60,6 +74,12 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--otel", action="store_true", default=os.environ.get("DFLOW_OTEL", "") in ("1", "true"),
                    help="trace runs and steps with OpenTelemetry (or DFLOW_OTEL=1): the tracer provider "
                         "the MODULEs set, else one made from the OTEL_* variables (the otel extra)")
+    w.add_argument("--deadlock-interval", type=_seconds, metavar="SECONDS",
+                   default=os.environ.get("DFLOW_DEADLOCK_INTERVAL", "5"),
+                   help="look for runs waiting for each other this often, one worker at a time "
+                        "(or DFLOW_DEADLOCK_INTERVAL; default 5; 0: never)")
+    w.add_argument("--deadlock-rule", choices=["longest", "newest"], default="longest",
+                   help="which wait of a deadlock to break: the one declared first (default) or last")
     i = sub.add_parser("inspect", help="print a run's step tree")
     i.add_argument("trace_id")
     i.add_argument("--store", default=os.environ.get("DFLOW_STORE"))
@@ -106,6 +126,9 @@ def _parser() -> argparse.ArgumentParser:
     ls.add_argument("--limit", type=_count, default=20, help="runs shown at most (default 20)")
     ls.add_argument("--status", choices=[s.value for s in RunStatus], help="only runs in this status now")
     ls.add_argument("--pipeline", help="only runs started by this pipeline (its name)")
+    cb = sub.add_parser("circuits", help="list the circuit breakers used within the last day, with their state")
+    cb.add_argument("--store", default=os.environ.get("DFLOW_STORE"))
+    cb.add_argument("--json", action="store_true", help="print JSON (times in seconds since the epoch)")
     return ap
 
 
@@ -117,6 +140,17 @@ def _count(text: str) -> int:
         n = 0
     if n < 1:
         raise argparse.ArgumentTypeError(f"expected a whole number of 1 or more, got {text!r}")
+    return n
+
+
+def _seconds(text: str) -> float:
+    """A number of seconds, 0 or more, from the command line."""
+    try:
+        n = float(text)
+    except ValueError:
+        n = -1.0
+    if not 0 <= n < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, 0 or more, got {text!r}")
     return n
 
 
@@ -157,7 +191,8 @@ async def _worker(args: argparse.Namespace) -> int:
         print(f"dflow worker: cannot reach the transport {redact_url(args.transport)}: {exc}", file=sys.stderr)
         return 2
     runtime = Runtime(transport, store, concurrency=args.concurrency, lease=args.lease,
-                      legacy_frames=args.legacy_frames)
+                      poll_interval=args.poll_interval, legacy_frames=args.legacy_frames, deadlock_interval=args.deadlock_interval or None,
+                      deadlock_rule=args.deadlock_rule)
     observing.install(runtime)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -185,9 +220,110 @@ async def _inspect(args: argparse.Namespace) -> int:
     store = store_from_url(_need(args.store, "--store", "DFLOW_STORE"))
     try:
         print(await render(store, args.trace_id))
+        for line in await _circuit_notes(store, args.trace_id):
+            print(line)
         return 0 if await store.get_run(args.trace_id) is not None else 1
     finally:
         await store.close()
+
+
+#: what a step that a circuit refused recorded: the type and the start of the message
+_OPEN_ERROR = "dflow.errors.CircuitOpenError"
+_OPEN_MESSAGE = re.compile(r"circuit ('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\") is (open|a probe is out)")
+
+
+async def _failed_fast(store: Store, trace_id: str, found: dict[str, list[str]], depth: int = 0) -> None:
+    """Add to ``found`` the steps of run ``trace_id`` (and of its branches) that a circuit
+    refused: by circuit name, the state each found it in."""
+    from ._tree import branch_runs
+
+    for rec in await store.get_steps(trace_id):
+        error = rec.error or {}
+        match = _OPEN_MESSAGE.match(str(error.get("message", ""))) if error.get("type") == _OPEN_ERROR else None
+        try:
+            name = ast.literal_eval(match.group(1)) if match is not None else None
+        except (ValueError, SyntaxError):  # (not a message of ours)
+            name = None
+        if match is not None and isinstance(name, str):
+            found.setdefault(name, []).append("open" if match.group(2) == "open" else "half-open (a probe out)")
+        if depth < 8:
+            for child in branch_runs(rec):
+                await _failed_fast(store, child, found, depth + 1)
+
+
+async def _circuit_notes(store: Store, trace_id: str) -> list[str]:
+    """For ``dflow inspect``: the circuits that refused steps of the run, and their state now."""
+    from .circuit import _known_circuits
+    from .shared_state import backend_for
+
+    found: dict[str, list[str]] = {}
+    await _failed_fast(store, trace_id, found)
+    if not found:
+        return []
+    try:
+        now: dict[str, CircuitState] | None = {c.name: c for c in await _known_circuits(backend_for(store))}
+    except DFlowError:  # a store without circuits, or it failed: the records still say what happened
+        now = None
+    lines = ["circuits that failed steps fast (the call was refused, the dependency not called):"]
+    for name, states in sorted(found.items()):
+        seen = " or ".join(sorted(set(states)))
+        state = "unknown" if now is None else _circuit_now(now.get(name), time.time())
+        lines.append(f"  {safe(name)}: {len(states)} step{'s' if len(states) > 1 else ''} refused while {seen}; "
+                     f"now {state}")
+    return lines
+
+
+def _circuit_now(c: CircuitState | None, now: float) -> str:
+    if c is None:
+        return "not used within the last day"
+    window = f" in {c.config.window:g}s" if c.config else ""
+    if c.state == "closed":
+        return f"closed ({c.failures}{'/' + str(c.config.failures) if c.config else ''} failures{window})"
+    if c.state == "open":
+        return f"open (a probe may go in {max(0.0, c.retry_at - now):.1f}s)"
+    return "half-open (a probe is out)" if c.probing else "half-open (the next call is the probe)"
+
+
+async def _circuits(args: argparse.Namespace) -> int:
+    from ._connect import store_from_url
+    from .circuit import _known_circuits
+    from .shared_state import backend_for
+
+    from ._urls import redact_url
+
+    store = store_from_url(_need(args.store, "--store", "DFLOW_STORE"))
+    try:
+        circuits = await _known_circuits(backend_for(store))
+    except ConfigurationError:
+        raise
+    except DFlowError as exc:
+        print(f"dflow circuits: cannot read the circuits of {redact_url(args.store)}: {safe(exc)}", file=sys.stderr)
+        return 2
+    finally:
+        await store.close()
+    if args.json:
+        print(json.dumps([dataclasses.asdict(c) for c in circuits], indent=2))
+        return 0
+    if not circuits:
+        print("no circuit breaker was used with this store within the last day")
+        return 0
+    now = time.time()
+    width = min(40, max(7, *(len(safe(c.name)) for c in circuits)))
+    print(f"{'CIRCUIT':<{width}} {'STATE':<9} {'FAILURES':<14} {'OPENED':<19}  PROBE")
+    for c in circuits:
+        name = safe(c.name)
+        name = name if len(name) <= width else name[:width - 1] + "~"
+        failures = f"{c.failures}/{c.config.failures} in {c.config.window:g}s" if c.config else str(c.failures)
+        opened = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(c.opened_at)) if c.opened_at else "-"
+        if c.state == "open":
+            probe = f"may go in {max(0.0, c.retry_at - now):.1f}s"
+        elif c.state == "half_open":
+            probe = f"out (lease {max(0.0, c.retry_at - now):.1f}s)" if c.probing else "may go now"
+        else:
+            probe = "-"
+        state = "half-open" if c.state == "half_open" else c.state
+        print(f"{name:<{width}} {state:<9} {failures:<14} {opened:<19}  {probe}")
+    return 0
 
 
 async def _cancel(args: argparse.Namespace) -> int:
@@ -295,7 +431,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     level = getattr(args, "log_level", "WARNING")
     logging.basicConfig(level=str(level).upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     command = {"worker": _worker, "inspect": _inspect, "ls": _ls, "cancel": _cancel, "serve": _serve,
-               "rerun": _rerun}[args.command]
+               "rerun": _rerun, "circuits": _circuits}[args.command]
     try:
         return asyncio.run(command(args))
     except (ConfigurationError, InvalidTraceIdError, ImportError) as exc:

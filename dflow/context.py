@@ -8,6 +8,7 @@ from enum import Enum
 from typing import Any
 
 from ._codec import decode, encode
+from ._ids import check_trace_id, is_run_id
 from .errors import DFlowError
 
 __all__ = ["ContextStack", "RunInfo", "RunStatus", "StepRecord", "StepStatus"]
@@ -22,14 +23,17 @@ class RunStatus(str, Enum):
     DONE = "done"  #: finished with a result
     FAILED = "failed"  #: finished with an error
     CANCELLED = "cancelled"  #: ended by ``Run.cancel``; ``error`` holds the reason
+    #: failed or cancelled, and the compensations of its completed steps all ran (see
+    #: ``DFlow.compensate``); ``error`` holds why it ended and what was compensated
+    COMPENSATED = "compensated"
 
     @property
     def finished(self) -> bool:
-        """Whether the run has ended (done, failed or cancelled)."""
+        """Whether the run has ended (done, failed, cancelled or compensated)."""
         return self in _ENDED
 
 
-_ENDED = frozenset((RunStatus.DONE, RunStatus.FAILED, RunStatus.CANCELLED))
+_ENDED = frozenset((RunStatus.DONE, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.COMPENSATED))
 
 
 class StepStatus(str, Enum):
@@ -42,6 +46,8 @@ class StepStatus(str, Enum):
     WAITING = "waiting"  #: a ``from_call`` registered its wait
     SLEEPING = "sleeping"  #: a ``delay`` started its timer
     FORKED = "forked"  #: a ``zip``/``any`` started its branches
+    FALLBACK = "fallback"  #: raised for good; its ``fallback`` flow runs in its place
+    COMPENSATING = "compensating"  #: the run failed or was cancelled: its compensations run
     ENTRY = "entry"  #: the entry call that started the run
 
 
@@ -92,6 +98,8 @@ class RunInfo:
 
 
 _DELETED = None
+#: the run's data key of the runs declared with ``ctx.wait_for``, until its next wait
+WAIT_FOR_KEY = "dflow/wait_for"
 
 
 class ContextStack:
@@ -102,7 +110,7 @@ class ContextStack:
     it fails). ``idempotency_key`` is stable across re-executions of the same step.
     """
 
-    __slots__ = ("trace_id", "seq", "attempt", "_data", "_changes", "_steps", "_readonly")
+    __slots__ = ("trace_id", "seq", "attempt", "_data", "_changes", "_steps", "_readonly", "_waits")
 
     def __init__(
         self,
@@ -120,6 +128,7 @@ class ContextStack:
         self._changes: dict[str, bytes | None] = {}
         self._steps = steps
         self._readonly: str | None = None
+        self._waits: list[str] | None = None  #: the runs declared with wait_for in this step
 
     @property
     def idempotency_key(self) -> str:
@@ -145,6 +154,21 @@ class ContextStack:
         if self._readonly:
             raise DFlowError(f"ctx.delete({key!r}) is refused here: {self._readonly}")
         self._changes[key] = _DELETED
+
+    def wait_for(self, *trace_ids: str) -> None:
+        """Declare that this run's next wait is answered by run ``trace_ids`` (any one of
+        them): the ``from_call`` the run reaches next, or, called in a ``from_call``'s
+        ``on_init``, that wait. The deadlock detector (``dflow.deadlock``) breaks a cycle
+        of such waits with a ``DeadlockError`` at one of them."""
+        if not trace_ids:
+            raise TypeError("ctx.wait_for() takes the trace id of at least one run")
+        for t in trace_ids:
+            if not is_run_id(t):
+                check_trace_id(t, "run id given to ctx.wait_for()")  # says what is wrong with it
+        known = self._waits if self._waits is not None else list(self.get(WAIT_FOR_KEY) or ())
+        self._waits = known + [t for t in dict.fromkeys(trace_ids) if t not in known]
+        if not self._readonly:  # (in on_init, the runtime declares them when it returns)
+            self._changes[WAIT_FOR_KEY] = encode(self._waits)
 
     def __contains__(self, key: object) -> bool:
         if key in self._changes:
@@ -183,6 +207,7 @@ class ContextStack:
                 data.pop(k, None)
             else:
                 data[k] = v
+        data.pop(WAIT_FOR_KEY, None)  # (whom this run's next wait is for is not its branches' business)
         return data
 
     def __repr__(self) -> str:

@@ -19,10 +19,12 @@
     │   ├── InvalidTraceIdError     a trace id with characters or a length not allowed
     │   ├── NotWaitingError         ``DFlow.call`` on a run not waiting for that call
     │   ├── RunFailedError          the awaited run ended failed
+    │   │   └── RunCompensatedError ... and its compensations ran (``compensate``)
     │   ├── RunCancelledError       the awaited run was cancelled
     │   └── RunTimeoutError         waiting for a run's result timed out
     ├── StepTimeoutError            a step ran longer than its ``timeout``
     ├── StepFailedError             an error recorded elsewhere (a branch, an on_init)
+    │   └── DeadlockError           the deadlock detector broke a run's wait
     ├── TransportError              the message transport failed
     ├── StoreError                  the store failed
     ├── ConflictError               a shared ``State`` changed under a write (compare-and-set lost)
@@ -44,6 +46,7 @@ __all__ = [
     "ConfigurationError",
     "ConflictError",
     "DFlowError",
+    "DeadlockError",
     "DuplicateIdError",
     "InvalidTraceIdError",
     "MissingIdError",
@@ -51,6 +54,7 @@ __all__ = [
     "PayloadRejectedError",
     "RefusedMessageError",
     "RunCancelledError",
+    "RunCompensatedError",
     "RunError",
     "RunExistsError",
     "RunFailedError",
@@ -160,6 +164,13 @@ class RunFailedError(RunError):
         self.error = error
 
 
+class RunCompensatedError(RunFailedError):
+    """The run failed, or was cancelled, and the compensations of its completed steps all
+    ran (it ended COMPENSATED). ``error`` holds why it ended (``type`` is
+    ``"dflow.RunCancelled"`` for a cancelled run) and, in ``compensated``, the keys of the
+    steps undone, newest first."""
+
+
 class RunCancelledError(RunError):
     """The run was cancelled (``Run.cancel``, ``dflow cancel``); ``reason`` says why."""
 
@@ -232,3 +243,10 @@ class CircuitOpenError(DFlowError):
         self.state = state
         self.retry_at = retry_at
         self.retry_after = retry_after
+
+
+class DeadlockError(StepFailedError):
+    """The run's wait was broken by the deadlock detector: it waited (at a ``from_call``)
+    for a run that, through a chain of waits, waited for it. ``error["cycle"]`` lists the
+    runs of the cycle. Catch it with ``on_error_return`` (or ``fallback``) to go on
+    another way."""

@@ -2,20 +2,31 @@
 
 Operators return new ``DFlow`` values; nothing runs until a pipeline made by ``init()``
 is called, or ``DFlow.direct_run`` starts a run. Modifiers (``id``, ``name``,
-``on_error_return``, ``retry``, ``timeout``, ``in_thread``, ``circuit``) apply to the last node.
+``on_error_return``, ``retry``, ``timeout``, ``in_thread``, ``circuit``, ``compensate``,
+``fallback``) apply to the last node.
 """
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from types import FunctionType, MethodType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
 from . import client
-from ._codec import encode, register_hinted_models
-from ._model import CONSUMED, Chain, Frame, Kind, Node, _chain_from, _fn_name, _site_text, compile_flow  # noqa: F401
+from ._codec import encode
+from ._model import (  # noqa: F401
+    CONSUMED,
+    Chain,
+    Fallback,
+    Frame,
+    Kind,
+    Node,
+    _chain_from,
+    _fn_name,
+    _site_text,
+    compile_flow,
+)
+from ._signature import takes_ctx as _takes_ctx
 from .errors import BuildError
 from .policy import RetryPolicy
 
@@ -71,59 +82,6 @@ if TYPE_CHECKING:
             """Start a run that calls ``builder(value)`` or ``builder(ctx, value)`` and runs the
             flow it returns. ``param`` is the value, or an ``InitParam`` with a trace id."""
             ...
-
-
-_ctx_arg_by_code: dict[Any, bool] = {}
-
-
-def _takes_ctx(fn: Callable[..., Any], what: str) -> bool:
-    """True when ``fn`` is called as ``fn(ctx, value)``, False for ``fn(value)``. Also
-    registers the pydantic models its type hints name, so their values can be rebuilt."""
-    t = type(fn)
-    # (checkers do not narrow fn by ``t is MethodType``)
-    plain = fn.__func__ if t is MethodType else fn  # type: ignore[attr-defined]  # pyright: ignore[reportFunctionMemberAccess]
-    if (
-        type(plain) is FunctionType
-        and not hasattr(plain, "__wrapped__")  # functools.wraps: the signature is the wrapped one's
-        and not hasattr(plain, "__signature__")
-    ):  # same def statement, same answer
-        key = (plain.__code__, t is MethodType)
-        known = _ctx_arg_by_code.get(key)
-        if known is None:
-            known = _ctx_arg_by_code[key] = _inspect_ctx_arg(fn, what)
-            register_hinted_models(plain)
-            if len(_ctx_arg_by_code) > 100_000:
-                _ctx_arg_by_code.clear()
-        return known
-    known = _inspect_ctx_arg(fn, what)
-    register_hinted_models(fn)
-    return known
-
-
-def _inspect_ctx_arg(fn: Callable[..., Any], what: str) -> bool:
-    if not callable(fn):
-        raise BuildError(f"{what} needs a function, got {type(fn).__qualname__}")
-    try:
-        sig = inspect.signature(fn)
-    except (TypeError, ValueError):  # builtins without a signature: assume fn(value)
-        return False
-    positional = [
-        p for p in sig.parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-    ]
-    required = [p for p in positional if p.default is p.empty]
-    varargs = any(p.kind == p.VAR_POSITIONAL for p in sig.parameters.values())
-    if len(required) > 2:
-        raise BuildError(
-            f"{what} function {_fn_name(fn)} takes {len(required)} arguments; "
-            "it must take (value) or (ctx, value)"
-        )
-    if len(required) == 2:
-        return True
-    if not positional and not varargs:
-        raise BuildError(
-            f"{what} function {_fn_name(fn)} takes no arguments; it must take (value) or (ctx, value)"
-        )
-    return False
 
 
 class DFlow(Node, Generic[T_co]):
@@ -385,6 +343,40 @@ class DFlow(Node, Generic[T_co]):
             raise BuildError(f"circuit on {self._describe()}: {exc}") from None
         assert self._fn is not None
         return self._with(_fn=breaker.guard(self._fn))
+
+    def compensate(
+        self, fn: Callable[..., Any], *, attempts: int = 5, backoff: float = 0.5, max_backoff: float = 30.0
+    ) -> DFlow[T_co]:
+        """Undo the last (``map``) step if the run fails or is cancelled after it completed:
+        ``fn(output)`` or ``fn(ctx, output)`` runs then, with the step's output, as a step of
+        its own (after the compensations of later steps: newest first), retried up to
+        ``attempts`` times; the run ends COMPENSATED. Make ``fn`` idempotent (a crashed
+        worker's step runs again): ``ctx.idempotency_key`` is stable across its attempts.
+        """
+        if self._kind != Kind.MAP:
+            raise BuildError(f"compensate applies to map steps, not to {self._describe()}: put it on the step "
+                             "whose effect it undoes")
+        policy = RetryPolicy.build(attempts, backoff, max_backoff, True, Exception)
+        undo: DFlow[Any] = DFlow._node(Kind.MAP, fn=fn, ctx_arg=_takes_ctx(fn, "compensate"), id="undo")
+        return self._with(_compensate=compile_flow(undo._with(_retry=policy)))
+
+    def fallback(
+        self,
+        fn: Callable[..., DFlow[Any] | Awaitable[DFlow[Any]]],
+        *,
+        on: type[BaseException] | tuple[type[BaseException], ...] = Exception,
+    ) -> DFlow[Any]:
+        """When the last (``map`` or ``flat_map``) step fails for good (after its retries)
+        with one of ``on``, run the flow ``fn(value)`` or ``fn(ctx, value)`` returns (from
+        the step's input) in its place: its output becomes the step's. Its steps show under
+        the failed one; its errors go on to the handlers after it.
+        """
+        if self._kind not in (Kind.MAP, Kind.FLAT_MAP):
+            raise BuildError(f"fallback applies to map and flat_map steps, not to {self._describe()}")
+        kinds = on if isinstance(on, tuple) else (on,)
+        if not kinds or not all(isinstance(k, type) and issubclass(k, BaseException) for k in kinds):
+            raise BuildError(f"fallback on= takes exception classes, got {on!r}")
+        return self._with(_fallback=Fallback(fn, _takes_ctx(fn, "fallback"), kinds))
 
     # -- running ---------------------------------------------------------------------
 

@@ -292,7 +292,7 @@ class MemoryStore(RunEnds, RunListing, Store):
             run.result = transition.result
             self._finished(run, now, out)
         elif isinstance(transition, Fail):
-            self._status(run, RunStatus.FAILED)
+            self._status(run, RunStatus.COMPENSATED if transition.compensated else RunStatus.FAILED)
             run.error = transition.error
             self._finished(run, now, out)
         else:  # pragma: no cover

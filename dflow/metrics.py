@@ -25,8 +25,14 @@ labels of ``dflow.observe``: the pipeline's name and the node's id, of bounded v
 - ``dflow_steps_parked_total``: steps set aside because their code is missing here;
 - ``dflow_steps_rejected_total``: steps whose flow could not be loaded (their run failed);
 - ``dflow_dead_letters_total``: messages that were no step message, set aside;
+- ``dflow_deadlocks_total``: deadlocks this process's detector broke (``dflow.deadlock``:
+  runs waiting for each other; each broken wait is logged with its cycle);
 - ``dflow_transport_lag``: messages published and not yet acknowledged, sampled every
-  ``lag_interval`` seconds (``Transport.lag``; NaN when the transport cannot tell).
+  ``lag_interval`` seconds (``Transport.lag``; NaN when the transport cannot tell);
+- ``dflow_circuit_state{circuit}``: each circuit breaker used lately (``Circuit.known``), 0
+  closed, 1 half-open, 2 open, and ``dflow_circuit_failures{circuit}``, the failures in its
+  window, sampled from the store every ``lag_interval`` seconds;
+- ``dflow_circuit_fast_failures_total{circuit}``: calls this process's circuits refused at once.
 
 So started = committed + lease losses + aborted + in flight. Cost per step: a few dict
 lookups and integer additions. The per-step series are kept as plain counts, per thread
@@ -47,13 +53,16 @@ from bisect import bisect_left
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from .circuit import _fast_failure_counts
 from .context import StepRecord, StepStatus
+from .errors import ConfigurationError
 from .observe import StepObserver
+from .shared_state import KnownCircuit, backend_for
 from .store import Claim
 
 try:
     import prometheus_client as prom
-    from prometheus_client.metrics_core import CounterMetricFamily, HistogramMetricFamily, Metric
+    from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
     from prometheus_client.registry import Collector
 except ImportError as exc:  # pragma: no cover - the extra is installed in the tests
     raise ImportError(
@@ -63,6 +72,7 @@ except ImportError as exc:  # pragma: no cover - the extra is installed in the t
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
 
+    from .deadlock import Deadlock
     from .runtime import Runtime
 
 __all__ = ["Metrics", "MetricsServer", "serve_metrics"]
@@ -137,12 +147,42 @@ class _StepSeries(Collector):
         yield hist
 
 
+_CIRCUIT_STATE = ("dflow_circuit_state", "State of the circuit breaker: 0 closed, 1 half-open, 2 open")
+_CIRCUIT_FAILURES = ("dflow_circuit_failures", "Failures counted in the circuit breaker's window")
+_FAST_FAILURES = ("dflow_circuit_fast_failures", "Calls refused at once by an open circuit breaker, here")
+_STATE_VALUES = {"closed": 0.0, "half_open": 1.0, "open": 2.0}
+
+
+class _CircuitSeries(Collector):
+    """The circuits' series: their state as last sampled, and the fast failures here."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def describe(self) -> list[Metric]:
+        return [GaugeMetricFamily(*_CIRCUIT_STATE, labels=["circuit"]),
+                GaugeMetricFamily(*_CIRCUIT_FAILURES, labels=["circuit"]),
+                CounterMetricFamily(*_FAST_FAILURES, labels=["circuit"])]
+
+    def collect(self) -> Iterator[Metric]:
+        seen = {c.name: c.snapshot for known in list(self.metrics._circuits.values()) for c in known}
+        state = GaugeMetricFamily(*_CIRCUIT_STATE, labels=["circuit"])
+        failures = GaugeMetricFamily(*_CIRCUIT_FAILURES, labels=["circuit"])
+        for name, snap in sorted(seen.items()):
+            state.add_metric([name], _STATE_VALUES.get(snap.state, math.nan))
+            failures.add_metric([name], float(snap.failures))
+        fast = CounterMetricFamily(*_FAST_FAILURES, labels=["circuit"])
+        for name, n in sorted(_fast_failure_counts().items()):
+            fast.add_metric([name], float(n))
+        yield from (state, failures, fast)
+
+
 class Metrics(StepObserver):
     """Counts the steps of the runtimes it observes (see the module for the series).
 
     ``registry``: where the series are registered (default: prometheus-client's global
     registry, which ``serve_metrics`` serves). ``lag_interval``: seconds between samples
-    of the transport's lag. ``max_series``: distinct (pipeline, step) label pairs at most.
+    of the transport's lag and of the circuits' states. ``max_series``: distinct (pipeline, step) label pairs at most.
     ``buckets``: the upper bounds of the step duration histogram, in seconds.
     """
 
@@ -168,9 +208,12 @@ class Metrics(StepObserver):
         self._tables: dict[int, dict[tuple[str, str], _Step]] = {}  # by thread: one writer each
         self._runtimes: list[Runtime] = []
         self._samplers: dict[int, asyncio.Task[None]] = {}
+        self._circuit_samplers: dict[int, asyncio.Task[None]] = {}
+        self._circuits: dict[int, list[KnownCircuit]] = {}  # by runtime: as last sampled
         reg = self.registry
         try:
             reg.register(_StepSeries(self))
+            reg.register(_CircuitSeries(self))
             self.steps_in_flight = prom.Gauge("dflow_steps_in_flight", "Steps claimed here and not finished",
                                               registry=reg)
             self.steps_parked = prom.Counter("dflow_steps_parked", "Steps parked: their code is missing here",
@@ -179,6 +222,8 @@ class Metrics(StepObserver):
                                                registry=reg)
             self.dead_letters = prom.Counter("dflow_dead_letters", "Messages set aside as no step message",
                                              registry=reg)
+            self.deadlocks = prom.Counter("dflow_deadlocks", "Deadlocks broken: runs waiting for each other",
+                                          registry=reg)
             self.transport_lag = prom.Gauge("dflow_transport_lag", "Messages published, not yet acknowledged",
                                             registry=reg)
         except ValueError as exc:  # Duplicated timeseries
@@ -211,14 +256,21 @@ class Metrics(StepObserver):
     def attach(self, runtime: Runtime) -> None:
         self._runtimes.append(runtime)
         self._samplers[id(runtime)] = asyncio.get_running_loop().create_task(self._sample_lag(runtime))
+        self._circuit_samplers[id(runtime)] = asyncio.get_running_loop().create_task(self._sample_circuits(runtime))
+        if runtime.deadlocks is not None:
+            runtime.deadlocks.listeners.append(self._deadlock)
 
     async def detach(self, runtime: Runtime) -> None:
         if runtime in self._runtimes:
             self._runtimes.remove(runtime)
-        task = self._samplers.pop(id(runtime), None)
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        if runtime.deadlocks is not None and self._deadlock in runtime.deadlocks.listeners:
+            runtime.deadlocks.listeners.remove(self._deadlock)
+        for samplers in (self._samplers, self._circuit_samplers):
+            task = samplers.pop(id(runtime), None)
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        self._circuits.pop(id(runtime), None)
 
     async def _sample_lag(self, runtime: Runtime) -> None:
         while True:
@@ -228,6 +280,18 @@ class Metrics(StepObserver):
                 log.debug("dflow: sampling the transport's lag failed: %s", exc)
                 lag = None
             self.transport_lag.set(math.nan if lag is None else float(lag))
+            await asyncio.sleep(self.lag_interval)
+
+    async def _sample_circuits(self, runtime: Runtime) -> None:
+        try:
+            backend = backend_for(runtime.store)
+        except ConfigurationError:
+            return  # a store that keeps no circuits
+        while True:
+            try:
+                self._circuits[id(runtime)] = await backend.circuit_list()
+            except Exception as exc:  # noqa: BLE001 - a sample missed; the next may do
+                log.debug("dflow: sampling the circuits failed: %s", exc)
             await asyncio.sleep(self.lag_interval)
 
     def started(self, claim: Claim, pipeline: str, step: str) -> Any:
@@ -263,6 +327,9 @@ class Metrics(StepObserver):
 
     def dead_lettered(self, reason: str) -> None:
         self.dead_letters.inc()
+
+    def _deadlock(self, deadlock: Deadlock) -> None:
+        self.deadlocks.inc()
 
 
 class MetricsServer:

@@ -15,6 +15,7 @@ import contextvars
 import itertools
 import logging
 import os
+import random
 import socket
 import time
 from collections.abc import Sequence
@@ -29,8 +30,10 @@ from ._durable import ChainCodec
 from ._frames import FrameCodec
 from ._model import Node
 from ._step import StepRunner
-from .context import ContextStack, StepRecord, StepStatus
+from .context import WAIT_FOR_KEY, ContextStack, StepRecord, StepStatus
+from .deadlock import BreakRule, DeadlockDetector, check_interval, declare
 from .errors import (
+    ConfigurationError,
     DFlowError,
     PayloadRejectedError,
     RefusedMessageError,
@@ -41,10 +44,13 @@ from .errors import (
 )
 from .observe import StepObserver, combine, step_labels
 from .store import (
+    COMPENSATING,
+    Advance,
     BlobsMissingError,
     Claim,
     Committed,
     Fail,
+    Finish,
     Fork,
     Store,
     Taken,
@@ -60,6 +66,8 @@ log = logging.getLogger("dflow.runtime")
 _worker_ids = itertools.count(1)
 _TAKE_LIMIT = 32  # steps one consumer runs in a row from commits before it reads the transport
 _RETRY_PAUSE = 0.2  # seconds a consumer waits after a step it could not process
+_RECEIVE_WAIT = 2.0  # seconds an idle consumer waits in one receive (one blocking read on Redis)
+_jitter = random.Random()  # its own: the global one may be a test's (Hypothesis watches it)
 
 
 class Runtime(Dispatcher, StepRunner):
@@ -68,11 +76,16 @@ class Runtime(Dispatcher, StepRunner):
     ``concurrency`` steps run at once (async steps interleave; sync steps run on the loop
     unless marked ``in_thread``). ``lease`` is how long a claimed step may run before
     another worker may take it over; the runtime renews the leases of steps still running.
+    The store's timers, outbox and expired leases are scanned when they fall due, and at
+    least every ``poll_interval`` seconds for what other processes set meanwhile.
     ``max_value_bytes`` bounds each value a step writes (its result, each ``ctx.put``);
     ``max_branches`` the branches of one ``zip``/``any`` (a zip of zips has no such bound).
     ``secret`` signs the flows and frames this runtime stores (default: ``DFLOW_SECRET``);
     ``legacy_frames`` also accepts the unsigned frames of runs started by dflow 0.1.
     ``observers`` watch the step path (``dflow.observe``: metrics, traces, log context).
+    Every ``deadlock_interval`` seconds (``None``: never) one runtime of those consuming from
+    the store looks for runs waiting for each other and breaks one wait of each cycle,
+    chosen by ``deadlock_rule`` (``dflow.deadlock``). A runtime without a detector declares no waits.
     """
 
     def __init__(
@@ -83,18 +96,22 @@ class Runtime(Dispatcher, StepRunner):
         worker_id: str | None = None,
         concurrency: int = 64,
         lease: float = 60.0,
-        poll_interval: float = 0.05,
+        poll_interval: float = 2.0,
         max_value_bytes: int = 8 * 1024 * 1024,
         max_branches: int = 1000,
         secret: str | bytes | Sequence[str | bytes] | None = None,
         legacy_frames: bool = False,
         observers: Sequence[StepObserver] = (),
+        deadlock_interval: float | None = 5.0,
+        deadlock_rule: str | BreakRule = "longest",
     ) -> None:
         self.transport = transport
         self.store = store
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{next(_worker_ids)}"
         self.concurrency = concurrency
         self.lease = lease
+        if not (isinstance(poll_interval, (int, float)) and poll_interval > 0):
+            raise ConfigurationError(f"poll_interval must be a number of seconds > 0, got {poll_interval!r}")
         self.poll_interval = poll_interval
         self.max_value_bytes = max_value_bytes
         self.max_branches = max_branches
@@ -112,6 +129,12 @@ class Runtime(Dispatcher, StepRunner):
         self._observers: list[StepObserver] = list(observers)
         self._observer: StepObserver | None = combine(self._observers)
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._due_hint: float | None = None  # the soonest timer this runtime set since its last scan
+        self._wake: asyncio.Event | None = None  # set when _due_hint comes sooner
+        interval = check_interval(deadlock_interval)
+        #: the deadlock detector, when ``deadlock_interval`` is set (it runs while consuming)
+        self.deadlocks = None if interval is None else DeadlockDetector(
+            store, self.resume, interval=interval, rule=deadlock_rule, token=f"{self.worker_id}:{id(self):x}")
 
     def add_observer(self, observer: StepObserver) -> None:
         """Watch this runtime's step path with ``observer`` too (from any thread; a
@@ -132,6 +155,8 @@ class Runtime(Dispatcher, StepRunner):
         if consume:
             self._consumers = [loop.create_task(self._consume()) for _ in range(self.concurrency)]
             self._tasks.append(loop.create_task(self._renew_leases()))
+            if self.deadlocks is not None:
+                self._tasks.append(loop.create_task(self.deadlocks.run()))
         self._tasks.append(loop.create_task(self._timers()))
 
     async def stop(self, grace: float = 10.0) -> None:
@@ -170,7 +195,7 @@ class Runtime(Dispatcher, StepRunner):
         handled = 0
         while not self._stopping:
             try:
-                deliveries = await transport.receive(1, timeout=0.25)
+                deliveries = await transport.receive(1, timeout=_RECEIVE_WAIT)
             except Exception:
                 log.exception("dflow: receiving from the transport failed; retrying")
                 await asyncio.sleep(0.5)
@@ -246,20 +271,48 @@ class Runtime(Dispatcher, StepRunner):
                 log.exception("dflow: could not acknowledge an undecodable message")
 
     async def _timers(self) -> None:
+        """Scan the store's timers, outbox and leases (``Store.due``) when something falls
+        due: at the next due time the store reports, at the time of each timer this
+        runtime sets (``_wake_at``), and at least every ``poll_interval`` seconds (at most
+        the lease; a little less, at random, so that workers spread out) for what other
+        processes set since (a timer of a worker that died, a lease taken after the last
+        scan). An idle worker so sends one scan every ``poll_interval``, not a stream of them."""
         store = self.store
+        wake = self._wake = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        longest = min(self.poll_interval, self.lease)
         while not self._stopping:
+            self._due_hint = None  # this scan covers the timers set so far
+            now = time.time()
             try:
-                now = time.time()
                 messages, next_due = await store.due(now)
                 if messages:
                     await self.publish(messages)
                     continue
             except Exception:
                 log.exception("dflow: polling the store's timers failed; retrying")
-                next_due = None
-            # (next_due is None when the try failed before setting now)
-            pause = self.poll_interval if next_due is None else min(self.poll_interval, max(0.0, next_due - now))  # pyright: ignore[reportPossiblyUnboundVariable]
-            await asyncio.sleep(pause)
+                next_due = time.time() + min(longest, 0.5)
+            deadline = now + longest * _jitter.uniform(0.8, 1.0)
+            if next_due is not None:
+                deadline = min(deadline, next_due + 0.001)  # (a hair after: it is due by then)
+            while not self._stopping:
+                until = deadline if self._due_hint is None else min(deadline, self._due_hint + 0.001)
+                pause = until - time.time()
+                if pause <= 0:
+                    break
+                wake.clear()
+                timer = loop.call_later(pause, wake.set)
+                try:
+                    await wake.wait()
+                finally:
+                    timer.cancel()
+
+    def _wake_at(self, at: float) -> None:
+        """Scan the store's timers at ``at`` (this runtime made something fall due then)."""
+        if self._due_hint is None or at < self._due_hint:
+            self._due_hint = at
+            if self._wake is not None:
+                self._wake.set()
 
     async def _renew_leases(self) -> None:
         period = self.lease / 3
@@ -272,6 +325,10 @@ class Runtime(Dispatcher, StepRunner):
                     await self.store.extend(old, self.lease)
                 except Exception:
                     log.exception("dflow: renewing step leases failed")
+                else:
+                    for c in old:  # renewed: again in a period (not every second)
+                        if c.token in self._inflight:
+                            self._inflight[c.token] = (now, c)
 
     # -- one step --------------------------------------------------------------------
 
@@ -330,6 +387,8 @@ class Runtime(Dispatcher, StepRunner):
             records: list[StepRecord]
             try:
                 outcome, status, out = await self._execute(node, ctx, claim, frames, started)
+                if type(outcome) is Finish and COMPENSATING in claim.data:  # its compensations ran
+                    outcome = self._compensated(claim, frames, ctx)
                 self._check_sizes(out, ctx._changes, msg.key)
                 transition = self._sealed(outcome, ctx)
                 records = [
@@ -351,6 +410,9 @@ class Runtime(Dispatcher, StepRunner):
                     raise
                 transition, records, changes = await self._failure(node, claim, frames, exc, started, t0)
             init_pending = isinstance(transition, Wait) and transition.init_pending
+            waits = claim.data.get(WAIT_FOR_KEY) if type(transition) is Wait else None
+            if waits is not None:  # declared by a step before: the edge goes to the backend now
+                changes[WAIT_FOR_KEY] = None
             take_lease = self.lease if take and store.fused and not self._stopping and not init_pending else None
             if obs is not None and type(transition) is Fork:
                 obs.forking(seen, transition.children, changes)
@@ -371,6 +433,11 @@ class Runtime(Dispatcher, StepRunner):
                 await self.publish(done.publish)
             if init_pending:
                 await self._on_init(node, ctx, msg)
+            if waits is not None and done.applied and self.deadlocks is not None:
+                # (only once on_init has returned: while it runs, the run may still answer
+                # the runs waiting for it; and only with a detector, which drops the edges)
+                assert isinstance(transition, Wait)
+                await declare(store, msg.trace_id, msg.seq, transition.call_type, _codec.decode(waits))
             return done.acknowledged, done.taken
         except BaseException as exc:
             if obs is not None and running:
@@ -385,8 +452,11 @@ class Runtime(Dispatcher, StepRunner):
     ) -> Committed:
         for _ in range(3):
             try:
-                return await self.store.commit(claim, records, changes, transition, receipt=receipt,
+                done = await self.store.commit(claim, records, changes, transition, receipt=receipt,
                                                take_lease=take_lease)
+                if type(transition) is Advance and transition.at and done.applied:
+                    self._wake_at(transition.at)  # a timer: scan the store when it falls due
+                return done
             except BlobsMissingError as exc:  # they expired unreferenced: send them again
                 self.frames.forget(exc.refs)
                 transition = self._resealed(claim.message.trace_id, transition)
@@ -399,6 +469,7 @@ class Runtime(Dispatcher, StepRunner):
         ids = {"dflow_run": msg.trace_id, "dflow_step": msg.key}
         if isinstance(problem, UnknownStepError):
             count = await self.store.park(claim, str(problem))
+            self._wake_at(time.time() + 0.1)  # the store set a timer: a scan learns when it falls due
             log.warning("dflow: parked step %s of run %s (%d times): %s", msg.key, msg.trace_id, count,
                         problem, extra=ids)
             if self._observer is not None:
@@ -428,6 +499,8 @@ class Runtime(Dispatcher, StepRunner):
                 result = await unwrap(loop.run_in_executor(self._pool(), lambda: here.run(contained_call, fn, ctx)))
                 if hasattr(result, "__await__"):
                     await result
+            if ctx._waits and self.deadlocks is not None:  # it declared whom the wait is for
+                await declare(self.store, msg.trace_id, msg.seq, node._value, ctx._waits)
         except BaseException as exc:
             if not self._step_error(exc):
                 raise

@@ -13,7 +13,12 @@ Circuit breakers count failures in a sliding window of ``window`` seconds; ``fai
 of them open the circuit for ``cool_down`` seconds, when calls fail fast. After that the
 circuit is half-open: one caller at a time, across every process, gets a *probe*, a lease
 of ``probe_lease`` seconds (so that a prober that dies does not hold the circuit); the
-probe's success closes it, its failure opens it again.
+probe's success closes it, its failure opens it again. It lists the circuits used lately
+(``circuit_list``: what ``dflow circuits`` and the metrics show).
+
+The backend also keeps the waits-for graph of the deadlock detector (``dflow.deadlock``):
+the declared edges (a run waiting at a step for another run) and the lease that lets one
+detector at a time, across every process, look for cycles.
 """
 
 from __future__ import annotations
@@ -36,9 +41,11 @@ __all__ = [
     "CasResult",
     "CircuitConfig",
     "CircuitSnapshot",
+    "KnownCircuit",
     "Outcome",
     "StateBackend",
     "StoredVersion",
+    "WaitEdge",
     "Writer",
     "backend_for",
     "register_backend",
@@ -124,6 +131,34 @@ class CircuitSnapshot:
     probing: bool
 
 
+#: how many circuit names a backend lists at most (those used last), and for how many
+#: seconds after its last use a circuit stays listed
+KNOWN_CIRCUITS = 1000
+KNOWN_FOR = 86400.0
+
+
+@dataclass(frozen=True, slots=True)
+class KnownCircuit:
+    """A circuit that some process used lately: its name, the settings it was last used
+    with, and its state now."""
+
+    name: str
+    config: CircuitConfig
+    snapshot: CircuitSnapshot
+
+
+@dataclass(frozen=True, slots=True)
+class WaitEdge:
+    """A declared wait: run ``waiter``, waiting at step ``seq`` for the call ``call_type``,
+    waits for run ``target`` (to answer it); declared at ``since`` (seconds since the epoch)."""
+
+    waiter: str
+    seq: int
+    call_type: str
+    target: str
+    since: float
+
+
 class StateBackend(ABC):
     """Shared versioned values and circuit breakers, each operation atomic."""
 
@@ -166,6 +201,30 @@ class StateBackend(ABC):
     @abstractmethod
     async def circuit_state(self, name: str, config: CircuitConfig) -> CircuitSnapshot:
         """The circuit's state now (its failures counted over ``config.window``)."""
+
+    @abstractmethod
+    async def circuit_list(self) -> list[KnownCircuit]:
+        """The circuits used within the last ``KNOWN_FOR`` seconds (at most ``KNOWN_CIRCUITS``,
+        those used last), by name, with their state now. (``circuit_enter`` notes each
+        circuit's name and settings as it is used: at most once a minute per process.)"""
+
+    @abstractmethod
+    async def waits_add(self, waiter: str, seq: int, call_type: str, targets: list[str]) -> None:
+        """Record that run ``waiter``, waiting at step ``seq`` for ``call_type``, waits for
+        each of ``targets`` (an edge declared again keeps its first time)."""
+
+    @abstractmethod
+    async def waits_list(self) -> list[WaitEdge]:
+        """Every declared edge."""
+
+    @abstractmethod
+    async def waits_drop(self, edges: list[WaitEdge]) -> None:
+        """Forget ``edges`` (their wait is over, or was broken)."""
+
+    @abstractmethod
+    async def waits_lease(self, token: str, seconds: float) -> bool:
+        """Take, or renew, the detector's lease for ``seconds`` as ``token``: whether
+        ``token`` holds it now. ``seconds`` 0 gives it up (when ``token`` holds it)."""
 
 
 _factories: dict[type[Any], Callable[[Any], StateBackend]] = {}

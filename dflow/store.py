@@ -51,6 +51,25 @@ __all__ = [
 ]
 
 
+#: Data fields a store reads, though it never loads what they hold: a run with fields under
+#: ``SAGA_PREFIX`` (the compensations of its completed steps, see ``DFlow.compensate``) is
+#: not ended by ``cancel`` but sent a FAIL message, so that it runs them; a run with the field
+#: ``COMPENSATING`` runs them already, and ``cancel`` leaves it as it is.
+SAGA_PREFIX = "dflow/saga/"
+COMPENSATING = "dflow/compensating"
+
+
+def saga_prefix(trace_id: str) -> str:
+    """The prefix of the saga fields that are run ``trace_id``'s own: a zip/any branch's
+    data starts as a copy of its parent's, whose entries are the parent's to run. Each
+    level of branches (``/fork-index`` in the id) adds ``<fork, 12 digits>.<index, 4>/``."""
+    prefix = SAGA_PREFIX
+    for level in trace_id.split("/")[1:]:
+        fork, _, index = level.partition("-")
+        prefix += f"{int(fork):012d}.{int(index):04d}/"
+    return prefix
+
+
 @dataclass(slots=True)
 class Frames:
     """A run's frames, serialized and signed by the core: ``record`` is what the store
@@ -161,9 +180,11 @@ class Finish:
 
 @dataclass(slots=True)
 class Fail:
-    """The run failed with ``error`` (type, message, step, traceback)."""
+    """The run failed with ``error`` (type, message, step, traceback); it ends FAILED, or
+    COMPENSATED with ``compensated`` (its compensations all ran)."""
 
     error: dict[str, Any]
+    compensated: bool = False
 
 
 Transition = Advance | Wait | Fork | Finish | Fail
@@ -300,7 +321,14 @@ class Store(ABC):
         recursively: its waiting call, timers, leases and queued messages go, and a step
         running now commits nothing. A run that has ended is left as it is. Returns the
         run's state (``None`` when there is no such run) and the messages to publish (a
-        cancelled branch counts as a failed one at its parent's join, which may end)."""
+        cancelled branch counts as a failed one at its parent's join, which may end).
+
+        A run holding compensations of its own (data fields under ``saga_prefix(trace_id)``)
+        and not yet running them (no ``COMPENSATING`` field) does not end: what it waits for goes as above, and
+        its next step is a FAIL message (its seq one on, its key kept) with the error
+        ``{"type": "dflow.RunCancelled", "message": reason, "step": ""}``, on which the core
+        runs them. A run running them (with ``COMPENSATING``) is left as it is. The same
+        holds for the branches a join no longer wants."""
 
     @abstractmethod
     async def get_blob(self, ref: str) -> bytes | None:

@@ -9,6 +9,8 @@
 * ``@tool``: typed functions (plain, async, or returning a ``DFlow``) as model tools;
 * conversation memory per session (:class:`ChatMemory`, :class:`InMemoryChatMemory`,
   :class:`RedisChatMemory`) and :func:`context_window`, what of it fits the model;
+* long-term memory per user (:class:`LongTermMemory`, :class:`StateLongTermMemory`): facts
+  de-duplicated on write, recalled into an agent's prompt within a token budget;
 * the text ReAct format: :func:`render_react_prompt` and :func:`parse_react_output`;
 * the agents, each a flow of steps that any worker runs: :class:`ToolCallAgent` (think,
   then every tool call of the turn at once), :class:`ConversationAgentExecutor` (text
@@ -52,6 +54,15 @@ from .function import (
     qwen_parser,
     qwen_template,
     response_parser,
+)
+from .longterm import (
+    Fact,
+    LongTermMemory,
+    StateLongTermMemory,
+    facts_prompt,
+    same_text,
+    user_statements,
+    word_overlap,
 )
 from .loopguard import STRATEGY_PROMPT, LoopGuard
 from .memory import ChatMemory, InMemoryChatMemory, RedisChatMemory, context_window, estimate_tokens
@@ -131,6 +142,7 @@ __all__ = [  # noqa: RUF022 - plain sorted(), as tests/test_exports.py checks
     "DEFAULT_SYSTEM_PROMPT",
     "DeepCrawlerAgent",
     "FINALIZE_PROMPT",
+    "Fact",
     "Fetcher",
     "InMemoryChatMemory",
     "InMemoryJobBoard",
@@ -144,6 +156,7 @@ __all__ = [  # noqa: RUF022 - plain sorted(), as tests/test_exports.py checks
     "JobForbiddenError",
     "JobNotFoundError",
     "JobTimeoutError",
+    "LongTermMemory",
     "LoopGuard",
     "MAX_PLAN_STEPS",
     "ModelConfig",
@@ -189,6 +202,7 @@ __all__ = [  # noqa: RUF022 - plain sorted(), as tests/test_exports.py checks
     "RouteHost",
     "SESSION_KEY",
     "STRATEGY_PROMPT",
+    "StateLongTermMemory",
     "StepResult",
     "TERMINATE_DESCRIPTION",
     "TerminateStatus",
@@ -210,6 +224,7 @@ __all__ = [  # noqa: RUF022 - plain sorted(), as tests/test_exports.py checks
     "default_plan",
     "default_step_prompt",
     "estimate_tokens",
+    "facts_prompt",
     "format_plan",
     "html_to_markdown",
     "job_routes",
@@ -225,11 +240,14 @@ __all__ = [  # noqa: RUF022 - plain sorted(), as tests/test_exports.py checks
     "render_react_scratchpad",
     "research_function",
     "response_parser",
+    "same_text",
     "step_tag",
     "summary_function",
     "terminate",
     "terminate_tool",
     "to_openai_messages",
     "tool",
+    "user_statements",
     "validation_function",
+    "word_overlap",
 ]

@@ -14,12 +14,13 @@ session's memory, make the :class:`AgentResult`).
 
 from __future__ import annotations
 
+import logging
 import re
 import uuid
 import warnings
 import weakref
 from collections import OrderedDict
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from enum import Enum
 from typing import Any
 
@@ -29,10 +30,13 @@ import dflow
 from dflow import ContextStack, DFlow, Pipeline, Run
 
 from ._window import estimate_tokens
+from .longterm import LongTermMemory, check_events, check_user, facts_prompt, user_statements
 from .memory import ChatMemory, _check_session
 from .messages import ChatMessage, Usage
 
 __all__ = ["Agent", "AgentResult", "AgentStatus"]
+
+log = logging.getLogger("dflow_agents.agent")
 
 _NAME = re.compile(r"[A-Za-z0-9_.:@-]{1,64}")
 
@@ -125,6 +129,21 @@ def run_session(ctx: ContextStack, session: object) -> str | None:
     return session
 
 
+def run_user(ctx: ContextStack, user: object) -> str | None:
+    """The user whose long-term memory a run may use: ``user``, checked; a run started
+    through ``dflow serve`` may use only its own session's (``PermissionError``)."""
+    if user is None:
+        return None
+    user = check_user(user)
+    owner = ctx.get(SESSION_KEY)
+    if owner is not None and user != owner:
+        raise PermissionError(
+            f"this run was started in server session {owner!r} and may not use the long-term memory of user "
+            f"{user!r}: leave the user out, or name the session's own"
+        )
+    return user
+
+
 def dump(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
     """Messages as the JSON data a run stores."""
     return [m.model_dump(mode="json", exclude_defaults=True) for m in messages]
@@ -204,11 +223,32 @@ class Agent:
     tail ``flat_map``, or ``self._done(state)``) and may extend ``_new_state``.
     """
 
-    def __init__(self, name: str, *, memory: ChatMemory | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        *,
+        memory: ChatMemory | None = None,
+        longterm: LongTermMemory | None = None,
+        longterm_tokens: int = 1_000,
+        snapshot_on: Collection[str] = (),
+        snapshot_facts: Callable[[Sequence[ChatMessage]], Sequence[str]] = user_statements,
+    ) -> None:
         self.name = check_name(name)
         if memory is not None and not isinstance(memory, ChatMemory):
             raise TypeError(f"memory must be a ChatMemory (InMemoryChatMemory, RedisChatMemory), got {memory!r}")
+        if longterm is not None and not isinstance(longterm, LongTermMemory):
+            raise TypeError(f"longterm must be a LongTermMemory (StateLongTermMemory), got {longterm!r:.80}")
+        if isinstance(longterm_tokens, bool) or not isinstance(longterm_tokens, int) or longterm_tokens < 1:
+            raise ValueError(f"longterm_tokens must be an int >= 1, got {longterm_tokens!r}")
+        self.snapshot_on = check_events(snapshot_on, list(getattr(self, "tools", {})) or None)
+        if self.snapshot_on and longterm is None:
+            raise ValueError("snapshot_on= writes to the long-term memory: give the agent one with longterm=")
+        if not callable(snapshot_facts):
+            raise TypeError(f"snapshot_facts takes a function (messages) -> list of str, got {snapshot_facts!r:.80}")
         self.memory = memory
+        self.longterm = longterm  #: the users' facts, recalled into the prompt of a run given user=
+        self.longterm_tokens = longterm_tokens
+        self.snapshot_facts = snapshot_facts
         self._pointer = f"dflow_agents/{name}"  # the run's key naming this agent's current invocation
         self._turns = MessageCache()
         share_once(_agents, self, name, f"dflow_agents.agent:{name}", "agent",
@@ -243,8 +283,11 @@ class Agent:
     def flow(self, query: str, *, session: str | None = None) -> DFlow[AgentResult]:
         """The agent as a flow to embed in another (in a ``flat_map``): it runs in the
         caller's run, and outputs the :class:`AgentResult`."""
+        return self._flow(self._request(query, session))
+
+    def _flow(self, request: dict[str, Any]) -> DFlow[AgentResult]:
         return self._retrying(
-            DFlow.just(self._request(query, session))
+            DFlow.just(request)
             .map(self._start).id(f"{self.name}.start")
             .flat_map(self._loop).id(f"{self.name}.loop")
         )
@@ -254,20 +297,37 @@ class Agent:
             raise TypeError(f"an agent's query is a str, got {type(query).__qualname__}")
         return {"query": query, "session": check_session(session)}
 
+    def _for_user(self, request: dict[str, Any], user: object) -> dict[str, Any]:
+        """``request`` for ``user``'s long-term memory too."""
+        if user is None:
+            return request
+        if self.longterm is None:
+            raise ValueError(f"user= names whose long-term memory a run uses, and {self!r} has none (longterm=)")
+        return {**request, "user": check_user(user)}
+
     # -- steps -------------------------------------------------------------------------
 
     async def _start(self, ctx: ContextStack, request: Any) -> dict[str, Any]:
-        """Record the task and the session's memory in the run; the loop's first state."""
+        """Record the task, the session's memory and the user's recalled facts in the run;
+        the loop's first state."""
         if isinstance(request, str):  # pipeline.call("question")
             request = {"query": request, "session": None}
         if not isinstance(request, dict) or not isinstance(request.get("query"), str):
             raise TypeError(f"{self!r} starts from a query (str) or {{'query': str, 'session': str}}, got {request!r}")
         session = run_session(ctx, request.get("session"))
+        user = run_user(ctx, request.get("user"))
+        if user is not None and self.longterm is None:
+            raise ValueError(f"the request names user {user!r}, and {self!r} has no long-term memory (longterm=)")
         history = await self.memory.load(session) if self.memory is not None and session else []
         ns = f"{self._pointer}/{ctx.idempotency_key}/{uuid.uuid4().hex[:12]}"
         ctx.put(self._pointer, ns)
         ctx.put(f"{ns}/head", dump([*history, ChatMessage.user(request["query"])]))
+        if user is not None and self.longterm is not None:  # the user's facts most relevant to the task
+            recalled = facts_prompt(await self.longterm.recall(user, request["query"]), self.longterm_tokens)
+            if recalled is not None:
+                ctx.put(f"{ns}/longterm", dump([recalled]))
         state = self._new_state(ns, request["query"], session, len(history))
+        state["user"] = user
         return state
 
     def _new_state(self, ns: str, query: str, session: str | None, history: int) -> dict[str, Any]:
@@ -297,13 +357,33 @@ class Agent:
         """The messages this run added to the session (the task and every turn after it)."""
         raise NotImplementedError  # pragma: no cover - abstract
 
+    async def _snapshot(self, longterm: LongTermMemory, user: str, facts: Sequence[str], key: str) -> None:
+        """Write a run's snapshot ``facts``: those the memory would refuse as too long are left
+        out, and a write it refuses is logged: the run's result matters more than its facts."""
+        texts = [facts] if isinstance(facts, str) else list(facts)
+        limit = getattr(longterm, "max_chars", None)
+        if isinstance(limit, int):
+            texts = [t for t in texts if not isinstance(t, str) or len(t.strip()) <= limit]
+        try:
+            await longterm.remember(user, texts, key=key, kind="snapshot")
+        except (TypeError, ValueError) as exc:
+            log.warning("dflow_agents: %r did not keep the facts of a run of user %r: %s (see snapshot_facts=)",
+                        self, user, exc)
+
     async def _finish(self, ctx: ContextStack, state: dict[str, Any]) -> AgentResult:
-        """Append the run's conversation to the session's memory (once, whatever re-runs
-        this step) and give the result."""
-        session = state.get("session")
+        """Append the run's conversation to the session's memory and, when the run reached
+        a ``snapshot_on`` event, its facts to the user's long-term memory (each once,
+        whatever re-runs this step); give the result."""
+        session, user = state.get("session"), state.get("user")
+        longterm = self.longterm if self.snapshot_on and user is not None else None
+        keep = self.memory is not None and bool(session)
+        messages = self._conversation_of_run(ctx, state) if keep or longterm is not None else []
         if self.memory is not None and session:
-            messages = self._conversation_of_run(ctx, state)
             await self.memory.append(session, messages, key=state["ns"])
+        if longterm is not None and isinstance(user, str):
+            reached = {state["status"], *(f"tool:{m.name}" for m in messages if m.role == "tool" and m.name)}
+            if reached & self.snapshot_on:
+                await self._snapshot(longterm, user, self.snapshot_facts(messages), f"{state['ns']}/snapshot")
         return AgentResult(
             status=AgentStatus(state["status"]),
             answer=state.get("answer", ""),

@@ -15,17 +15,18 @@ model keeps failing.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from pydantic_core import to_jsonable_python
 
-from dflow import ContextStack, DFlow
+from dflow import ContextStack, DFlow, Run
 
 from ._window import context_window, estimate_tokens
-from .agent import RUNNING, Agent, AgentStatus, add_usage, dump, load, stop
+from .agent import RUNNING, Agent, AgentResult, AgentStatus, add_usage, dump, load, stop
 from .errors import ModelRetryableError
 from .function import AIFunction
+from .longterm import LongTermMemory, user_statements
 from .loopguard import LoopGuard
 from .memory import ChatMemory
 from .messages import ChatMessage, ChatResponse, ToolCall, ToolSpec
@@ -61,6 +62,17 @@ class ToolCallAgent(Agent):
             end of every request (not kept in the conversation).
         max_steps: turns before the run stops with ERROR.
         memory: where sessions' conversations are kept (declare it ``dflow.shared``).
+        longterm: the users' long-term facts (a :class:`LongTermMemory`): a run given
+            ``user=`` starts by recalling the facts most relevant to its task, which go in
+            every prompt after the system prompt, as one system message of at most
+            ``longterm_tokens`` tokens (the facts that fit, most relevant first).
+        snapshot_on: events at which a run's facts go to the user's long-term memory, once,
+            when the run ends: ``"finished"``, ``"terminated"``, ``"error"`` (the run ended
+            so), ``"tool:NAME"`` (the run called tool NAME). The facts are
+            ``snapshot_facts(messages)`` of the messages the run added (default
+            :func:`user_statements`: what the user said), stored with ``kind="snapshot"``;
+            those longer than the memory's ``max_chars`` are left out, and a write it
+            refuses is logged (the run still gives its result).
         token_budget: tokens all model calls of a run may use (prompt and completion);
             the run stops with ERROR before a request that would exceed it.
         context_tokens: what of the conversation is sent: the task and the latest turns
@@ -85,6 +97,10 @@ class ToolCallAgent(Agent):
         next_step_prompt: str | None = None,
         max_steps: int = 20,
         memory: ChatMemory | None = None,
+        longterm: LongTermMemory | None = None,
+        longterm_tokens: int = 1_000,
+        snapshot_on: Collection[str] = (),
+        snapshot_facts: Callable[[Sequence[ChatMessage]], Sequence[str]] = user_statements,
         token_budget: int | None = None,
         context_tokens: int = 32_000,
         max_observation_chars: int | None = 8_000,
@@ -124,7 +140,27 @@ class ToolCallAgent(Agent):
         self.model_attempts = model_attempts
         self.model_retry_backoff = float(model_retry_backoff)
         self.model_options = dict(model_options or {})
-        super().__init__(name, memory=memory)
+        super().__init__(name, memory=memory, longterm=longterm, longterm_tokens=longterm_tokens,
+                         snapshot_on=snapshot_on, snapshot_facts=snapshot_facts)
+
+    # -- running -----------------------------------------------------------------------
+
+    def run(self, query: str, *, session: str | None = None, user: str | None = None,
+            trace_id: str | None = None) -> Run:
+        """Start a run of the agent on ``query`` (in ``session``, whose memory it reads and
+        extends; for ``user``, whose long-term facts it recalls); ``run.result()`` is the
+        :class:`AgentResult`."""
+        return self.pipeline.call(self._for_user(self._request(query, session), user), trace_id=trace_id)
+
+    async def arun(self, query: str, *, session: str | None = None, user: str | None = None,
+                   trace_id: str | None = None) -> Run:
+        """``run`` for async code."""
+        return await self.pipeline.acall(self._for_user(self._request(query, session), user), trace_id=trace_id)
+
+    def flow(self, query: str, *, session: str | None = None, user: str | None = None) -> DFlow[AgentResult]:
+        """The agent as a flow to embed in another (in a ``flat_map``): it runs in the
+        caller's run, and outputs the :class:`AgentResult`."""
+        return self._flow(self._for_user(self._request(query, session), user))
 
     # -- the loop ----------------------------------------------------------------------
 
@@ -168,8 +204,8 @@ class ToolCallAgent(Agent):
         return _answered([m for m in messages if not (m.role == "user" and m.name == "loop-guard")])
 
     def _prompt(self, ctx: ContextStack, state: dict[str, Any]) -> list[ChatMessage]:
-        """What the model is sent this turn: system prompt, the conversation that fits,
-        the loop guard's prompt if it spoke, the next-step prompt."""
+        """What the model is sent this turn: system prompt, the user's recalled facts, the
+        conversation that fits, the loop guard's prompt if it spoke, the next-step prompt."""
         ns, step = state["ns"], state["step"]
         conversation = self._conversation(ctx, state)
         if state["nudge"]:  # the loop guard's prompt: kept in the conversation from now on
@@ -179,6 +215,7 @@ class ToolCallAgent(Agent):
             state["nudge"] = None
             conversation.append(nudge)
         system = [ChatMessage.system(self.system_prompt)] if self.system_prompt else []
+        system += self._turns.read(ctx, f"{ns}/longterm")
         goal = ChatMessage.user(state["query"])
         window = context_window(
             goal, system + conversation, self.context_tokens, count_tokens=self._turns.tokens,

@@ -185,7 +185,7 @@ def test_the_runs_list_shows_counts_filters_and_pages(browser: httpx.Client) -> 
     assert page.status_code == 200 and waiting.trace_id in page.text and done[-1].trace_id in page.text
     assert f'href="/console/runs/{waiting.trace_id}"' in page.text
     listed = browser.get("/console/api/runs", params={"pipeline": "con-twice", "limit": 2}).json()
-    assert set(listed["counts"]) == {"running", "sleeping", "waiting", "done", "failed", "cancelled"}
+    assert set(listed["counts"]) == {"running", "sleeping", "waiting", "done", "failed", "cancelled", "compensated"}
     assert listed["counts"]["done"] >= 5 and all(r["pipeline"] == "con-twice" for r in listed["runs"])
     seen: list[str] = []
     cursor = None

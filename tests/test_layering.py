@@ -20,6 +20,7 @@ LAYERS: list[set[str]] = [
     {"_ids", "policy", "_signing", "_urls"},  # run ids; retry policies; keys; URL text
     {"_codec"},  # values and step messages
     {"_model", "_shared"},  # the node/chain model; objects that travel by name
+    {"_signature"},  # how a step function is called: (value) or (ctx, value)
     {"context", "store", "_shape", "_registry",  # what a run holds; the Store seam; chain keys;
      "shared_state",  # the seam of state shared by runs (State, Circuit);
      "_runpage"},  # the order and cursors of run listings
@@ -28,8 +29,10 @@ LAYERS: list[set[str]] = [
     {"_frames", "_interpret", "memory", "_tree",  # frames records; interpretation; the in-process store,
      "_memruns", "_memblobs", "_memends", "_followers",  # its runs, blobs, run endings, waiters;
      "_memstate",  # the in-process store's shared state;
+     "deadlock",  # finding and breaking runs that wait for each other;
      "_memindex",  # its run listings;
-     "_rerun"},  # re-running a run from a step (replaying the steps before it)
+     "_rerun",  # re-running a run from a step (replaying the steps before it)
+     "_saga"},  # compensating the steps of a run that failed or was cancelled
     {"runtime", "_step", "_dispatch", "adapters"},  # the worker loop; what a step does; its client side; the adapters
     {"_connect"},  # stores and transports from URLs (imports the adapters)
     {"client", "_host", "_run", "state", "circuit"},  # Runtime's owner (_host), Pipeline, Run; State, Circuit

@@ -118,7 +118,7 @@ CLAIM = Script(
 # key, at, message kind, blobs ('=' when unchanged); wait: call_type, init_pending; fork:
 # kind, join msg, join seq, join key, n, frames ('' when unchanged), blobs ('=' when
 # unchanged), then for each branch: trace, frames, value, msg, key, index, blobs; finish:
-# result; fail: error.
+# result; fail: error, the status it ends in ('failed' or 'compensated').
 COMMIT = Script(
     "COMMIT", ("listed", "emit", "blobs", "finish", "claim_step", "commit"),
     ("prefix", "trace", "token", "now", "ttl_ms", "redispatch", "claim_kind", "stream", "group", "receipt", "taker",

@@ -5,13 +5,17 @@ its keys and arguments), every read one command or script, so each operation is 
 across workers; times are the Redis server's clock, one clock for every worker. Keys sit
 under the store's prefix, each object's keys hash-tagged by its name (``P:{state:NAME}``,
 ``P:{circuit:NAME}``, ``P:{circuit:NAME}:f``) so that they would share a Redis Cluster
-slot. A state's keys never expire (they are the application's data); a circuit's keys go
-when it closes, and its failures expire with their window. Importing this module
-registers the backend for ``RedisStore``.
+slot; the circuits used lately are listed in ``P:{circuits}`` and ``P:{circuits}:config``
+(``lua/circuit_seen.lua``), which each process refreshes once a minute per circuit it uses.
+A state's keys never expire (they are the application's data); a circuit's keys go
+when it closes, and its failures expire with their window. The deadlock detector's
+waits-for graph is one hash, ``P:{waits}:e`` (``lua/state_waits_add.lua`` says its fields), and
+its lease ``P:{waits}:lease``. Importing this module registers the backend for ``RedisStore``.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any, cast
 
 import msgpack
@@ -19,13 +23,17 @@ import redis.asyncio as aioredis
 
 from dflow.errors import StoreError
 from dflow.shared_state import (
+    KNOWN_CIRCUITS,
+    KNOWN_FOR,
     Admission,
     CasResult,
     CircuitConfig,
     CircuitSnapshot,
+    KnownCircuit,
     Outcome,
     StateBackend,
     StoredVersion,
+    WaitEdge,
     Writer,
     register_backend,
 )
@@ -37,7 +45,8 @@ from ._store import RedisStore
 __all__ = ["RedisStateBackend"]
 
 #: the scripts, by the name of their file
-SCRIPTS = ("state_cas", "state_rollback", "circuit_enter", "circuit_record", "circuit_state")
+SCRIPTS = ("state_cas", "state_rollback", "circuit_enter", "circuit_record", "circuit_state", "circuit_seen",
+           "state_waits_add", "state_waits_lease")
 
 
 def _entry(raw: bytes) -> StoredVersion:
@@ -54,6 +63,29 @@ def _text(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
+#: seconds between two notes of a circuit in use by one process (see ``circuit_seen.lua``)
+NOTE_EVERY = 60.0
+
+
+def _settings(config: CircuitConfig) -> str:
+    return f"{config.failures} {config.window!r} {config.cool_down!r} {config.probe_lease!r}"
+
+
+def _config(raw: Any) -> CircuitConfig | None:
+    """Settings as ``circuit_seen.lua`` keeps them; ``None`` when damaged."""
+    try:
+        failures, window, cool_down, probe_lease = _text(raw).split()
+        return CircuitConfig(int(failures), float(window), float(cool_down), float(probe_lease))
+    except (ValueError, TypeError):
+        return None
+
+
+def _snapshot(row: list[Any]) -> CircuitSnapshot:
+    """What ``circuit_state.lua`` returns."""
+    state, failures, opened_at, retry_at, probing = row
+    return CircuitSnapshot(_text(state), int(failures), float(_text(opened_at)), float(_text(retry_at)), probing == 1)
+
+
 class RedisStateBackend(StateBackend):
     """``StateBackend`` in Redis, beside a ``RedisStore`` (its client and key prefix)."""
 
@@ -61,6 +93,7 @@ class RedisStateBackend(StateBackend):
         self.redis = client
         self.prefix = prefix
         self._scripts = {name: client.register_script(_read(name)) for name in SCRIPTS}
+        self._noted: dict[str, tuple[CircuitConfig, float]] = {}  # circuits noted: settings, when (monotonic)
 
     @classmethod
     def of(cls, store: RedisStore) -> RedisStateBackend:
@@ -112,7 +145,23 @@ class RedisStateBackend(StateBackend):
 
     # -- circuits --------------------------------------------------------------------
 
+    def _known_keys(self) -> list[str]:
+        key = f"{self.prefix}:{{circuits}}"
+        return [key, f"{key}:config"]
+
+    async def _note(self, name: str, config: CircuitConfig) -> None:
+        """List circuit ``name`` as used, once a minute per process (or when its settings change)."""
+        now = time.monotonic()
+        noted = self._noted.get(name)
+        if noted is not None and noted[0] == config and now - noted[1] < NOTE_EVERY:
+            return
+        if len(self._noted) >= KNOWN_CIRCUITS:
+            self._noted.clear()
+        self._noted[name] = (config, now)
+        await self._run("circuit_seen", self._known_keys(), [name, _settings(config), KNOWN_CIRCUITS, int(KNOWN_FOR)])
+
     async def circuit_enter(self, name: str, config: CircuitConfig, token: str) -> Admission:
+        await self._note(name, config)
         done = await self._run("circuit_enter", self._circuit_keys(name)[:1], [token, config.probe_lease])
         if done[0] == 1:
             return Admission(True, done[1] == 1, _text(done[2]))
@@ -125,10 +174,60 @@ class RedisStateBackend(StateBackend):
                         [token, 1 if probe else 0, int(outcome), config.failures, config.window, config.cool_down])
 
     async def circuit_state(self, name: str, config: CircuitConfig) -> CircuitSnapshot:
-        state, failures, opened_at, retry_at, probing = await self._run(
-            "circuit_state", self._circuit_keys(name), [config.window])
-        return CircuitSnapshot(_text(state), int(failures), float(_text(opened_at)), float(_text(retry_at)),
-                               probing == 1)
+        return _snapshot(await self._run("circuit_state", self._circuit_keys(name), [config.window]))
+
+    async def circuit_list(self) -> list[KnownCircuit]:
+        names, settings = self._known_keys()
+        with store_errors():
+            found = cast("list[bytes]", await self.redis.zrevrangebyscore(
+                names, "+inf", time.time() - KNOWN_FOR, start=0, num=KNOWN_CIRCUITS))
+            configs = cast("list[bytes | None]", await self.redis.hmget(settings, found)) if found else []
+        known = sorted((_text(n), c) for n, raw in zip(found, configs) if (c := _config(raw)) is not None)
+        if not known:
+            return []
+        with store_errors():
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for name, config in known:  # (one round trip for all)
+                    await self._scripts["circuit_state"](keys=self._circuit_keys(name), args=[config.window],
+                                                         client=pipe)
+                rows = await pipe.execute()
+        return [KnownCircuit(name, config, _snapshot(row)) for (name, config), row in zip(known, rows)]
+
+    # -- the waits-for graph ---------------------------------------------------------
+
+    def _waits_key(self, part: str) -> str:
+        return f"{self.prefix}:{{waits}}:{part}"
+
+    async def waits_add(self, waiter: str, seq: int, call_type: str, targets: list[str]) -> None:
+        if targets:
+            await self._run("state_waits_add", [self._waits_key("e")],
+                            [waiter, seq, call_type, len(targets), *targets])
+
+    async def waits_list(self) -> list[WaitEdge]:
+        with store_errors():
+            found = cast("dict[bytes, bytes]", await self.redis.hgetall(self._waits_key("e")))
+        edges, damaged = [], []
+        for field, value in found.items():
+            try:
+                waiter, seq, target = _text(field).split(" ")
+                since, call_type = _text(value).split(" ", 1)
+                edges.append(WaitEdge(waiter, int(seq), call_type, target, float(since)))
+            except ValueError:  # not written by state_waits_add.lua: dropped, not left to stop every look
+                damaged.append(field)
+        if damaged:
+            with store_errors():
+                await self.redis.hdel(self._waits_key("e"), *damaged)
+        return edges
+
+    async def waits_drop(self, edges: list[WaitEdge]) -> None:
+        if edges:
+            with store_errors():
+                fields = [f"{e.waiter} {e.seq} {e.target}" for e in edges]
+                await self.redis.hdel(self._waits_key("e"), *fields)
+
+    async def waits_lease(self, token: str, seconds: float) -> bool:
+        ms = max(1, round(seconds * 1000)) if seconds > 0 else 0
+        return bool(await self._run("state_waits_lease", [self._waits_key("lease")], [token, ms]))
 
 
 register_backend(RedisStore, RedisStateBackend.of)

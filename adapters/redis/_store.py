@@ -250,7 +250,7 @@ class RedisStore(Store):
         elif isinstance(transition, Finish):
             kind, fields = "finish", [transition.result]
         elif isinstance(transition, Fail):
-            kind, fields = "fail", [_pack(transition.error)]
+            kind, fields = "fail", [_pack(transition.error), b"compensated" if transition.compensated else b"failed"]
         else:  # pragma: no cover
             raise TypeError(f"unknown transition {transition!r}")
         args = _scripts.COMMIT.args(
@@ -466,7 +466,7 @@ class RedisStore(Store):
                     t = trace_ids[i]
                     await self.redis.delete(f"{self.prefix}:w:{t}")
                     raise RunNotFoundError(f"no run with trace id {t!r} (never started, or expired)", trace_id=t)
-            ended = [i for i, st in enumerate(statuses) if st in (b"done", b"failed", b"cancelled")]
+            ended = [i for i, st in enumerate(statuses) if st in (b"done", b"failed", b"cancelled", b"compensated")]
             if ended:
                 async with self.redis.pipeline(transaction=False) as pipe:
                     for i in ended:

@@ -54,6 +54,7 @@ class RedisStreamsTransport(Transport):
         self._lock = asyncio.Lock()
         self._group_ready = False
         self._last_claim = 0.0
+        self._socket_timeout: float | None = self.redis.connection_pool.connection_kwargs.get("socket_timeout")
 
     async def _ensure_group(self) -> None:
         if self._group_ready:
@@ -100,7 +101,8 @@ class RedisStreamsTransport(Transport):
     async def _fetch(self, timeout: float) -> None:
         await self._ensure_group()
         now = time.monotonic()
-        if now - self._last_claim >= min(self.redeliver_after / 4, 5.0):
+        every = min(self.redeliver_after / 4, 5.0)
+        if now - self._last_claim >= every:
             self._last_claim = now
             start = "0-0"
             while len(self._buffer) < self.prefetch:
@@ -115,9 +117,14 @@ class RedisStreamsTransport(Transport):
                     break
             if self._buffer:
                 return
+        # Block no longer than until the next claim of dead consumers' messages is due,
+        # and well within the connection's socket timeout, if it has one.
+        block = min(timeout, max(self._last_claim + every - now, 0.05))
+        if self._socket_timeout:
+            block = min(block, self._socket_timeout / 2)
         reply = await self.redis.xreadgroup(
             self.group, self.consumer, {self.stream: ">"}, count=self.prefetch,
-            block=max(1, int(timeout * 1000)),
+            block=max(1, int(block * 1000)),
         )
         for _, entries in reply or []:
             self._add(entries)

@@ -245,9 +245,14 @@ def head_html(info: RunInfo | None, trace_id: str, pipeline: str | None,
         err = info.error
         title = "Cancelled" if info.status is RunStatus.CANCELLED else "Error"
         where = f' at step <code>{esc(err.get("step"))}</code>' if err.get("step") else ""
+        saga = "".join(
+            f'<p>{label}: {", ".join(f"<code>{esc(cut(str(k), 200))}</code>" for k in err[field][:50])}</p>'
+            for field, label in (("compensated", "Compensated"), ("undone", "Left undone"))
+            if isinstance(err.get(field), list) and err[field]
+        )
         outcome = (f'<details class="outcome bad" open><summary>{title}{where}</summary>'
                    f'<p><b>{esc(cut(str(err.get("type") or ""), 500))}</b> {esc(cut(str(err.get("message") or "")))}</p>'
-                   "</details>")
+                   f"{saga}</details>")
     return f'<h1 class="mono">{esc(trace_id)}</h1><dl class="facts">{dl}</dl>{outcome}'
 
 

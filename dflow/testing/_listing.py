@@ -118,7 +118,7 @@ class RunListingContract:
         assert await _listed(store, RunStatus.CANCELLED) == [cancelled.trace_id]
         assert await store.count_runs() == {
             RunStatus.RUNNING: 0, RunStatus.SLEEPING: 0, RunStatus.WAITING: 0, RunStatus.DONE: 1,
-            RunStatus.FAILED: 1, RunStatus.CANCELLED: 1,
+            RunStatus.FAILED: 1, RunStatus.CANCELLED: 1, RunStatus.COMPENSATED: 0,
         }
         await store.close()
 
@@ -289,7 +289,8 @@ class RunListingContract:
                 elif move == 2:
                     await store.commit(claim, [], {}, Finish(encode(1)))
                 else:
-                    await store.commit(claim, [], {}, Fail({"type": "E", "message": "no"}))
+                    ended = Fail({"type": "E", "message": "no"}, compensated=rnd.random() < 0.5)
+                    await store.commit(claim, [], {}, ended)
             elif roll < 0.9 and waiting:
                 trace = waiting.pop(rnd.randrange(len(waiting)))
                 (running[trace],) = await store.resume(trace, "listing-go", NONE)

@@ -42,6 +42,7 @@ from ..store import (
 )
 from ..transport import Delivery, Transport
 from ._listing import RunListingContract
+from ._saga import SagaStoreContract
 from ._made import KEYS, until
 from ._made import advance as _advance
 from ._made import due_for as _due_for
@@ -88,10 +89,11 @@ MALFORMED_MESSAGES: list[tuple[str, bytes]] = [
 ]
 
 
-class StoreContract(RunListingContract):
+class StoreContract(RunListingContract, SagaStoreContract):
     """What a ``Store`` must do. Needs the fixture ``make_store(**options) -> Store``, a
     plain store (one that returns the messages to publish; ``FusedStoreContract`` checks
-    what a fused store does besides). Listing runs is in ``RunListingContract``."""
+    what a fused store does besides). Listing runs is in ``RunListingContract``, runs that
+    hold compensations in ``SagaStoreContract``."""
 
     @pytest.fixture
     def make_store(self) -> Callable[..., Store]:  # pragma: no cover - provided by subclasses

@@ -48,7 +48,7 @@ def test_the_console_of_dflow_serve_on_redis(redis_url: str, prefix: str) -> Non
                 # the runs list: exact counts, pages by cursor, filters, from the Redis store
                 everything = c.get("/console/api/runs").json()
                 assert everything["counts"] == {"running": 0, "sleeping": 0, "waiting": 1, "done": 6, "failed": 0,
-                                                "cancelled": 0}
+                                                "cancelled": 0, "compensated": 0}
                 assert c.get("/console/api/runs", params={"pipeline": "ci-count"}).json()["counts"]["done"] == 5
                 seen: list[str] = []
                 cursor = None

@@ -102,14 +102,29 @@ pytestmark = [
 ]
 
 
+def _cluster(request: pytest.FixtureRequest, redis_url: str, prefix: str, **group: object) -> Cluster:
+    if request.param == "kafka":
+        url = kafka_transport(request.getfixturevalue("kafka_bootstrap"), prefix, **group)
+    else:
+        url = streams_transport(redis_url, prefix)
+    return Cluster(redis_url, prefix, url)
+
+
 @pytest.fixture(params=["redis-streams", "kafka"])
 def cluster(request: pytest.FixtureRequest, redis_url: str, prefix: str) -> Iterator[Cluster]:
     """Workers on Redis Streams or on Kafka; the store is Redis either way."""
-    if request.param == "kafka":
-        url = kafka_transport(request.getfixturevalue("kafka_bootstrap"), prefix)
-    else:
-        url = streams_transport(redis_url, prefix)
-    c = Cluster(redis_url, prefix, url)
+    c = _cluster(request, redis_url, prefix)
+    yield c
+    c.close()
+
+
+@pytest.fixture(params=["redis-streams", "kafka"])
+def quick_cluster(request: pytest.FixtureRequest, redis_url: str, prefix: str) -> Iterator[Cluster]:
+    """``cluster``, noticing a dead worker sooner: its steps' leases lapse after 2 s, and on
+    Kafka a silent member leaves the group after 2 s (tansu re-forms a group in about half
+    the session timeout: 1 s, not 3)."""
+    c = _cluster(request, redis_url, prefix, session_timeout_ms=2000, heartbeat_interval_ms=200)
+    c.workers.lease = 2.0
     yield c
     c.close()
 
@@ -156,19 +171,24 @@ def test_three_workers_300_runs(cluster: Cluster) -> None:
 
 
 @pytest.mark.timeout(300)
-def test_kill_workers_during_load(cluster: Cluster) -> None:
-    c = cluster
+def test_kill_workers_during_load(quick_cluster: Cluster) -> None:
+    c = quick_cluster
     c.workers.env["DFLOW_TEST_STEP_SLEEP"] = "0.01"  # keep steps in flight when the kills land
     c.workers.start(3)
     c.approve_forever()
-    runs = start_orders(300)
-    deadline = time.monotonic() + 30
-    kills = 0
-    while kills < 5 and time.monotonic() < deadline:
-        time.sleep(1.5)
+    runs = start_orders(60)  # 480 counted steps
+    kills = 3
+    for i in range(kills):
+        # kill -9 each of the three first workers as the load goes on (after 60, 150 and 240
+        # counted steps ran), each replaced at once by a worker that starts meanwhile
+        deadline = time.monotonic() + 60
+        while c.r.hlen(f"{c.prefix}:execs") < 60 + 90 * i:
+            assert time.monotonic() < deadline, f"the workers stopped running steps before kill {i + 1}"
+            time.sleep(0.02)
         c.workers.kill_one()
-        c.workers.start(1)
-        kills += 1
+        c.workers.start(1, wait=False)
+    assert not all(r.status().finished for r in runs), "the last kill landed while runs were in flight"
+    c.workers.wait_ready()
     check_all(c, runs, timeout=180)
     commits = Counter[str]()
     for r in runs:

@@ -33,9 +33,10 @@ def streams_transport(redis_url: str, prefix: str) -> str:
     return f"{redis_url}?stream={prefix}:steps&redeliver_after=2"
 
 
-def kafka_transport(bootstrap: str, prefix: str) -> str:
-    """Kafka topics and a consumer group named after ``prefix``, 4 partitions, the test settings."""
-    settings = "&".join(f"{k}={v}" for k, v in {**kafka_test_settings(), **KAFKA_GROUP}.items())
+def kafka_transport(bootstrap: str, prefix: str, **group: object) -> str:
+    """Kafka topics and a consumer group named after ``prefix``, 4 partitions, the test settings
+    (``group`` overrides those of ``KAFKA_GROUP``)."""
+    settings = "&".join(f"{k}={v}" for k, v in {**kafka_test_settings(), **KAFKA_GROUP, **group}.items())
     return f"kafka://{bootstrap}?topic={prefix}-steps&group={prefix}-workers&partitions=4&{settings}"
 
 
@@ -54,7 +55,8 @@ class Workers:
         self.logs: list[Path] = []
         self.killed = 0
 
-    def start(self, n: int = 1) -> None:
+    def start(self, n: int = 1, *, wait: bool = True) -> None:
+        """Start ``n`` workers; with ``wait``, wait until every worker serves."""
         for _ in range(n):
             fd, name = tempfile.mkstemp(prefix="dflow-worker-", suffix=".log")
             log = Path(name)
@@ -68,7 +70,8 @@ class Workers:
                         cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT,
                     )
                 )
-        self.wait_ready()
+        if wait:
+            self.wait_ready()
 
     def wait_ready(self, timeout: float = 30) -> None:
         deadline = time.monotonic() + timeout

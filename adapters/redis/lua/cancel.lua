@@ -2,7 +2,8 @@
 -- each gets the status and the error, its join is closed (so no branch arrives at it), its
 -- timer goes, and ``finished`` drops its lease, its wait and its frames, tells its waiters,
 -- and hands the cancelled run to its own parent's join (where it counts as failed). Queued
--- messages of these runs are dropped when they come: the run no longer expects them.
+-- messages of these runs are dropped when they come: the run no longer expects them. A run that
+-- holds compensations runs them instead of ending (see ``compensates`` in finish).
 -- Returns false when there is no such run, else {the status it had, messages to publish}.
 --
 -- ARGV, as _scripts.CANCEL lays it out (a test holds this list to it):
@@ -22,7 +23,9 @@ local rk = P..':r:'..t
 local status = redis.call('HGET', rk, 'status')
 if not status then return false end
 local out = {}
-if status == 'done' or status == 'failed' or status == 'cancelled' then return {status, out} end
+if status == 'done' or status == 'failed' or status == 'cancelled' or status == 'compensated' then
+  return {status, out}
+end
 
 local function drop_timer(ct, due)
   -- the timer's entry: near its due time (the score went through a string), naming this run
@@ -40,18 +43,24 @@ while i <= #todo do
   local ct = todo[i]
   i = i + 1
   local crk = P..':r:'..ct
-  local r = redis.call('HMGET', crk, 'due', 'ix', 'pipeline')
-  if r[1] then drop_timer(ct, r[1]) end
-  redis.call('HSET', crk, 'status', 'cancelled', 'error', err, 'updated', tostring(now))
-  listed(P, ct, r[2], r[3], 'cancelled')
-  local jk = P..':j:'..ct
-  if redis.call('HGET', jk, 'closed') == '0' then
-    redis.call('HSET', jk, 'closed', '1')
-    for _, child in ipairs(redis.call('LRANGE', P..':jc:'..ct, 0, -1)) do
-      local st = redis.call('HGET', P..':r:'..child, 'status')
-      if st == 'running' or st == 'waiting' or st == 'sleeping' then todo[#todo + 1] = child end
+  -- a run running its compensations goes on: a cancel (a second one, say) must not cut them short
+  if redis.call('HEXISTS', P..':d:'..ct, 'dflow/compensating') == 0 then
+    local r = redis.call('HMGET', crk, 'due', 'ix', 'pipeline')
+    if r[1] then drop_timer(ct, r[1]) end
+    local comp = compensates(P, ct, crk, err, now, redispatch, out)  -- it runs its compensations first
+    if not comp then
+      redis.call('HSET', crk, 'status', 'cancelled', 'error', err, 'updated', tostring(now))
+      listed(P, ct, r[2], r[3], 'cancelled')
     end
+    local jk = P..':j:'..ct
+    if redis.call('HGET', jk, 'closed') == '0' then
+      redis.call('HSET', jk, 'closed', '1')
+      for _, child in ipairs(redis.call('LRANGE', P..':jc:'..ct, 0, -1)) do
+        local st = redis.call('HGET', P..':r:'..child, 'status')
+        if st == 'running' or st == 'waiting' or st == 'sleeping' then todo[#todo + 1] = child end
+      end
+    end
+    if not comp then finished(P, ct, crk, now, redispatch, ttl, out, r[2] and r[3]) end
   end
-  finished(P, ct, crk, now, redispatch, ttl, out, r[2] and r[3])
 end
 return {status, out}

@@ -220,8 +220,10 @@ elseif kind == 'finish' then
   moved('done')
   finished(P, t, rk, now, redispatch, ttl, out, lease[6] and lease[7])
 elseif kind == 'fail' then
-  redis.call('HSET', rk, 'status', 'failed', 'error', ARGV[i])
-  moved('failed')
+  local ended = 'failed'
+  if ARGV[i + 1] == 'compensated' then ended = 'compensated' end
+  redis.call('HSET', rk, 'status', ended, 'error', ARGV[i])
+  moved(ended)
   finished(P, t, rk, now, redispatch, ttl, out, lease[6] and lease[7])
 else
   return redis.error_reply('unknown transition ' .. kind)

@@ -11,6 +11,37 @@ local CANCELLED = cmsgpack.pack({type = 'dflow.Cancelled', step = '',
   message = 'cancelled: its zip/any join closed without it (a winner was found, or a branch failed)'})
 local finished
 
+-- Whether run ``t`` holds compensations of its own (data fields 'dflow/saga/<its prefix>...', see
+-- dflow.store.saga_prefix: a branch's data starts as a copy of its parent's, whose entries are the
+-- parent's), or runs them already (field 'dflow/compensating': then it is left as it is); if so it
+-- does not end. What a run that starts them waits for goes (its call, its lease; its timer's
+-- message and queued messages go stale) and its next step is a FAIL message with the error
+-- ``err``, one seq on at its key, on which the worker that takes it runs the compensations.
+local function compensates(P, t, rk, err, now, redispatch, out)
+  local dk = P..':d:'..t
+  if redis.call('HEXISTS', dk, 'dflow/compensating') == 1 then return true end  -- it runs them: let it
+  local pattern = 'dflow/saga/'
+  for fork, index in string.gmatch(t, '/(%d+)%-(%d+)') do
+    pattern = pattern .. string.format('%012d.%04d/', tonumber(fork), tonumber(index))
+  end
+  local cursor, found = '0', false
+  repeat
+    local rep = redis.call('HSCAN', dk, cursor, 'MATCH', pattern .. '*', 'COUNT', 256)
+    cursor, found = rep[1], #rep[2] > 0
+  until found or cursor == '0'
+  if not found then return false end
+  local r = redis.call('HMGET', rk, 'seq', 'key', 'ix', 'pipeline')
+  local seq = tonumber(r[1]) + 1
+  redis.call('HSET', rk, 'status', 'running', 'seq', tostring(seq), 'attempt', '0', 'kind', '3', 'value', err,
+             'updated', tostring(now))
+  redis.call('HDEL', rk, 'waiting', 'init_pending', 'lease_token', 'lease_until', 'lease_len', 'lease_msg', 'due',
+             'parked')
+  redis.call('ZREM', P..':leases', t)
+  listed(P, t, r[3], r[4], 'running')
+  emit(P, now, redispatch, cmsgpack.pack({t, seq, r[2], 0, 3}), out)
+  return true
+end
+
 -- The processes following the run's step records (``watch_steps``) hear of each change.
 local function tell_watchers(P, t)
   for _, channel in ipairs(redis.call('SMEMBERS', P..':e:'..t)) do redis.pcall('PUBLISH', channel, t) end
@@ -50,7 +81,8 @@ local function arrive(P, t, rk, now, redispatch, ttl, out)
       if redis.call('SISMEMBER', P..':ja:'..pt, tostring(i - 1)) == 0 then
         local crk = P..':r:'..ct
         local st = redis.call('HGET', crk, 'status')
-        if st == 'running' or st == 'waiting' or st == 'sleeping' then
+        if (st == 'running' or st == 'waiting' or st == 'sleeping')
+           and not compensates(P, ct, crk, CANCELLED, now, redispatch, out) then
           redis.call('HSET', crk, 'status', 'failed', 'error', CANCELLED, 'updated', tostring(now))
           finished(P, ct, crk, now, redispatch, ttl, out, false)
         end

@@ -25,7 +25,7 @@ local i = 8
 local fields = {unpack(ARGV, i, i + tonumber(ARGV[7]) - 1)}
 local key = P..':ix'
 if pl ~= '' then key = P..':ixp:'..pl end
-local bands = {1, 2, 3, 4, 5, 6}
+local bands = {1, 2, 3, 4, 5, 6, 7}
 if status ~= '' then bands = {LISTED_BAND[status]} end
 
 local function fmt(x) return string.format('%d', x) end
