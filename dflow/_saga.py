@@ -124,7 +124,7 @@ class Undo:
         result = fn(ctx, value) if ctx_arg else fn(value)
         if hasattr(result, "__await__"):
             await result
-        ctx.delete(self.field)
+        ctx._changes[self.field] = None  # (a key of dflow's own: not through ctx.delete)
         return self.key
 
 

@@ -98,6 +98,15 @@ class RunInfo:
 
 
 _DELETED = None
+#: the prefix of the data keys dflow keeps in a run (compensations, rerun links, traces,
+#: declared waits): a step cannot write them, so none can be forged or lost by accident
+RESERVED = "dflow/"
+
+
+def _reserved(op: str, key: str) -> str:
+    return (f"ctx.{op}({key[:100]!r}) is refused: keys under {RESERVED!r} are dflow's own (compensations, "
+            "rerun links, traces, declared waits); name your key otherwise")
+
 #: the run's data key of the runs declared with ``ctx.wait_for``, until its next wait
 WAIT_FOR_KEY = "dflow/wait_for"
 
@@ -142,17 +151,21 @@ class ContextStack:
 
     def put(self, key: str, value: Any) -> None:
         """Store ``value`` under ``key``. Raises ``SerializationError`` at once for a value
-        that could not be committed."""
+        that could not be committed. Keys under ``dflow/`` are dflow's own (refused)."""
         if not isinstance(key, str):
             raise TypeError(f"context keys are strings, got {type(key).__qualname__}")
         if self._readonly:
             raise DFlowError(f"ctx.put({key!r}) is refused here: {self._readonly}")
+        if key.startswith(RESERVED):
+            raise DFlowError(_reserved("put", key))
         self._changes[key] = encode(value, f"ctx.put({key!r}) value")
 
     def delete(self, key: str) -> None:
         """Remove ``key`` from the run's data."""
         if self._readonly:
             raise DFlowError(f"ctx.delete({key!r}) is refused here: {self._readonly}")
+        if isinstance(key, str) and key.startswith(RESERVED):
+            raise DFlowError(_reserved("delete", key))
         self._changes[key] = _DELETED
 
     def wait_for(self, *trace_ids: str) -> None:

@@ -484,7 +484,7 @@ def redis_store() -> Iterator[Any]:
 
 
 def test_damaged_or_hostile_declarations_do_not_stop_detection(redis_store: Any) -> None:
-    """Run data is the user's: ``ctx.put(WAIT_FOR_KEY, ...)`` can hold anything. Only run
+    """A writer of the store can put anything under ``WAIT_FOR_KEY`` (a step cannot). Only run
     ids are declared; a field of the graph that is not an edge is dropped, not left to
     fail every later look (which would end detection for every run)."""
     make, r, prefix = redis_store

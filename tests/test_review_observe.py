@@ -13,6 +13,7 @@ import pytest
 
 import dflow
 from dflow import ContextStack, DFlow
+from dflow._codec import encode
 from dflow.context import StepRecord
 from dflow.metrics import Metrics
 from dflow.observe import StepObserver
@@ -89,8 +90,10 @@ def test_a_hostile_trace_entry_in_run_data_is_ignored_and_not_kept(local: Runtim
     tracing = otel.instrument(local, tracer_provider=provider)
 
     def hostile(ctx: ContextStack, x: int) -> int:
-        ctx.put(otel.TRACE_KEY, "x" * 200_000)  # a user's value under dflow's key: no carrier
-        ctx.put(otel.FORKS_KEY, {"a": [1, 2, 3]})
+        with pytest.raises(dflow.DFlowError, match="dflow's own"):
+            ctx.put(otel.TRACE_KEY, "x")  # a step cannot write dflow's keys; a store writer could:
+        ctx._changes[otel.TRACE_KEY] = encode("x" * 200_000)  # no carrier
+        ctx._changes[otel.FORKS_KEY] = encode({"a": [1, 2, 3]})
         return x
 
     name = f"review-otel-{uuid.uuid4().hex[:6]}"

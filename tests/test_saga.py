@@ -13,6 +13,7 @@ import pytest
 
 import dflow
 from dflow import BuildError, ContextStack, DFlow, RunCompensatedError, RunFailedError, RunStatus, StepStatus
+from dflow._codec import encode
 
 pytestmark = pytest.mark.usefixtures("local")
 
@@ -169,7 +170,10 @@ def test_a_failing_compensation_ends_the_run_failed_with_what_is_left_undone() -
 
 def test_a_forged_saga_entry_runs_no_code() -> None:
     def forge(ctx: ContextStack, v: Any) -> Any:
-        ctx.put("dflow/saga/000000000001", b"not a signed entry")
+        with pytest.raises(dflow.DFlowError, match="dflow's own"):
+            ctx.put("dflow/saga/000000000001", b"not a signed entry")
+        # as a writer of the store could (a step cannot)
+        ctx._changes["dflow/saga/000000000001"] = encode(b"not a signed entry")
 
     def fail(v: Any) -> None:
         raise ValueError("and fail")

@@ -19,6 +19,7 @@ import pytest
 
 import dflow
 from dflow import ContextStack, DFlow, RunCompensatedError, RunFailedError, RunStatus, StepStatus
+from dflow._codec import encode
 
 SECRET = "secret-of-the-saga-hostile-tests-0123456789"
 
@@ -472,7 +473,9 @@ def test_a_branch_runs_its_own_compensations_not_its_parents(on_redis: tuple[str
 
 def test_a_step_writing_the_compensating_mark_fails_its_run_with_a_clear_error(backend: str | None) -> None:
     def scribble(ctx: ContextStack, v: Any) -> Any:
-        ctx.put("dflow/compensating", "not a mark")
+        with pytest.raises(dflow.DFlowError, match="dflow's own"):
+            ctx.put("dflow/compensating", "not a mark")  # a step cannot
+        ctx._changes["dflow/compensating"] = encode("not a mark")  # a writer of the store could
         return v
 
     ends_well = (DFlow.from_call("go").map(scribble).id("w1").map(lambda v: v).id("w2")

@@ -22,6 +22,7 @@ import pytest
 
 import dflow
 from dflow import DFlow
+from dflow._codec import encode
 from dflow_agents import (
     ChatMessage,
     Fact,
@@ -289,7 +290,9 @@ def test_agent_settings_and_requests_are_checked(local: dflow.Runtime) -> None:
 
     # a run started in a server session may use only that session's long-term memory
     def in_session(ctx: dflow.ContextStack, value: str) -> DFlow[Any]:
-        ctx.put(SESSION_KEY, "alice")
+        with pytest.raises(dflow.DFlowError, match="dflow's own"):
+            ctx.put(SESSION_KEY, "alice")  # a step cannot claim a session
+        ctx._changes[SESSION_KEY] = encode("alice")  # as the server writes it when it creates the run
         return agent.flow(value, user="bob")
 
     failed = DFlow.from_call(unique("lt-session")).flat_map(in_session).id("go").init(unique("lt-session"))
