@@ -2,9 +2,9 @@
 
 Local mode and workers run this same code; only the ``Transport`` and ``Store`` differ.
 What a step does to its run is decided by the pure functions of ``_interpret``; running
-its node and turning the outcome into a store transition is ``_step``'s part. This module
-claims, commits, dispatches and acknowledges, and keeps the loops going: consuming,
-timers, lease renewal, shutdown.
+its node and turning the outcome into a store transition is ``_step``'s part; scanning the
+store's timers and renewing leases, ``_upkeep``'s. This module claims, commits, dispatches
+and acknowledges, and keeps the loops going: consuming, shutdown.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import contextvars
 import itertools
 import logging
 import os
-import random
 import socket
 import time
 from collections.abc import Sequence
@@ -30,6 +29,7 @@ from ._durable import ChainCodec
 from ._frames import FrameCodec
 from ._model import Node
 from ._step import StepRunner
+from ._upkeep import Upkeep
 from .context import WAIT_FOR_KEY, ContextStack, StepRecord, StepStatus
 from .deadlock import BreakRule, DeadlockDetector, check_interval, declare
 from .errors import (
@@ -67,10 +67,9 @@ _worker_ids = itertools.count(1)
 _TAKE_LIMIT = 32  # steps one consumer runs in a row from commits before it reads the transport
 _RETRY_PAUSE = 0.2  # seconds a consumer waits after a step it could not process
 _RECEIVE_WAIT = 2.0  # seconds an idle consumer waits in one receive (one blocking read on Redis)
-_jitter = random.Random()  # its own: the global one may be a test's (Hypothesis watches it)
 
 
-class Runtime(Dispatcher, StepRunner):
+class Runtime(Dispatcher, StepRunner, Upkeep):
     """Consumes step messages from ``transport`` and runs them against ``store``.
 
     ``concurrency`` steps run at once (async steps interleave; sync steps run on the loop
@@ -269,66 +268,6 @@ class Runtime(Dispatcher, StepRunner):
                 await self.transport.ack(d)
             except Exception:
                 log.exception("dflow: could not acknowledge an undecodable message")
-
-    async def _timers(self) -> None:
-        """Scan the store's timers, outbox and leases (``Store.due``) when something falls
-        due: at the next due time the store reports, at the time of each timer this
-        runtime sets (``_wake_at``), and at least every ``poll_interval`` seconds (at most
-        the lease; a little less, at random, so that workers spread out) for what other
-        processes set since (a timer of a worker that died, a lease taken after the last
-        scan). An idle worker so sends one scan every ``poll_interval``, not a stream of them."""
-        store = self.store
-        wake = self._wake = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        longest = min(self.poll_interval, self.lease)
-        while not self._stopping:
-            self._due_hint = None  # this scan covers the timers set so far
-            now = time.time()
-            try:
-                messages, next_due = await store.due(now)
-                if messages:
-                    await self.publish(messages)
-                    continue
-            except Exception:
-                log.exception("dflow: polling the store's timers failed; retrying")
-                next_due = time.time() + min(longest, 0.5)
-            deadline = now + longest * _jitter.uniform(0.8, 1.0)
-            if next_due is not None:
-                deadline = min(deadline, next_due + 0.001)  # (a hair after: it is due by then)
-            while not self._stopping:
-                until = deadline if self._due_hint is None else min(deadline, self._due_hint + 0.001)
-                pause = until - time.time()
-                if pause <= 0:
-                    break
-                wake.clear()
-                timer = loop.call_later(pause, wake.set)
-                try:
-                    await wake.wait()
-                finally:
-                    timer.cancel()
-
-    def _wake_at(self, at: float) -> None:
-        """Scan the store's timers at ``at`` (this runtime made something fall due then)."""
-        if self._due_hint is None or at < self._due_hint:
-            self._due_hint = at
-            if self._wake is not None:
-                self._wake.set()
-
-    async def _renew_leases(self) -> None:
-        period = self.lease / 3
-        while not self._stopping:
-            await asyncio.sleep(min(period, 1.0))
-            now = time.monotonic()
-            old = [c for started, c in self._inflight.values() if now - started >= period]
-            if old:
-                try:
-                    await self.store.extend(old, self.lease)
-                except Exception:
-                    log.exception("dflow: renewing step leases failed")
-                else:
-                    for c in old:  # renewed: again in a period (not every second)
-                        if c.token in self._inflight:
-                            self._inflight[c.token] = (now, c)
 
     # -- one step --------------------------------------------------------------------
 

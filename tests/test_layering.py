@@ -33,7 +33,8 @@ LAYERS: list[set[str]] = [
      "_memindex",  # its run listings;
      "_rerun",  # re-running a run from a step (replaying the steps before it)
      "_saga"},  # compensating the steps of a run that failed or was cancelled
-    {"runtime", "_step", "_dispatch", "adapters"},  # the worker loop; what a step does; its client side; the adapters
+    {"runtime", "_step", "_dispatch", "_upkeep",  # the worker loop; what a step does; its client side;
+     "adapters"},  # its timer scan and lease renewal; the adapters
     {"_connect"},  # stores and transports from URLs (imports the adapters)
     {"client", "_host", "_run", "state", "circuit"},  # Runtime's owner (_host), Pipeline, Run; State, Circuit
     {"server"},  # the HTTP API (dflow serve): only the command line imports it
