@@ -110,8 +110,7 @@ class Undo:
 
     def _function(self) -> tuple[Any, bool]:
         if self.home:
-            chain = chain_by_ref(self.home)
-            undo = chain.nodes[self.pos]._compensate if chain is not None and self.pos < len(chain.nodes) else None
+            undo = _in_pipeline(self.home, self.pos)
             if undo is None:
                 raise UnknownStepError(f"the pipeline chain {self.home} with the compensation of step {self.key!r} "
                                        "is not in this worker: deploy the same modules on every worker")
@@ -126,6 +125,13 @@ class Undo:
             await result
         ctx._changes[self.field] = None  # (a key of dflow's own: not through ctx.delete)
         return self.key
+
+
+def _in_pipeline(home: str, pos: int) -> Chain | None:
+    """The compensation of the node at ``pos`` of the pipeline chain ``home``, if this
+    process has that chain."""
+    chain = chain_by_ref(home)
+    return chain.nodes[pos]._compensate if chain is not None and 0 <= pos < len(chain.nodes) else None
 
 
 def _pending(trace_id: str, data: Mapping[str, bytes], changes: Mapping[str, bytes | None]) -> dict[str, bytes]:
@@ -151,8 +157,7 @@ def _open(chains: ChainCodec, trace_id: str, field: str, value: bytes) -> tuple[
     except Exception as exc:  # noqa: BLE001 - answered below
         raise PayloadRejectedError(f"the saga entry {field!r} of run {trace_id!r} is not one dflow writes") from exc
     if home:
-        chain = chain_by_ref(home)
-        undo = chain.nodes[pos]._compensate if chain is not None and pos < len(chain.nodes) else None
+        undo = _in_pipeline(home, pos)
         if undo is None:
             raise UnknownStepError(
                 f"the compensation of step {key!r} of run {trace_id!r} is in the pipeline chain {home}, which this "

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from ._calls import contained_call, is_async, unwrap
 from .errors import CircuitOpenError
+from .policy import exception_classes
 from .shared_state import Admission, CircuitConfig, Outcome, StateBackend
 from .state import blocking, check_name, reach
 
@@ -121,8 +122,8 @@ class Circuit:
         if not isinstance(failures, int) or isinstance(failures, bool) or not 1 <= failures <= 100_000:
             raise ValueError(f"Circuit failures= is how many failures open it, an int from 1 to 100000; got "
                              f"{failures!r}")
-        kinds = on if isinstance(on, tuple) else (on,)
-        if not kinds or not all(isinstance(k, type) and issubclass(k, BaseException) for k in kinds):
+        kinds = exception_classes(on)
+        if not kinds:
             raise ValueError(f"Circuit on= takes exception classes (the failures it counts), got {on!r}")
         self.config = CircuitConfig(failures, _number(window, "window"), _number(cool_down, "cool_down"),
                                     _number(probe_lease, "probe_lease"))

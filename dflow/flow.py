@@ -28,7 +28,7 @@ from ._model import (  # noqa: F401
 )
 from ._signature import takes_ctx as _takes_ctx
 from .errors import BuildError
-from .policy import RetryPolicy
+from .policy import RetryPolicy, exception_classes
 
 if TYPE_CHECKING:
     from .client import Pipeline, Run
@@ -373,8 +373,8 @@ class DFlow(Node, Generic[T_co]):
         """
         if self._kind not in (Kind.MAP, Kind.FLAT_MAP):
             raise BuildError(f"fallback applies to map and flat_map steps, not to {self._describe()}")
-        kinds = on if isinstance(on, tuple) else (on,)
-        if not kinds or not all(isinstance(k, type) and issubclass(k, BaseException) for k in kinds):
+        kinds = exception_classes(on)
+        if not kinds:
             raise BuildError(f"fallback on= takes exception classes, got {on!r}")
         return self._with(_fallback=Fallback(fn, _takes_ctx(fn, "fallback"), kinds))
 

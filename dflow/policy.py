@@ -9,6 +9,17 @@ from .errors import BuildError, SerializationError
 
 __all__ = ["RetryPolicy"]
 
+
+def exception_classes(on: object) -> tuple[type[BaseException], ...] | None:
+    """``on`` (an exception class, or a tuple of them) as a tuple; ``None`` when any of
+    it is not an exception class. What ``retry``, ``fallback`` and ``Circuit`` take as ``on=``."""
+    kinds: list[type[BaseException]] = []
+    for k in on if isinstance(on, tuple) else (on,):
+        if not (isinstance(k, type) and issubclass(k, BaseException)):
+            return None
+        kinds.append(k)
+    return tuple(kinds)
+
 # Errors that would fail the same way on every attempt: never retried.
 _NEVER_RETRIED: tuple[type[BaseException], ...] = (BuildError, SerializationError)
 
@@ -37,10 +48,9 @@ class RetryPolicy:
             raise BuildError(f"retry attempts must be an int >= 1 (attempts in all), got {attempts!r}")
         if backoff < 0 or max_backoff < 0:
             raise BuildError(f"retry backoff must be >= 0, got backoff={backoff}, max_backoff={max_backoff}")
-        kinds = on if isinstance(on, tuple) else (on,)
-        for k in kinds:
-            if not (isinstance(k, type) and issubclass(k, BaseException)):
-                raise BuildError(f"retry on= takes exception classes, got {k!r}")
+        kinds = exception_classes(on)
+        if kinds is None:
+            raise BuildError(f"retry on= takes exception classes, got {on!r}")
         return cls(attempts, float(backoff), float(max_backoff), bool(jitter), kinds)
 
     def should_retry(self, error: BaseException, attempt: int) -> bool:
