@@ -2,7 +2,9 @@
 
 dflow's own settings ride in the query string and are taken out before the rest goes to
 the client library: ``redis://h:6379/0?stream=dflow:steps&group=workers`` for the Redis
-Streams transport, ``?prefix=dflow`` for the Redis store, ``kafka://h1:9092,h2:9092?
+Streams transport, ``?prefix=dflow`` for the Redis store, ``redis+cluster://h1:7000,h2:7001/?
+streams=16&wait=1`` for a Redis Cluster (step messages over 16 streams, each write waiting for
+one replica), ``kafka://h1:9092,h2:9092?
 topic=dflow-steps&group=workers&security_protocol=SASL_SSL&sasl_mechanism=PLAIN&
 sasl_plain_username=..&sasl_plain_password=..`` for Kafka.
 """
@@ -17,10 +19,12 @@ from .errors import ConfigurationError
 from .store import Store
 from .transport import Transport
 
-_TRANSPORT_KEYS = {"stream", "group", "consumer", "dead_letters", "redeliver_after", "prefetch", "dead_letters_max"}
-_STORE_KEYS = {"prefix", "ttl", "redispatch_after", "blob_ttl"}
-_FLOATS = {"redeliver_after", "ttl", "redispatch_after", "blob_ttl"}
-_INTS = {"prefetch", "partitions", "dead_letters_max"}
+_TRANSPORT_KEYS = {"stream", "group", "consumer", "dead_letters", "redeliver_after", "prefetch", "dead_letters_max",
+                   "streams"}
+_STORE_KEYS = {"prefix", "ttl", "redispatch_after", "blob_ttl", "streams", "wait", "wait_timeout"}
+_FLOATS = {"redeliver_after", "ttl", "redispatch_after", "blob_ttl", "wait_timeout"}
+_INTS = {"prefetch", "partitions", "dead_letters_max", "streams", "wait"}
+_REDIS = ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster")
 _BOOLS: set[str] = set()
 
 
@@ -65,13 +69,14 @@ def _adapter(name: str) -> Any:
 def transport_from_url(url: str, **options: Any) -> Transport:
     """A transport for ``url``; ``options`` override the URL's settings."""
     scheme = urlsplit(url).scheme
-    if scheme in ("redis", "rediss", "unix"):
+    if scheme in _REDIS:
         base, mine = _split(url, _TRANSPORT_KEYS)
         return _adapter("RedisStreamsTransport")(base, **{**mine, **options})  # type: ignore[no-any-return]
     if scheme == "kafka":
         return _adapter("KafkaTransport").from_url(url, **options)  # type: ignore[no-any-return]
     raise ConfigurationError(
-        f"unknown transport URL {redact_url(url)!r}: use redis://, rediss:// or kafka:// (local mode needs no URL)"
+        f"unknown transport URL {redact_url(url)!r}: use redis://, rediss://, redis+cluster:// or kafka:// "
+        "(local mode needs no URL)"
     )
 
 
@@ -80,12 +85,12 @@ def store_from_url(url: str, *, transport: Transport | None = None, **options: A
     one the runtime consumes), a Redis store on the same server and database as a Redis
     Streams transport writes step messages to it itself (one script call a step)."""
     scheme = urlsplit(url).scheme
-    if scheme in ("redis", "rediss", "unix"):
+    if scheme in _REDIS:
         base, mine = _split(url, _STORE_KEYS)
         if transport is not None and "transport" not in options:
-            from .adapters.redis import _store as redis_store
+            from .adapters.redis import _same
 
-            if redis_store.fusable(base, transport):
+            if _same.fusable(base, transport):
                 options["transport"] = transport
         return _adapter("RedisStore")(base, **{**mine, **options})  # type: ignore[no-any-return]
-    raise ConfigurationError(f"unknown store URL {redact_url(url)!r}: use redis:// or rediss://")
+    raise ConfigurationError(f"unknown store URL {redact_url(url)!r}: use redis://, rediss:// or redis+cluster://")

@@ -16,7 +16,11 @@ def redact_url(url: str) -> str:
     whose name sounds secret (``sasl_plain_password``, ``ssl_password``, ``token``...)
     replaced by ``***``."""
     try:
-        parts = urlsplit(str(url))
+        raw = str(url)
+        parts = urlsplit(raw)
+        scheme, sep, rest = raw.partition("://")
+        if sep and "@" in rest and "@" not in parts.netloc:  # a '/', '?' or '#' in the password
+            return redact_url(f"{scheme}://***@{rest.rpartition('@')[2]}")
         netloc = parts.netloc
         if "@" in netloc:
             userinfo, _, hosts = netloc.rpartition("@")

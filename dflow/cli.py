@@ -286,10 +286,9 @@ def _circuit_now(c: CircuitState | None, now: float) -> str:
 
 async def _circuits(args: argparse.Namespace) -> int:
     from ._connect import store_from_url
+    from ._urls import redact_url
     from .circuit import _known_circuits
     from .shared_state import backend_for
-
-    from ._urls import redact_url
 
     store = store_from_url(_need(args.store, "--store", "DFLOW_STORE"))
     try:

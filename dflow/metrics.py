@@ -62,7 +62,12 @@ from .store import Claim
 
 try:
     import prometheus_client as prom
-    from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+    from prometheus_client.metrics_core import (
+        CounterMetricFamily,
+        GaugeMetricFamily,
+        HistogramMetricFamily,
+        Metric,
+    )
     from prometheus_client.registry import Collector
 except ImportError as exc:  # pragma: no cover - the extra is installed in the tests
     raise ImportError(

@@ -8,16 +8,23 @@ each script, the files that make it, in order: they are joined into one chunk, f
 first, and a fragment needs only those before it. This module is the only place that
 assembles them.
 
-Arguments: no script takes KEYS (the keys a script touches depend on what it reads, such as
-a run's parent, its branches or the blobs its frames refer to, so each is built inside from
-the prefix ``P``: the store needs one Redis node, not a cluster). ARGV is laid out by
+Keys: each script builds every key it touches inside, from the prefix ``P`` (some depend on
+what it reads: a run's branches, the runs a timer names). ``P`` is the prefix of one bucket
+(``_keyspace``): on a Redis Cluster it carries the bucket's hash tag, so all those keys are
+in one slot, the one the call is routed to. On a cluster the store also declares in KEYS
+every key it can name before the call (``RedisStore._keys``: the run's keys, its parent's,
+the bucket's indexes and stream, the blobs): the call goes to the shard that owns the slot,
+and while that slot migrates it is refused (TRYAGAIN, retried by the client) rather than
+run against half-moved keys. The keys found by reading are not declared: a script that
+reaches one that has moved fails at that command (``CANCEL`` of a run with branches, and
+``DUE``, during a migration of their slot). On one server no keys are declared. ARGV is laid out by
 ``Script.args`` from names: first the fixed slots of ``Script.header``, then one slot for each
 variable part of ``Script.parts`` with the number of ARGV slots that part takes, then the
 parts one after the other. A script reads its fixed slots at fixed positions and finds each
 part from those counts, never by counting from the end. The comment at the top of each
 script's file lists its slots; a test holds that list to ``Script.header`` and ``parts``.
 
-Keys, under a prefix P: ``P:r:<trace>`` run hash, ``P:d:<trace>`` data hash, ``P:s:<trace>``
+Keys, under a bucket's prefix P: ``P:r:<trace>`` run hash, ``P:d:<trace>`` data hash, ``P:s:<trace>``
 step records (list), ``P:c:<trace>`` keys a branch run changed (set), ``P:j:<trace>`` join
 state, ``P:js:<trace>`` branch results in arrival order, ``P:ja:<trace>`` arrived branch
 indexes, ``P:jc:<trace>`` branch run ids, ``P:w:<trace>`` channels of processes waiting for
@@ -107,7 +114,7 @@ def _read(name: str) -> str:
 CREATE = Script(
     "CREATE", ("listed", "emit", "blobs", "finish", "create"),
     ("prefix", "trace", "now", "redispatch", "ttl_ms", "stream", "blob_grace_ms", "blobs", "frames", "value", "msg",
-     "seq", "key", "kind", "result", "parent_trace", "parent_seq", "parent_index", "pipeline", "listed_ms"),
+     "seq", "key", "kind", "result", "parent_trace", "parent_seq", "parent_index", "pipeline", "listed_ms", "token"),
     ("records", "data"),
 )
 CLAIM = Script(

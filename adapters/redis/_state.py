@@ -19,7 +19,7 @@ import time
 from typing import Any, cast
 
 import msgpack
-import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 
 from dflow.errors import StoreError
 from dflow.shared_state import (
@@ -38,7 +38,7 @@ from dflow.shared_state import (
     register_backend,
 )
 
-from ._errors import store_errors
+from ._errors import Client, store_errors
 from ._scripts import _read
 from ._store import RedisStore
 
@@ -89,7 +89,7 @@ def _snapshot(row: list[Any]) -> CircuitSnapshot:
 class RedisStateBackend(StateBackend):
     """``StateBackend`` in Redis, beside a ``RedisStore`` (its client and key prefix)."""
 
-    def __init__(self, client: aioredis.Redis, prefix: str) -> None:
+    def __init__(self, client: Client, prefix: str) -> None:
         self.redis = client
         self.prefix = prefix
         self._scripts = {name: client.register_script(_read(name)) for name in SCRIPTS}
@@ -186,11 +186,15 @@ class RedisStateBackend(StateBackend):
         if not known:
             return []
         with store_errors():
-            async with self.redis.pipeline(transaction=False) as pipe:
-                for name, config in known:  # (one round trip for all)
-                    await self._scripts["circuit_state"](keys=self._circuit_keys(name), args=[config.window],
-                                                         client=pipe)
-                rows = await pipe.execute()
+            if isinstance(self.redis, RedisCluster):  # each circuit in its own slot: a call each
+                rows = [await self._scripts["circuit_state"](keys=self._circuit_keys(name), args=[config.window])
+                        for name, config in known]
+            else:
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    for name, config in known:  # (one round trip for all)
+                        await self._scripts["circuit_state"](keys=self._circuit_keys(name), args=[config.window],
+                                                             client=pipe)
+                    rows = await pipe.execute()
         return [KnownCircuit(name, config, _snapshot(row)) for (name, config), row in zip(known, rows)]
 
     # -- the waits-for graph ---------------------------------------------------------

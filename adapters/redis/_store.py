@@ -9,19 +9,20 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 import msgpack
-import redis.asyncio as aioredis
+import redis.exceptions as rex
+from redis.asyncio.cluster import RedisCluster
 
 from dflow._codec import JOIN, Message
-from dflow._runpage import check_page, check_pipeline, created_ms, encode_cursor
+from dflow._runpage import created_ms
 from dflow._urls import redact_url
-from dflow.context import RunInfo, RunStatus, StepRecord, StepStatus
+from dflow.context import RunInfo, RunStatus, StepRecord
 from dflow.errors import (
     ConfigurationError,
     NotWaitingError,
     RefusedMessageError,
     RunExistsError,
     RunNotFoundError,
-    RunTimeoutError,
+    StoreError,
 )
 from dflow.memory import not_waiting
 from dflow.store import (
@@ -34,7 +35,6 @@ from dflow.store import (
     Finish,
     Fork,
     NewRun,
-    RunPage,
     Store,
     Taken,
     Transition,
@@ -42,8 +42,20 @@ from dflow.store import (
 )
 
 from . import _scripts
-from ._errors import connect, store_errors
-from ._watch import FinishWatch, Waiter
+from ._errors import (
+    GatedCluster,
+    connect,
+    disconnect,
+    execute,
+    is_cluster,
+    ready,
+    store_errors,
+)
+from ._keyspace import Keyspace
+from ._reads import RunReads, _s, _unpack
+from ._same import same_cluster, same_server
+from ._waited import NodeWrites
+from ._watch import FinishWatch
 
 if TYPE_CHECKING:
     from ._transport import RedisStreamsTransport
@@ -55,10 +67,6 @@ log = logging.getLogger("dflow.redis")
 _pack = msgpack.Packer(use_bin_type=True).pack
 
 
-def _unpack(data: bytes) -> Any:
-    return msgpack.unpackb(data, raw=False, strict_map_key=False)
-
-
 def _record(r: StepRecord) -> bytes:
     return _pack(
         [r.key, r.seq, r.status.value, r.attempt, r.worker, r.started, r.duration, r.raw_input, r.raw_output,
@@ -66,33 +74,25 @@ def _record(r: StepRecord) -> bytes:
     )
 
 
-def _unrecord(data: bytes) -> StepRecord:
-    key, seq, status, attempt, worker, started, duration, inp, out, error, name = _unpack(data)
-    return StepRecord(key, seq, StepStatus(status), attempt, worker, started, duration, inp, out, error, name)
+#: The scripts that set no timer, lease or outbox entry.
+_LOOKS = frozenset({"DUE", "PAGE", "COUNT"})
 
 
-def _s(v: bytes | None) -> str | None:
-    return None if v is None else v.decode()
+class RedisStore(RunReads, Store):
+    """``Store`` on Redis (redis-py's asyncio client), one server or a Redis Cluster.
 
-
-#: The fields of a run's hash that ``_info`` reads (status and pipeline first, as PAGE wants).
-_INFO_FIELDS = ("status", "pipeline", "seq", "created", "updated", "waiting", "result", "error", "p_trace",
-                "parked", "park_count", "lease_token", "lease_until", "due")
-_INFO_KEYS = tuple(f.encode() for f in _INFO_FIELDS)
-
-
-class RedisStore(Store):
-    """``Store`` on Redis (redis-py's asyncio client).
-
-    ``url``: ``redis://[user:password@]host:port/db`` or ``rediss://`` for TLS; other
-    ``options`` go to ``redis.asyncio.Redis.from_url`` (``ssl_ca_certs``, ``ssl_certfile``,
-    ...). ``ttl``: seconds a finished run is kept. ``prefix`` namespaces every key. A flow
-    built at run time is kept while a live run references it, then ``blob_ttl`` seconds
-    more. ``transport``: a ``RedisStreamsTransport`` on the same server and database, to
-    write step messages to inside the store's own scripts (fused: one script call a step).
+    ``url``: ``redis://[user:password@]host:port/db`` or ``rediss://`` for TLS, or
+    ``redis+cluster://[user:password@]host1:port1,host2:port2/`` (``rediss+cluster://``) for
+    a cluster; other ``options`` go to the client (``ssl_ca_certs``, ``ssl_certfile``, ...).
+    ``ttl``: seconds a finished run is kept. ``prefix`` namespaces every key. A flow built
+    at run time is kept while a live run references it, then ``blob_ttl`` seconds more.
+    ``transport``: a ``RedisStreamsTransport`` on the same server and database (or cluster),
+    to write step messages to inside the store's own scripts (fused: one script call a
+    step). ``streams``: how many buckets the keys are spread over (see ``_keyspace``; 16 by
+    default on a cluster, 1 on one server; the same as its transport's). ``wait``:
+    each write is acknowledged only once that many replicas have it (``WAIT``), waiting up
+    to ``wait_timeout`` seconds, else ``StoreError`` (it may be lost if the primary fails).
     """
-
-    _poll_pause = 0.1  # first pause before a waiter polls every run it waits for
 
     def __init__(
         self,
@@ -103,6 +103,9 @@ class RedisStore(Store):
         redispatch_after: float = 30.0,
         blob_ttl: float = 3600.0,
         transport: RedisStreamsTransport | None = None,
+        streams: int | None = None,
+        wait: int = 0,
+        wait_timeout: float = 1.0,
         **options: Any,
     ) -> None:
         self.url = url
@@ -110,43 +113,157 @@ class RedisStore(Store):
         self.ttl = ttl
         self.redispatch_after = redispatch_after
         self.blob_ttl = blob_ttl
+        if isinstance(wait, bool) or not isinstance(wait, int) or wait < 0 or not wait_timeout > 0:
+            raise ConfigurationError(f"wait is a number of replicas (0 for none) and wait_timeout a positive number "
+                                     f"of seconds; got wait={wait!r}, wait_timeout={wait_timeout!r}")
+        self.wait, self.wait_timeout = wait, wait_timeout
         self.redis = connect(url, **options)
+        self.cluster = is_cluster(self.redis)
         self._scripts = {name: self.redis.register_script(s.source) for name, s in _scripts.SCRIPTS.items()}
+        self._loaded: set[str] = set()  # scripts loaded on every primary of a cluster
+        self._cold = self.cluster  # a cluster's slot map not loaded yet
+        self._node_writes = NodeWrites(self.redis) if isinstance(self.redis, RedisCluster) else None
         self._tokens = 0
-        self._token_base = f"{os.getpid()}-{id(self):x}-"
-        # The stream, group and consumer this store writes step messages to (fused), if any.
-        self._stream = self._group = self._consumer = ""
+        self._token_base = f"{os.getpid()}-{os.urandom(6).hex()}-"  # (unique across hosts and containers too)
+        keyspace = Keyspace((16 if self.cluster else 1) if streams is None else streams, cluster=self.cluster)
+        # The group and consumer this store writes step messages for (fused), if any, and
+        # each bucket's stream ('' when not fused).
+        self._group = self._consumer = ""
+        self._streams: tuple[str, ...] = ("",) * keyspace.n
         if transport is not None:
-            if not same_server(self.redis, transport.redis):
+            mine, theirs = self.redis, transport.redis
+            if isinstance(mine, RedisCluster) or isinstance(theirs, RedisCluster):
+                same = same_cluster(url, transport.url)
+            else:
+                same = same_server(mine, theirs)
+            if not same:
                 raise ConfigurationError(
                     "a Redis store writes step messages itself only to a stream on its own server and database "
                     f"as its own user; {redact_url(transport.url)!r} is not on {redact_url(url)!r}"
                 )
-            self._stream, self._group, self._consumer = transport.stream, transport.group, transport.consumer
+            if transport.keyspace != keyspace:  # (the same URL must name the same keys, transport or not)
+                raise ConfigurationError(
+                    f"the store spreads its keys over streams={keyspace.n} buckets and its transport over "
+                    f"{transport.keyspace.n}: give the store URL and the transport URL the same streams="
+                )
+            self._streams, self._group, self._consumer = transport.streams, transport.group, transport.consumer
             self.fused = True
+        #: how the keys are spread over buckets (and a cluster's slots)
+        self.keyspace = keyspace
+        self._prefixes = keyspace.names(prefix, "prefix")
+        #: each bucket's indexes and stream: the keys every script of the bucket declares
+        self._bucket_keys = [
+            [f"{P}:{k}" for k in ("outbox", "timers", "leases", "runs", "expiry", "expiryp", "ix")] + ([st] if st else [])
+            for P, st in zip(self._prefixes, self._streams)
+        ]
+        # DUE: each bucket's soonest entry as last seen, the buckets written to since, and
+        # where the round of the others is
+        self._due_at = [0.0] * keyspace.n
+        self._touched: set[int] = set()
+        self._turn = 0
         self._watch: FinishWatch | None = None
+
+    def _at(self, trace_id: str) -> int:
+        """The bucket of a run."""
+        return self.keyspace.index(trace_id)
+
+    def _p(self, trace_id: str) -> str:
+        """The key prefix of a run's bucket."""
+        return self._prefixes[self.keyspace.index(trace_id)]
 
     # -- writing -----------------------------------------------------------------------
 
-    def _blob_writes(self, pipe: Any, blobs: dict[str, bytes]) -> None:
-        for ref, blob in blobs.items():
-            pipe.set(f"{self.prefix}:b:{ref}", blob, px=max(1, int(self.blob_ttl * 1000)), nx=True)
+    def _keys(self, at: int, trace_id: str | None, refs: Any = ()) -> list[str]:
+        """The keys a script declares: on a cluster, those of the run (and its parent's for
+        a branch), of its bucket's indexes and stream, and of the blobs it names; on one
+        server none (nothing routes by them). Declared, a call is routed to the shard that
+        owns the bucket, and refused (TRYAGAIN, retried) rather than run half while the
+        bucket's slot is migrating. Keys a script finds by reading (a run's branches, the
+        runs a timer names) are in the same slot but not declared (see ``_scripts``)."""
+        if not self.cluster:
+            return []
+        P = self._prefixes[at]
+        keys = self._bucket_keys[at].copy()
+        t = trace_id
+        while t is not None:
+            keys += [f"{P}:{k}:{t}" for k in ("r", "d", "s", "c", "j", "js", "ja", "jc", "w", "e")]
+            t = t.rpartition("/")[0] if "/" in t else None
+        for ref in refs:
+            keys += [f"{P}:b:{ref}", f"{P}:bn:{ref}"]
+        return keys
 
-    async def _run_script(self, name: str, args: list[Any], blobs: dict[str, bytes] | None = None) -> Any:
-        """Run script ``name``, writing ``blobs`` first (unless stored already) in the same
-        round trip. ``BlobsMissingError`` when the script reports blobs it lacks."""
+    async def _run_script(
+        self, name: str, args: list[Any], blobs: dict[str, bytes] | None = None, *, at: int = 0,
+        keys: list[str] | None = None, writes: bool = True,
+    ) -> Any:
+        """Run script ``name`` on bucket ``at``, writing ``blobs`` first (unless stored
+        already) in the same round trip, and with ``wait``, waiting for the replicas.
+        ``BlobsMissingError`` when the script reports blobs it lacks."""
+        if self._cold:
+            await ready(self.redis)
+            self._cold = False
         script = self._scripts[name]
+        keys = keys if keys is not None else self._keys(at, None)
+        if name not in _LOOKS:
+            self._touched.add(at)  # it may have set a timer, a lease or an outbox entry there: DUE looks
+        replicas = self.wait if writes else 0
         with store_errors():
-            if blobs:
-                async with self.redis.pipeline(transaction=False) as pipe:
-                    self._blob_writes(pipe, blobs)
-                    await script(args=args, client=pipe)
-                    reply = (await pipe.execute())[-1]
+            if replicas and self._node_writes is not None and isinstance(self.redis, GatedCluster):
+                async with self.redis.gated():
+                    reply, acked = await self._node_writes.run(
+                        self._prefixes[at], script, keys, args, blobs or {}, self._prefixes[at],
+                        max(1, int(self.blob_ttl * 1000)), replicas, max(1, int(self.wait_timeout * 1000)))
+                self._check_wait(acked)
+            elif blobs or replicas:
+                try:
+                    replies = await self._pipelined(script, keys, args, blobs, at, replicas, False)
+                except rex.NoScriptError:  # a cluster node without it (a promoted replica)
+                    if not self.cluster:
+                        raise
+                    replies = await self._pipelined(script, keys, args, blobs, at, replicas, True)
+                reply = replies[-2] if replicas else replies[-1]
+                if replicas:
+                    self._check_wait(replies[-1])
             else:
-                reply = await script(args=args)
+                reply = await script(keys=keys, args=args)
         if isinstance(reply, list) and reply and reply[0] == b"need":
             raise BlobsMissingError([r.decode() for r in reply[1]])
         return reply
+
+    async def _pipelined(
+        self, script: Any, keys: list[str], args: list[Any], blobs: dict[str, bytes] | None, at: int,
+        replicas: int, load: bool,
+    ) -> list[Any]:
+        """The blob writes, the script and the ``WAIT`` in one round trip to the bucket's node.
+        A cluster's pipeline cannot load a script a node lacks: with ``load`` (or the first
+        time) it is loaded on every primary first."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            if blobs:
+                px = max(1, int(self.blob_ttl * 1000))
+                for ref, blob in blobs.items():
+                    pipe.set(f"{self._prefixes[at]}:b:{ref}", blob, px=px, nx=True)
+            if self.cluster:
+                if load or script.sha not in self._loaded:
+                    await self.redis.script_load(script.script)
+                    self._loaded.add(script.sha)
+                pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+            else:
+                await script(keys=keys, args=args, client=pipe)
+            if replicas:
+                self._wait_in(pipe, at)
+            return await execute(self.redis, pipe)
+
+    def _wait_in(self, pipe: Any, at: int) -> None:
+        """``WAIT`` on the connection that wrote (one server: the same pipeline; a cluster's
+        writes that wait go through ``_waited``)."""
+        pipe.execute_command("WAIT", self.wait, max(1, int(self.wait_timeout * 1000)))
+
+    def _check_wait(self, acked: Any) -> None:
+        if int(acked) < self.wait:
+            raise StoreError(
+                f"the write reached {int(acked)} of the {self.wait} replicas wait= asks for within "
+                f"{self.wait_timeout}s: it is on the primary, and lost if the primary fails before it replicates"
+            )
 
     # -- Store -----------------------------------------------------------------------
 
@@ -155,9 +272,10 @@ class RedisStore(Store):
         parent = run.parent
         frames = run.frames
         now = time.time()
+        at = self._at(run.trace_id)
         args = _scripts.CREATE.args(
-            prefix=self.prefix, trace=run.trace_id, now=now, redispatch=self.redispatch_after,
-            ttl_ms=int(self.ttl * 1000), stream=self._stream, blob_grace_ms=int(self.blob_ttl * 1000),
+            prefix=self._prefixes[at], trace=run.trace_id, now=now, redispatch=self.redispatch_after,
+            ttl_ms=int(self.ttl * 1000), stream=self._streams[at], blob_grace_ms=int(self.blob_ttl * 1000),
             blobs=" ".join(frames.blobs) if frames else "", frames=frames.record if frames else b"",
             value=run.value,
             msg=msg.encode() if msg is not None else b"",
@@ -167,11 +285,14 @@ class RedisStore(Store):
             result=run.result if run.result is not None else b"",
             parent_trace=parent.trace_id if parent else "", parent_seq=parent.seq if parent else 0,
             parent_index=parent.index if parent else 0,
-            pipeline=run.pipeline or "", listed_ms=created_ms(now) if parent is None else "",
+            pipeline=run.pipeline or "", listed_ms=created_ms(now) if parent is None else "", token=self._token(),
             records=[_record(r) for r in run.records],
             data=[x for kv in run.data.items() for x in kv],
         )
-        reply = await self._run_script("CREATE", args, frames.new_blobs if frames else None)
+        keys = self._keys(at, run.trace_id, frames.blobs if frames else ())
+        if keys and run.pipeline:
+            keys.append(f"{self._prefixes[at]}:ixp:{run.pipeline}")
+        reply = await self._run_script("CREATE", args, frames.new_blobs if frames else None, at=at, keys=keys)
         if reply is None:
             raise RunExistsError(f"a run with trace id {run.trace_id!r} already exists", trace_id=run.trace_id)
         return [Message.decode(m) for m in reply[1]]
@@ -183,11 +304,12 @@ class RedisStore(Store):
     async def claim(self, message: Message, worker: str, lease: float) -> Claim | None:
         token = self._token()
         body = message.encode()
+        at = self._at(message.trace_id)
         args = _scripts.CLAIM.args(
-            prefix=self.prefix, trace=message.trace_id, msg=body, seq=message.seq, attempt=message.attempt,
+            prefix=self._prefixes[at], trace=message.trace_id, msg=body, seq=message.seq, attempt=message.attempt,
             key=message.key, kind=message.kind, now=time.time(), lease=lease, token=token,
         )
-        r = await self._run_script("CLAIM", args)
+        r = await self._run_script("CLAIM", args, at=at, keys=self._keys(at, message.trace_id), writes=False)
         if r is None:
             return None
         if r[0] == b"refused":
@@ -205,8 +327,12 @@ class RedisStore(Store):
         receipt: Any = None,
         take_lease: float | None = None,
     ) -> Committed:
-        fused = bool(self._stream)
+        at = self._at(claim.message.trace_id)
+        stream = self._streams[at]
+        fused = bool(stream)
         ack = receipt if fused and receipt is not None else ""
+        if ack and self.keyspace.n > 1:  # (bucket, entry id): acknowledged here if on this bucket's stream
+            ack = ack[1] if isinstance(ack, tuple) and ack[0] == at else ""
         take_token = self._token() if fused and take_lease is not None else ""
         blobs: dict[str, bytes] = {}
         refs: set[str] = set()
@@ -247,6 +373,7 @@ class RedisStore(Store):
                 fields += [child.trace_id, child.frames.record, child.value, child.message.encode(),
                            child.message.key, child.parent.index, " ".join(child.frames.blobs)]
             children = " ".join(c.trace_id for c in transition.children)
+            await self._same_bucket(at, claim.message.trace_id, transition.children)
         elif isinstance(transition, Finish):
             kind, fields = "finish", [transition.result]
         elif isinstance(transition, Fail):
@@ -254,9 +381,9 @@ class RedisStore(Store):
         else:  # pragma: no cover
             raise TypeError(f"unknown transition {transition!r}")
         args = _scripts.COMMIT.args(
-            prefix=self.prefix, trace=claim.message.trace_id, token=claim.token, now=time.time(),
+            prefix=self._prefixes[at], trace=claim.message.trace_id, token=claim.token, now=time.time(),
             ttl_ms=int(self.ttl * 1000), redispatch=self.redispatch_after, claim_kind=claim.message.kind,
-            stream=self._stream, group=self._group, receipt=ack, taker=self._consumer if take_token else "",
+            stream=stream, group=self._group, receipt=ack, taker=self._consumer if take_token else "",
             take_token=take_token, take_lease=take_lease or 0, blob_grace_ms=int(self.blob_ttl * 1000),
             blob_refs=" ".join(sorted(refs)), children=children, transition=kind,
             records=[_record(r) for r in records],
@@ -264,8 +391,14 @@ class RedisStore(Store):
             dels=[k for k, v in changes.items() if v is None],
             fields=fields,
         )
-        reply = await self._run_script("COMMIT", args, blobs)
+        keys = self._keys(at, claim.message.trace_id, refs.union(claim.blobs)) if self.cluster else []
+        if keys and isinstance(transition, Fork):
+            for child in transition.children:
+                keys += [f"{self._prefixes[at]}:{k}:{child.trace_id}" for k in ("r", "d", "s", "c", "w", "e")]
+        reply = await self._run_script("COMMIT", args, blobs, at=at, keys=keys)
         if reply is None:
+            if fused:
+                await self._orphaned(at, claim.message)
             return Committed(False, acknowledged=bool(ack))
         if reply[0] == b"exists":
             child = reply[1].decode()
@@ -273,6 +406,8 @@ class RedisStore(Store):
                                  f"{child!r}; nothing was changed", trace_id=child)
         _, out, taken = reply
         messages = [Message.decode(m) for m in out]
+        if taken and self.keyspace.n > 1:
+            taken = [(at, taken[0]), *taken[1:]]
         if not taken:
             return Committed(True, messages, bool(ack))
         if len(taken) < 3:  # not a step message: the worker sets it aside
@@ -284,28 +419,68 @@ class RedisStore(Store):
             return Committed(True, messages, bool(ack))
         return Committed(True, messages, bool(ack), Taken(taken[1], taken[0], next_claim))
 
+    async def _orphaned(self, at: int, m: Message) -> None:
+        """After a refused commit: if the run is still at this very step and no lease is held
+        on it, the claim was lost (it had not reached a replica when its primary failed): the
+        step's message goes onto the stream again. The refused commit took the delivery off
+        the stream, and a fused store keeps no outbox for the timer scan to send again. A
+        message that turns out to be a duplicate is dropped at claim."""
+        P = self._prefixes[at]
+        with store_errors():
+            seq, attempt, key, token, status, init = cast("list[bytes | None]", await self.redis.hmget(
+                f"{P}:r:{m.trace_id}", ["seq", "attempt", "key", "lease_token", "status", "init_pending"]))
+            if token is not None or (seq, attempt, key) != (str(m.seq).encode(), str(m.attempt).encode(),
+                                                            m.key.encode()):
+                return
+            if status in (b"running", b"sleeping") or (status == b"waiting" and init == b"1"):
+                log.warning("dflow: the lease of step %s of run %s was lost with its Redis primary; "
+                            "sending the step again", m.key, m.trace_id)
+                await self.redis.xadd(self._streams[at], {b"m": m.encode()})
+
+    async def _same_bucket(self, at: int, trace_id: str, children: list[NewRun]) -> None:
+        """A fork writes its branches in its own bucket: each must belong there (a branch
+        id, ``<parent>/<seq>-<index>``, always does)."""
+        for child in children:
+            if self._at(child.trace_id) != at:
+                if await self.get_run(child.trace_id) is not None:
+                    raise RunExistsError(f"a zip/any branch of run {trace_id!r} would overwrite the existing run "
+                                         f"{child.trace_id!r}; nothing was changed", trace_id=child.trace_id)
+                raise StoreError(f"a zip/any branch of run {trace_id!r} is named {child.trace_id!r}, not "
+                                 f"'{trace_id}/<seq>-<index>': its keys would be in another bucket; nothing was changed")
+
     async def extend(self, claims: list[Claim], lease: float) -> None:
-        pairs = [x for c in claims for x in (c.message.trace_id, c.token)]
-        await self._run_script("EXTEND", _scripts.EXTEND.args(prefix=self.prefix, now=time.time(), lease=lease,
-                                                              claims=pairs))
+        by: dict[int, list[str]] = {}
+        for c in claims:
+            by.setdefault(self._at(c.message.trace_id), []).extend((c.message.trace_id, c.token))
+        for at, pairs in by.items():
+            keys = self._keys(at, None)
+            if keys:
+                keys += [f"{self._prefixes[at]}:r:{t}" for t in pairs[::2]]
+            await self._run_script("EXTEND", _scripts.EXTEND.args(
+                prefix=self._prefixes[at], now=time.time(), lease=lease, claims=pairs), at=at, keys=keys)
 
     async def init_done(self, trace_id: str, seq: int) -> None:
-        await self._run_script("INIT_DONE", _scripts.INIT_DONE.args(prefix=self.prefix, trace=trace_id, seq=seq))
+        at = self._at(trace_id)
+        await self._run_script("INIT_DONE", _scripts.INIT_DONE.args(prefix=self._prefixes[at], trace=trace_id, seq=seq),
+                               at=at, keys=self._keys(at, trace_id))
 
     async def park(self, claim: Claim, reason: str, *, base: float = 0.5, cap: float = 30.0) -> int:
         msg = claim.message
-        args = _scripts.PARK.args(prefix=self.prefix, trace=msg.trace_id, token=claim.token, reason=reason,
+        at = self._at(msg.trace_id)
+        args = _scripts.PARK.args(prefix=self._prefixes[at], trace=msg.trace_id, token=claim.token, reason=reason,
                                   now=time.time(), msg=msg.encode(), base=base, cap=cap)
-        count = await self._run_script("PARK", args)
+        count = await self._run_script("PARK", args, at=at, keys=self._keys(at, msg.trace_id))
         return int(count or 0)
 
     async def resume(
         self, trace_id: str, call_type: str, payload: bytes, *, failed: bool = False, seq: int | None = None
     ) -> list[Message]:
+        at = self._at(trace_id)
         r = await self._run_script("RESUME", _scripts.RESUME.args(
-            prefix=self.prefix, trace=trace_id, call_type=call_type, payload=payload, failed="1" if failed else "0",
-            now=time.time(), redispatch=self.redispatch_after, seq="" if seq is None else seq, stream=self._stream,
-        ))
+            prefix=self._prefixes[at], trace=trace_id, call_type=call_type, payload=payload,
+            failed="1" if failed else "0", now=time.time(), redispatch=self.redispatch_after,
+            seq="" if seq is None else seq, stream=self._streams[at],
+        ), at=at, keys=self._keys(at, trace_id))
         if r[0] == b"missing":
             raise RunNotFoundError(f"no run with trace id {trace_id!r} (never started, or expired)", trace_id=trace_id)
         if r[0] == b"not":
@@ -315,220 +490,45 @@ class RedisStore(Store):
         return [Message.decode(m) for m in r[1]]
 
     async def due(self, now: float, limit: int = 1000) -> tuple[list[Message], float | None]:
-        out, nxt, bad = await self._run_script("DUE", _scripts.DUE.args(
-            prefix=self.prefix, now=now, limit=limit, redispatch=self.redispatch_after, stream=self._stream,
-        ))
-        if bad:
-            log.error("dflow: dropped %d unreadable timer, outbox or lease entries of the Redis store", bad)
-        return [Message.decode(m) for m in out], (float(nxt) if nxt else None)
-
-    # The client replies with bytes (it does not decode responses); redis-py's annotations
-    # cannot say so and give bytes | str: the casts say it.
-
-    async def get_run(self, trace_id: str) -> RunInfo | None:
-        with store_errors():
-            h = cast("dict[bytes, bytes]", await self.redis.hgetall(f"{self.prefix}:r:{trace_id}"))
-        if not h:
-            return None
-        return _info(trace_id, h)
-
-    async def get_data(self, trace_id: str) -> dict[str, bytes]:
-        with store_errors():
-            h = cast("dict[bytes, bytes]", await self.redis.hgetall(f"{self.prefix}:d:{trace_id}"))
-        return {k.decode(): v for k, v in h.items()}
-
-    async def get_steps(self, trace_id: str, start: int = 0) -> list[StepRecord]:
-        with store_errors():
-            raw = cast("list[bytes]", await self.redis.lrange(f"{self.prefix}:s:{trace_id}", max(0, start), -1))
-        return [_unrecord(r) for r in raw]
-
-    async def watch_steps(
-        self, trace_id: str, start: int, timeout: float
-    ) -> tuple[list[StepRecord], RunInfo | None]:
-        """Woken by the notification each commit of the run publishes to the channels
-        registered with it (``P:e:<trace>``), and looking again now and then in case one
-        was missed."""
-        if self._watch is None:
-            self._watch = FinishWatch(self.redis, self.prefix)
-        waiter = Waiter()
-        deadline = time.monotonic() + timeout
-        self._watch.add([trace_id], waiter)
-        try:
-            register = True
-            pause = self._poll_pause
-            while True:
-                records, info = await self._steps_and_run(trace_id, start, self._watch.channel if register else None)
-                register = False
-                now = time.monotonic()
-                if records or info is None or info.status.finished or now >= deadline:
-                    return records, info
-                await waiter.sleep(min(pause, deadline - now))
-                waiter.take()
-                pause = min(pause * 2, 2.0)
-        finally:
-            self._watch.remove([trace_id], waiter)
-
-    async def _steps_and_run(
-        self, trace_id: str, start: int, channel: str | None
-    ) -> tuple[list[StepRecord], RunInfo | None]:
-        """The records from ``start`` and the run's hash, read in one transaction; with
-        ``channel``, registered first to hear of the run's commits."""
-        ek = f"{self.prefix}:e:{trace_id}"
-        with store_errors():
-            async with self.redis.pipeline(transaction=True) as pipe:
-                if channel is not None:
-                    pipe.sadd(ek, channel)
-                    pipe.expire(ek, max(1, int(self.ttl)))
-                pipe.lrange(f"{self.prefix}:s:{trace_id}", max(0, start), -1)
-                pipe.hgetall(f"{self.prefix}:r:{trace_id}")
-                replies = await pipe.execute()
-        raw, h = replies[-2], replies[-1]
-        if not h:
-            return [], None
-        return [_unrecord(r) for r in raw], _info(trace_id, h)
+        """The timers, outbox and leases of the buckets worth a look, one script a bucket:
+        with up to 4 buckets all of them; with more, those this store wrote to since it last
+        looked, those whose soonest entry (as last seen) has come, and a quarter of the rest
+        in turn (so an idle worker's scans cost a quarter, and a bucket nobody here writes
+        to, where a dead worker left a lease, is seen within four calls)."""
+        n = len(self._prefixes)
+        if n <= 4:
+            look = list(range(n))
+        else:
+            k = (n + 3) // 4
+            turn = {(self._turn + j) % n for j in range(k)}
+            self._turn = (self._turn + k) % n
+            look = [i for i in range(n) if i in turn or i in self._touched or self._due_at[i] <= now]
+        messages: list[Message] = []
+        for at in look:
+            self._touched.discard(at)  # (before the call: a write meanwhile marks it again)
+            self._due_at[at] = float("inf")
+            out, nxt, bad = await self._run_script("DUE", _scripts.DUE.args(
+                prefix=self._prefixes[at], now=now, limit=limit, redispatch=self.redispatch_after,
+                stream=self._streams[at],
+            ), at=at)
+            if bad:
+                log.error("dflow: dropped %d unreadable timer, outbox or lease entries of the Redis store", bad)
+            messages += [Message.decode(m) for m in out]
+            if nxt:
+                self._due_at[at] = min(self._due_at[at], float(nxt))
+        soonest = min(self._due_at)
+        return messages, (None if soonest == float("inf") else soonest)
 
     async def cancel(self, trace_id: str, reason: str) -> tuple[RunInfo | None, list[Message]]:
         error = msgpack.packb({"type": "dflow.RunCancelled", "message": reason, "step": ""})
+        at = self._at(trace_id)
         r = await self._run_script("CANCEL", _scripts.CANCEL.args(
-            prefix=self.prefix, trace=trace_id, now=time.time(), ttl_ms=int(self.ttl * 1000),
-            redispatch=self.redispatch_after, stream=self._stream, error=error,
-        ))
+            prefix=self._prefixes[at], trace=trace_id, now=time.time(), ttl_ms=int(self.ttl * 1000),
+            redispatch=self.redispatch_after, stream=self._streams[at], error=error,
+        ), at=at, keys=self._keys(at, trace_id))
         if not r:
             return None, []
         return await self.get_run(trace_id), [Message.decode(m) for m in r[1]]
-
-    async def get_blob(self, ref: str) -> bytes | None:
-        with store_errors():
-            blob = cast("bytes | None", await self.redis.get(f"{self.prefix}:b:{ref}"))
-        return blob
-
-    async def wait_many(self, trace_ids: list[str], timeout: float | None) -> list[RunInfo]:
-        """Wait for runs to finish: woken by the notification each run publishes when it
-        ends, and polling every run's status now and then in case one was missed."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        done: dict[str, RunInfo] = {}
-        ids = list(dict.fromkeys(trace_ids))
-        pending = dict.fromkeys(ids)
-        if self._watch is None:
-            self._watch = FinishWatch(self.redis, self.prefix)
-        waiter = Waiter()
-        try:
-            self._watch.add(ids, waiter)
-            check = ids
-            pause = self._poll_pause
-            next_full = time.monotonic() + pause
-            channel: str | None = self._watch.channel
-            while True:
-                for t, info in zip(check, await self._finished(check, channel)):
-                    if info is not None:
-                        done[t] = info
-                        pending.pop(t, None)
-                channel = None  # registered with every run in the first round
-                if not pending:
-                    break
-                check = []
-                while not check:
-                    now = time.monotonic()
-                    if deadline is not None and now >= deadline:
-                        first = next(iter(pending))
-                        what = (
-                            f"run {first!r} did not finish"
-                            if len(trace_ids) == 1
-                            else f"{len(pending)} of {len(trace_ids)} runs did not finish, e.g. {first!r},"
-                        )
-                        raise RunTimeoutError(f"{what} within {timeout}s; the run goes on", trace_id=first)
-                    if now >= next_full:  # in case a notification was lost: look at every run
-                        check = list(pending)
-                        pause = min(pause * 2, 2.0)
-                        next_full = now + pause
-                    elif await waiter.sleep(next_full - now if deadline is None else min(next_full, deadline) - now):
-                        check = [t for t in waiter.take() if t in pending]
-        finally:
-            self._watch.remove(ids, waiter)
-        return [done[t] for t in trace_ids]
-
-    async def _finished(self, trace_ids: list[str], channel: str | None = None) -> list[RunInfo | None]:
-        """The records of the runs among ``trace_ids`` that have finished (``None`` for the
-        others); ``RunNotFoundError`` for a run that does not exist. With ``channel``, ask
-        each run first to announce its end there."""
-        with store_errors():
-            async with self.redis.pipeline(transaction=False) as pipe:
-                for t in trace_ids:
-                    if channel is not None:
-                        pipe.sadd(f"{self.prefix}:w:{t}", channel)
-                        pipe.expire(f"{self.prefix}:w:{t}", max(1, int(self.ttl)))
-                    pipe.hget(f"{self.prefix}:r:{t}", "status")
-                replies = await pipe.execute()
-            statuses = replies[2::3] if channel is not None else replies
-            out: list[RunInfo | None] = [None] * len(trace_ids)
-            for i, st in enumerate(statuses):
-                if st is None:
-                    t = trace_ids[i]
-                    await self.redis.delete(f"{self.prefix}:w:{t}")
-                    raise RunNotFoundError(f"no run with trace id {t!r} (never started, or expired)", trace_id=t)
-            ended = [i for i, st in enumerate(statuses) if st in (b"done", b"failed", b"cancelled", b"compensated")]
-            if ended:
-                async with self.redis.pipeline(transaction=False) as pipe:
-                    for i in ended:
-                        pipe.hgetall(f"{self.prefix}:r:{trace_ids[i]}")
-                        if channel is not None:  # it had finished already: nobody will announce it
-                            pipe.srem(f"{self.prefix}:w:{trace_ids[i]}", channel)
-                    replies = await pipe.execute()
-                hashes = replies[::2] if channel is not None else replies
-                for i, h in zip(ended, hashes):
-                    if h:
-                        out[i] = _info(trace_ids[i], h)
-        return out
-
-    async def list_runs(self, limit: int = 50) -> list[RunInfo]:
-        out: list[RunInfo] = []
-        start = 0
-        with store_errors():
-            while len(out) < limit:
-                ids = cast("list[bytes]",
-                           await self.redis.zrevrange(f"{self.prefix}:runs", start, start + limit - 1))
-                if not ids:
-                    break
-                start += len(ids)
-                async with self.redis.pipeline(transaction=False) as pipe:
-                    for t in ids:
-                        pipe.hgetall(f"{self.prefix}:r:{t.decode()}")
-                    hashes = await pipe.execute()
-                gone = [t for t, h in zip(ids, hashes) if not h]
-                if gone:
-                    await self.redis.zrem(f"{self.prefix}:runs", *gone)
-                    start -= len(gone)
-                out += [_info(t.decode(), h) for t, h in zip(ids, hashes) if h]
-        return out[:limit]
-
-    async def page_runs(
-        self,
-        limit: int = 50,
-        *,
-        status: RunStatus | None = None,
-        pipeline: str | None = None,
-        cursor: str | None = None,
-    ) -> RunPage:
-        """One script reads the page from the listings (see ``lua/listed.lua``) and each
-        run's fields, in O(log N + page) for N listed runs."""
-        status, after = check_page(limit, status, pipeline, cursor)
-        after_ms, after_trace = after if after is not None else ("", "")
-        args = _scripts.PAGE.args(
-            prefix=self.prefix, pipeline=pipeline or "", status=status.value if status is not None else "",
-            after_ms=after_ms, after_trace=after_trace, limit=limit, fields=_INFO_FIELDS,
-        )
-        packed, ms, trace = await self._run_script("PAGE", args)
-        flat = msgpack.unpackb(packed, raw=True) or ()
-        runs = [
-            _info(flat[i].decode(), {k: v for k, v in zip(_INFO_KEYS, flat[i + 1]) if v is not False})
-            for i in range(0, len(flat), 2)
-        ]
-        return RunPage(runs, None if trace is None else encode_cursor(int(ms), trace.decode()))
-
-    async def count_runs(self, *, pipeline: str | None = None) -> dict[RunStatus, int]:
-        check_pipeline(pipeline)
-        r = await self._run_script("COUNT", _scripts.COUNT.args(prefix=self.prefix, pipeline=pipeline or ""))
-        return {RunStatus(r[i].decode()): int(r[i + 1]) for i in range(0, len(r), 2)}
 
     async def ping(self) -> None:
         with store_errors():
@@ -538,7 +538,9 @@ class RedisStore(Store):
         if self._watch is not None:
             await self._watch.close()
             self._watch = None
-        await self.redis.aclose(close_connection_pool=True)
+        if self._node_writes is not None:
+            await self._node_writes.close()
+        await disconnect(self.redis)
 
 
 def _claimed(message: Message, token: str, reply: list[Any]) -> Claim:
@@ -549,29 +551,6 @@ def _claimed(message: Message, token: str, reply: list[Any]) -> Claim:
                  tuple(blobs.decode().split()) if blobs else ())
 
 
-def same_server(a: aioredis.Redis, b: aioredis.Redis) -> bool:
-    """Whether two clients talk to the same server and database as the same user."""
-    return _same(a.connection_pool.connection_kwargs, b.connection_pool.connection_kwargs)
-
-
-def fusable(url: str, transport: object) -> bool:
-    """Whether a store at ``url`` can write step messages to ``transport`` itself: a Redis
-    Streams transport on the same server and database, as the same user."""
-    from ._transport import RedisStreamsTransport
-
-    if not isinstance(transport, RedisStreamsTransport):
-        return False
-    try:
-        kwargs = aioredis.ConnectionPool.from_url(url).connection_kwargs
-    except (TypeError, ValueError):
-        return False
-    return _same(kwargs, transport.redis.connection_pool.connection_kwargs)
-
-
-def _same(ka: dict[str, Any], kb: dict[str, Any]) -> bool:
-    return all(ka.get(f) == kb.get(f) for f in ("host", "port", "path", "db", "username"))
-
-
 def _branch(slot: bytes) -> BranchResult:
     index, ok, value, error, changes = msgpack.unpackb(slot, raw=True, strict_map_key=False)
     decoded = {}
@@ -580,32 +559,4 @@ def _branch(slot: bytes) -> BranchResult:
     return BranchResult(
         int(index), bool(ok), value if value is not False else None,
         _unpack(error) if error not in (False, None) else None, decoded,
-    )
-
-
-def _info(trace_id: str, h: dict[bytes, bytes]) -> RunInfo:
-    status = RunStatus(h[b"status"].decode())
-    waiting = _s(h.get(b"waiting"))
-    if status is RunStatus.WAITING and waiting is None:
-        waiting = "join"
-    extra: dict[str, Any] = {}
-    if b"parked" in h:
-        extra["parked"] = h[b"parked"].decode()
-        extra["park_count"] = int(h.get(b"park_count", b"0"))
-    if b"lease_token" in h:
-        extra["leased_until"] = float(h[b"lease_until"])
-    if b"due" in h:
-        extra["due"] = float(h[b"due"])
-    return RunInfo(
-        trace_id=trace_id,
-        status=status,
-        seq=int(h.get(b"seq", b"0")),
-        created=float(h.get(b"created", b"0")),
-        updated=float(h.get(b"updated", b"0")),
-        waiting_for=waiting,
-        raw_result=h.get(b"result"),
-        error=_unpack(h[b"error"]) if b"error" in h else None,
-        parent=_s(h.get(b"p_trace")),
-        extra=extra,
-        pipeline=_s(h.get(b"pipeline")),
     )

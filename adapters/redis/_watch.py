@@ -14,9 +14,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import uuid
+from typing import Any
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
@@ -55,7 +58,7 @@ class Waiter:
 class FinishWatch:
     """This store's notification channel and the task that reads it."""
 
-    def __init__(self, redis: aioredis.Redis, prefix: str) -> None:
+    def __init__(self, redis: aioredis.Redis | RedisCluster, prefix: str) -> None:
         self._redis = redis
         self.channel = f"{prefix}:fin:{uuid.uuid4().hex}"
         self._waiters: dict[str, set[Waiter]] = {}
@@ -83,11 +86,25 @@ class FinishWatch:
             for w in ws:
                 w.wake(t)
 
+    async def _pubsub(self) -> tuple[Any, aioredis.Redis | None]:
+        """A subscription, and the client to close after it. On a cluster a node's own
+        client (any node hears what is published on any: the scripts' ``PUBLISH``), another
+        one, by chance, each time it starts over."""
+        if isinstance(self._redis, RedisCluster):
+            await self._redis.initialize()  # (the nodes are known once the slot map is loaded)
+            node = random.choice(self._redis.get_nodes())
+            client = aioredis.Redis(connection_pool=aioredis.ConnectionPool(**node.connection_kwargs))
+            return client.pubsub(), client
+        return self._redis.pubsub(), None
+
     async def _listen(self) -> None:
         while True:
-            pubsub = self._redis.pubsub()
-            conn, retry = None, None
+            pubsub: Any = None
+            owned: aioredis.Redis | None = None
+            conn: Any = None
+            retry: Any = None
             try:
+                pubsub, owned = await self._pubsub()
                 await pubsub.connect()
                 conn = pubsub.connection
                 assert conn is not None
@@ -115,9 +132,13 @@ class FinishWatch:
                 self._wake_all()
             finally:
                 if conn is not None:  # the connection goes back to the pool as it came
-                    conn.retry = retry  # pyright: ignore[reportAttributeAccessIssue]  # set with conn: not None
-                with contextlib.suppress(Exception):
-                    await pubsub.aclose()
+                    conn.retry = retry
+                if pubsub is not None:
+                    with contextlib.suppress(Exception):
+                        await pubsub.aclose()
+                if owned is not None:
+                    with contextlib.suppress(Exception):
+                        await owned.aclose(close_connection_pool=True)
             await asyncio.sleep(0.5)
 
     async def close(self) -> None:

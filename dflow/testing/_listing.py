@@ -244,12 +244,11 @@ class RunListingContract:
         await store.cancel(ended.trace_id, "stop")
         assert await _listed(store) == [ended.trace_id, ran.trace_id]
 
-        async def gone() -> bool:
+        async def gone() -> bool:  # (a page passes over runs whose keys expired before DUE takes them out)
             await store.due(time.time())
-            return not (await store.page_runs(10)).runs
+            return not (await store.page_runs(10)).runs and sum((await store.count_runs()).values()) == 0
 
-        await until(gone, what="the finished runs expire")
-        assert sum((await store.count_runs()).values()) == 0
+        await until(gone, what="the finished runs expire and leave the counts")
         assert sum((await store.count_runs(pipeline="listing-expiry")).values()) == 0
         assert await _listed(store, pipeline="listing-expiry") == []
         again = new_run(ran.trace_id, pipeline="listing-other")  # the id is free again

@@ -42,7 +42,6 @@ from ..store import (
 )
 from ..transport import Delivery, Transport
 from ._listing import RunListingContract
-from ._saga import SagaStoreContract
 from ._made import KEYS, until
 from ._made import advance as _advance
 from ._made import due_for as _due_for
@@ -50,6 +49,7 @@ from ._made import frames_of as _frames
 from ._made import new_run as _new_run
 from ._made import rec as _rec
 from ._made import sync as _sync
+from ._saga import SagaStoreContract
 
 __all__ = ["FusedStoreContract", "MALFORMED_MESSAGES", "StoreContract", "TransportContract"]
 
@@ -610,7 +610,13 @@ class StoreContract(RunListingContract, SagaStoreContract):
 
 class FusedStoreContract:
     """What a fused ``Store`` (one that writes step messages to its transport itself)
-    must do. Needs the fixture ``make_fused(**options) -> (Store, Transport)``."""
+    must do. Needs the fixture ``make_fused(**options) -> (Store, Transport)``.
+    A commit takes the next message from its own run's queue: ``queue_mates`` names runs
+    that share one (every run, with one queue)."""
+
+    def queue_mates(self, store: Store, n: int) -> list[str]:
+        """``n`` trace ids whose step messages go to one queue of ``store``'s transport."""
+        return [uuid.uuid4().hex for _ in range(n)]
 
     @pytest.fixture
     def make_fused(self) -> Callable[..., tuple[Store, Transport]]:  # pragma: no cover - by subclasses
@@ -646,24 +652,26 @@ class FusedStoreContract:
         self, make_fused: Callable[..., tuple[Store, Transport]]
     ) -> None:
         store, transport = make_fused()
-        a, b = _new_run("run-a"), _new_run("run-b")
+        odd = [body for _, body in MALFORMED_MESSAGES[:6]]
+        ids = self.queue_mates(store, 3 + len(odd))
+        odd.append(Message(ids[0], 1, KEYS[1], 0, CONTINUE).encode())
+        a, b = _new_run(ids[0]), _new_run(ids[1])
         await store.create_run(a)
         await store.create_run(b)
         da, db = await _receive(transport, 2)
         ca = await store.claim(Message.decode(da.body), "w", 30)
         cb = await store.claim(Message.decode(db.body), "w", 30)
         assert ca is not None and cb is not None
-        await transport.publish(db.body, "run-b")  # b's message again: b is leased, so it is stale
-        odd = [body for _, body in MALFORMED_MESSAGES[:6]] + [Message("run-a", 1, KEYS[1], 0, CONTINUE).encode()]
+        await transport.publish(db.body, ids[1])  # b's message again: b is leased, so it is stale
         for body in odd:  # no step messages, or a forged kind: handed back to be dead-lettered
-            await transport.publish(body, "x")
+            await transport.publish(body, ids[0])
         seen = []
         claim = ca
-        for _ in odd:
+        for i in range(len(odd)):
             done = await store.commit(claim, [], {}, Finish(encode(1)), take_lease=30)
             assert done.taken is not None and done.taken.claim is None
             seen.append(done.taken.body)
-            nxt = _new_run()
+            nxt = _new_run(ids[2 + i])
             await store.create_run(nxt)
             assert nxt.message is not None
             next_claim = await store.claim(nxt.message, "w", 30)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -39,6 +41,54 @@ class TestRedisStreamsTransport(TransportContract):
         def make(n: int, **opts: Any) -> list[Transport]:
             return [
                 RedisStreamsTransport(redis_url, stream=f"{prefix}:steps", consumer=f"c{i}", **opts) for i in range(n)
+            ]
+
+        return make
+
+
+class TestRedisStoreInBuckets(StoreContract):
+    """Keys spread over 4 hash-tagged buckets on one server: the layout of a cluster."""
+
+    @pytest.fixture
+    def make_store(self, redis_url: str, prefix: str) -> Callable[..., Store]:
+        def make(**opts: Any) -> Store:
+            return RedisStore(redis_url, prefix=prefix, streams=4, **opts)
+
+        return make
+
+
+def same_bucket_ids(store: Store, n: int) -> list[str]:
+    """``n`` fresh trace ids in one bucket of a Redis store (so on one stream)."""
+    assert isinstance(store, RedisStore)
+    base = uuid.uuid4().hex
+    ids = (f"{base}-{i}" for i in itertools.count())
+    first = next(ids)
+    out = [first]
+    out += itertools.islice((t for t in ids if store.keyspace.index(t) == store.keyspace.index(first)), n - 1)
+    return out
+
+
+class TestFusedRedisStoreInBuckets(FusedStoreContract):
+    def queue_mates(self, store: Store, n: int) -> list[str]:
+        return same_bucket_ids(store, n)
+
+    @pytest.fixture
+    def make_fused(self, redis_url: str, prefix: str) -> Callable[..., tuple[Store, Transport]]:
+        def make(**opts: Any) -> tuple[Store, Transport]:
+            transport = RedisStreamsTransport(redis_url, stream=f"{prefix}:steps", consumer="c1", redeliver_after=60,
+                                              streams=4)
+            return RedisStore(redis_url, prefix=prefix, transport=transport, streams=4, **opts), transport
+
+        return make
+
+
+class TestRedisStreamsTransportOverStreams(TransportContract):
+    @pytest.fixture
+    def make_transports(self, redis_url: str, prefix: str) -> Callable[..., list[Transport]]:
+        def make(n: int, **opts: Any) -> list[Transport]:
+            return [
+                RedisStreamsTransport(redis_url, stream=f"{prefix}:steps", consumer=f"c{i}", streams=4, **opts)
+                for i in range(n)
             ]
 
         return make

@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 
-import dflow
 from dflow import DFlow, Run, RunStatus, StepStatus
 
 from . import deadlock_flows

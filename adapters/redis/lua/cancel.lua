@@ -14,7 +14,7 @@
 --   ARGV[5]  redispatch   seconds before an unclaimed outbox message is published again
 --   ARGV[6]  stream       the stream step messages go to ('' for the outbox)
 --   ARGV[7]  error        the error recorded on each cancelled run (msgpack)
--- KEYS: none (every key is built from P).
+-- KEYS: not read (every key is built from P; on a cluster the store declares those it can name: _scripts).
 local P, t = ARGV[1], ARGV[2]
 local now, ttl, redispatch = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 STREAM = ARGV[6]

@@ -12,6 +12,6 @@
 --   ARGV[8]  now       seconds
 --   ARGV[9]  lease     seconds
 --   ARGV[10] token     the lease's token
--- KEYS: none (every key is built from P).
+-- KEYS: not read (every key is built from P; on a cluster the store declares those it can name: _scripts).
 return claim_step(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], tonumber(ARGV[8]), ARGV[9],
                   ARGV[10])

@@ -28,7 +28,7 @@
 --   ARGV[21] n_fields
 --   ARGV[22..] records, sets, dels, fields   the parts, in this order: step records; (field,
 --            value) pairs to set; fields to delete; the transition's fields
--- KEYS: none (every key is built from P).
+-- KEYS: not read (every key is built from P; on a cluster the store declares those it can name: _scripts).
 -- With a stream: the delivery ``receipt`` is acknowledged, and when ``taker`` is given the
 -- next new message of the stream is read for that consumer and claimed (``take``).
 local P, t = ARGV[1], ARGV[2]
@@ -124,6 +124,9 @@ local function take()
                          string.format('%d', f[5]), now, TAKE_LEASE, TAKE_TOKEN)
     if c and c[1] == 'refused' then return {id, body} end  -- the worker's own claim refuses it too
     if c then return {id, body, c} end
+    -- no such run here: it may be another bucket's (a message published under another key),
+    -- so the worker claims it the usual way
+    if redis.call('EXISTS', P..':r:'..f[1]) == 0 then return {id, body} end
     redis.call('XACK', STREAM, GROUP, id)  -- stale: its step was committed or is leased
     redis.call('XDEL', STREAM, id)
   end

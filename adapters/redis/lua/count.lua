@@ -5,7 +5,7 @@
 -- ARGV, as _scripts.COUNT lays it out (a test holds this list to it):
 --   ARGV[1]  prefix     P, before every key
 --   ARGV[2]  pipeline   '' for the runs of every pipeline (and of none)
--- KEYS: none (every key is built from P).
+-- KEYS: not read (every key is built from P; on a cluster the store declares those it can name: _scripts).
 local key = ARGV[1]..':ix'
 if ARGV[2] ~= '' then key = ARGV[1]..':ixp:'..ARGV[2] end
 local out = {}

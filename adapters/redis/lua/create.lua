@@ -1,6 +1,8 @@
 -- CREATE: a run, its step records and data, then its first step message (or, for a run
 -- finished at creation, its end). Returns false when the run exists, {'need', refs} when
--- blobs it refers to are not stored, else {'ok', messages to publish}.
+-- blobs it refers to are not stored, else {'ok', messages to publish}. The same call again
+-- (its ``token``: a client may send a script again when the connection dropped before the
+-- reply) finds the run it made and returns {'ok', its first message when not on a stream}.
 --
 -- ARGV, as _scripts.CREATE lays it out (a test holds this list to it):
 --   ARGV[1]  prefix          P, before every key
@@ -23,21 +25,26 @@
 --   ARGV[18] parent_index
 --   ARGV[19] pipeline        the pipeline that starts it ('' for none)
 --   ARGV[20] listed_ms       its creation in whole milliseconds, for the listings ('' for a branch)
---   ARGV[21] n_records       how many ARGV slots each part takes
---   ARGV[22] n_data
---   ARGV[23..] records, data   the parts, in this order: step records; (field, value) pairs
--- KEYS: none (every key is built from P).
+--   ARGV[21] token           this call's own id, kept in the run as ``ctok``
+--   ARGV[22] n_records       how many ARGV slots each part takes
+--   ARGV[23] n_data
+--   ARGV[24..] records, data   the parts, in this order: step records; (field, value) pairs
+-- KEYS: not read (every key is built from P; on a cluster the store declares those it can name: _scripts).
 local P, t = ARGV[1], ARGV[2]
 STREAM, GRACE = ARGV[6], tonumber(ARGV[7])
 local rk = P..':r:'..t
-if redis.call('EXISTS', rk) == 1 then return false end
+if redis.call('EXISTS', rk) == 1 then
+  if redis.call('HGET', rk, 'ctok') ~= ARGV[21] then return false end
+  if ARGV[6] == '' and ARGV[11] ~= '' then return {'ok', {ARGV[11]}} end
+  return {'ok', {}}
+end
 local missing = {}
 missing_blobs(P, ARGV[8], missing)
 if #missing > 0 then return {'need', missing} end
 local now, redispatch, ttl = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local pl, ix = ARGV[19] ~= '' and ARGV[19], ARGV[20] ~= '' and ARGV[20]
 local fields = {'frames', ARGV[9], 'value', ARGV[10], 'seq', ARGV[12], 'attempt', '0', 'key', ARGV[13],
-                'kind', ARGV[14], 'created', ARGV[3], 'updated', ARGV[3]}
+                'kind', ARGV[14], 'created', ARGV[3], 'updated', ARGV[3], 'ctok', ARGV[21]}
 if pl then fields[#fields + 1] = 'pipeline'; fields[#fields + 1] = pl end
 if ix then fields[#fields + 1] = 'ix'; fields[#fields + 1] = ix end
 redis.call('HSET', rk, unpack(fields))
@@ -45,11 +52,11 @@ set_blobs(P, rk, ARGV[8])
 if ARGV[16] ~= '' then
   redis.call('HSET', rk, 'p_trace', ARGV[16], 'p_seq', ARGV[17], 'p_index', ARGV[18])
 end
-local i = 23
-local n = tonumber(ARGV[21])
+local i = 24
+local n = tonumber(ARGV[22])
 if n > 0 then redis.call('RPUSH', P..':s:'..t, unpack(ARGV, i, i + n - 1)) end
 i = i + n
-n = tonumber(ARGV[22])
+n = tonumber(ARGV[23])
 if n > 0 then redis.call('HSET', P..':d:'..t, unpack(ARGV, i, i + n - 1)) end
 redis.call('ZADD', P..':runs', now, t)
 -- the id of a run whose keys expired before DUE saw them go: a new root run takes its place in

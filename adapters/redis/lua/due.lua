@@ -8,7 +8,7 @@
 --   ARGV[3]  limit        at most this many entries of each kind
 --   ARGV[4]  redispatch   seconds before an unclaimed outbox message is published again
 --   ARGV[5]  stream       the stream step messages go to ('' for the outbox)
--- KEYS: none (every key is built from P).
+-- KEYS: not read (every key is built from P; on a cluster the store declares those it can name: _scripts).
 -- Entries that cannot be read (written by hand, or by another program) are dropped and
 -- counted, never allowed to stall the timers of every worker.
 local P, now, limit, redispatch = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])

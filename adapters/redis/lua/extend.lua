@@ -6,7 +6,7 @@
 --   ARGV[3]  lease      seconds
 --   ARGV[4]  n_claims   how many ARGV slots the part takes
 --   ARGV[5..] claims    the part: (trace, token) pairs
--- KEYS: none (every key is built from P).
+-- KEYS: not read (every key is built from P; on a cluster the store declares those it can name: _scripts).
 local P, now, lease = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 for i = 5, 4 + tonumber(ARGV[4]), 2 do
   local rk = P..':r:'..ARGV[i]

@@ -4,7 +4,7 @@
 --   ARGV[1]  prefix   P, before every key
 --   ARGV[2]  trace    the run id
 --   ARGV[3]  seq      the step that is waiting
--- KEYS: none (every key is built from P).
+-- KEYS: not read (every key is built from P; on a cluster the store declares those it can name: _scripts).
 local rk = ARGV[1]..':r:'..ARGV[2]
 local r = redis.call('HMGET', rk, 'seq', 'init_pending')
 if r[1] == ARGV[3] and r[2] == '1' then

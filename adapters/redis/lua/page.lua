@@ -15,7 +15,7 @@
 --   ARGV[6]  limit         how many runs at most
 --   ARGV[7]  n_fields      how many ARGV slots each part takes
 --   ARGV[8..] fields   the parts: the fields of the hash to return, status and pipeline first
--- KEYS: none (every key is built from P).
+-- KEYS: not read (every key is built from P; on a cluster the store declares those it can name: _scripts).
 -- Each status is a band of scores (see listed): a page of every status merges the bands. From a
 -- position whose run is still at its place the band is read on from its rank, O(log N + page);
 -- else (it moved or went) the runs of its very millisecond are read first, then the older ones.

@@ -11,7 +11,7 @@
 --   ARGV[6]  msg      the step message
 --   ARGV[7]  base     seconds of the first pause
 --   ARGV[8]  cap      the longest pause
--- KEYS: none (every key is built from P).
+-- KEYS: not read (every key is built from P; on a cluster the store declares those it can name: _scripts).
 local P, t = ARGV[1], ARGV[2]
 local rk = P..':r:'..t
 if redis.call('HGET', rk, 'lease_token') ~= ARGV[3] then return false end

@@ -12,7 +12,7 @@
 --   ARGV[7]  redispatch   seconds before an unclaimed outbox message is published again
 --   ARGV[8]  seq          the step it must be waiting at ('' for any)
 --   ARGV[9]  stream       the stream step messages go to ('' for the outbox)
--- KEYS: none (every key is built from P).
+-- KEYS: not read (every key is built from P; on a cluster the store declares those it can name: _scripts).
 local P, t = ARGV[1], ARGV[2]
 STREAM = ARGV[9]
 local rk = P..':r:'..t

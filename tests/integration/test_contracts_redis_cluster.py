@@ -1,0 +1,50 @@
+"""The Redis store and the Redis Streams transport pass the adapter contracts on a real
+Redis Cluster (3 masters, a replica each, started by the fixture)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from dflow import Store, Transport
+from dflow.adapters.redis import RedisStore, RedisStreamsTransport
+from dflow.testing import FusedStoreContract, StoreContract, TransportContract
+
+from .test_contracts_redis import same_bucket_ids
+
+
+class TestClusterRedisStore(StoreContract):
+    @pytest.fixture
+    def make_store(self, redis_cluster_url: str, cluster_prefix: str) -> Callable[..., Store]:
+        def make(**opts: Any) -> Store:
+            return RedisStore(redis_cluster_url, prefix=cluster_prefix, **opts)
+
+        return make
+
+
+class TestClusterFusedRedisStore(FusedStoreContract):
+    def queue_mates(self, store: Store, n: int) -> list[str]:
+        return same_bucket_ids(store, n)
+
+    @pytest.fixture
+    def make_fused(self, redis_cluster_url: str, cluster_prefix: str) -> Callable[..., tuple[Store, Transport]]:
+        def make(**opts: Any) -> tuple[Store, Transport]:
+            transport = RedisStreamsTransport(redis_cluster_url, stream=f"{cluster_prefix}:steps", consumer="c1",
+                                              redeliver_after=60)
+            return RedisStore(redis_cluster_url, prefix=cluster_prefix, transport=transport, **opts), transport
+
+        return make
+
+
+class TestClusterRedisStreamsTransport(TransportContract):
+    @pytest.fixture
+    def make_transports(self, redis_cluster_url: str, cluster_prefix: str) -> Callable[..., list[Transport]]:
+        def make(n: int, **opts: Any) -> list[Transport]:
+            return [
+                RedisStreamsTransport(redis_cluster_url, stream=f"{cluster_prefix}:steps", consumer=f"c{i}", **opts)
+                for i in range(n)
+            ]
+
+        return make
