@@ -125,7 +125,12 @@ class RedisStreamsTransport(Transport):
         async with self._lock:
             if not self._buffer:
                 with transport_errors():
-                    await self._fetch(timeout)
+                    try:
+                        await self._fetch(timeout)
+                    except rex.ResponseError as exc:
+                        if "NOGROUP" in str(exc):  # the group went (a failover to a replica without it,
+                            self._group_ready = False  # a flushed stream): made again at the next call
+                        raise
         return self._take(max_messages)
 
     async def _fetch(self, timeout: float) -> None:

@@ -171,3 +171,28 @@ def test_a_malformed_cluster_url_does_not_show_its_password(url: str) -> None:
         store_from_url(url)
     shown = str(caught.value)
     assert "QQ" not in shown and "ZZ" not in shown, shown
+
+
+@sync
+async def test_a_consumer_group_that_went_is_made_again(redis_url: str, prefix: str) -> None:
+    """A stream whose group went (a failover to a replica that never had it, a flushed
+    stream): the next read fails, the one after creates the group again and serves."""
+    import redis.asyncio as aioredis
+
+    transport = RedisStreamsTransport(redis_url, stream=f"{prefix}:steps", consumer="c1", streams=4)
+    r = aioredis.Redis.from_url(redis_url)
+    try:
+        await transport.publish(b"first", "run-1")
+        (first,) = await transport.receive(1, timeout=1)
+        assert first.body == b"first"
+        await transport.ack(first)  # (acknowledged messages leave the stream)
+        stream = transport.streams[transport.keyspace.index("run-1")]
+        assert await r.xgroup_destroy(stream, transport.group) == 1
+        with pytest.raises(dflow.TransportError, match="NOGROUP"):
+            await transport.receive(1, timeout=0.2)
+        await transport.publish(b"second", "run-1")
+        got = await transport.receive(1, timeout=1)
+        assert [d.body for d in got] == [b"second"], "the group was made again (from the stream's start)"
+    finally:
+        await transport.close()
+        await r.aclose()
