@@ -122,7 +122,7 @@ class RedisStore(RunReads, Store):
         self._scripts = {name: self.redis.register_script(s.source) for name, s in _scripts.SCRIPTS.items()}
         self._loaded: set[str] = set()  # scripts loaded on every primary of a cluster
         self._cold = self.cluster  # a cluster's slot map not loaded yet
-        self._node_writes = NodeWrites(self.redis) if isinstance(self.redis, RedisCluster) else None
+        self._node_writes = NodeWrites(self.redis) if isinstance(self.redis, GatedCluster) else None
         self._tokens = 0
         self._token_base = f"{os.getpid()}-{os.urandom(6).hex()}-"  # (unique across hosts and containers too)
         keyspace = Keyspace((16 if self.cluster else 1) if streams is None else streams, cluster=self.cluster)
@@ -208,11 +208,10 @@ class RedisStore(RunReads, Store):
             self._touched.add(at)  # it may have set a timer, a lease or an outbox entry there: DUE looks
         replicas = self.wait if writes else 0
         with store_errors():
-            if replicas and self._node_writes is not None and isinstance(self.redis, GatedCluster):
-                async with self.redis.gated():
-                    reply, acked = await self._node_writes.run(
-                        self._prefixes[at], script, keys, args, blobs or {}, self._prefixes[at],
-                        max(1, int(self.blob_ttl * 1000)), replicas, max(1, int(self.wait_timeout * 1000)))
+            if replicas and self._node_writes is not None:
+                reply, acked = await self._node_writes.run(
+                    self._prefixes[at], script, keys, args, blobs or {}, self._prefixes[at],
+                    max(1, int(self.blob_ttl * 1000)), replicas, max(1, int(self.wait_timeout * 1000)))
                 self._check_wait(acked)
             elif blobs or replicas:
                 try:

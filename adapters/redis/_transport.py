@@ -67,6 +67,7 @@ class RedisStreamsTransport(Transport):
         #: the stream of each bucket, and where its undecodable messages go
         self.streams = self.keyspace.names(stream, "stream")
         self.dead_streams = self.keyspace.names(self.dead_stream, "dead-letter stream")
+        self._bucket_of = {s.encode(): i for i, s in enumerate(self.streams)}  # a reply's stream name
         self._buffer: deque[Delivery] = deque()
         self._lock = asyncio.Lock()
         self._group_ready = False
@@ -166,9 +167,8 @@ class RedisStreamsTransport(Transport):
             self.group, self.consumer, dict.fromkeys(self.streams, ">"), count=self.prefetch,
             block=max(1, int(block * 1000)),
         )
-        index = {s.encode(): i for i, s in enumerate(self.streams)}
         for stream, entries in reply or []:
-            self._add(entries, index.get(stream, 0) if isinstance(stream, bytes) else self.streams.index(stream))
+            self._add(entries, self._bucket_of[stream if isinstance(stream, bytes) else stream.encode()])
 
     def _claim_round(self) -> list[int]:
         """The streams whose dead consumers' messages to claim now: all of up to 4; of more,
@@ -228,7 +228,7 @@ class RedisStreamsTransport(Transport):
 
     async def dead_letter(self, delivery: Delivery, reason: str) -> None:
         stream, entry = self._where(delivery.tag)
-        dead = self.dead_streams[self.streams.index(stream)]  # in the stream's own slot
+        dead = self.dead_streams[self._bucket_of[stream.encode()]]  # in the stream's own slot
         with transport_errors():
             async with self.redis.pipeline(transaction=True) as pipe:
                 pipe.xadd(dead, {b"m": delivery.body, b"reason": reason.encode(), b"at": str(time.time())},

@@ -17,7 +17,9 @@ from typing import Any
 
 import redis.asyncio as aioredis
 import redis.exceptions as rex
-from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.cluster import ClusterNode
+
+from ._errors import GatedCluster
 
 __all__ = ["NodeWrites"]
 
@@ -25,9 +27,10 @@ _PATIENCE = 30.0  # seconds of redirects and CLUSTERDOWN followed before giving 
 
 
 class NodeWrites:
-    """One plain client per cluster node, for the writes that wait."""
+    """One plain client per cluster node, for the writes that wait (each holding a place of
+    the cluster client's gate)."""
 
-    def __init__(self, cluster: RedisCluster) -> None:
+    def __init__(self, cluster: GatedCluster) -> None:
         self.cluster = cluster
         self._clients: dict[str, aioredis.Redis] = {}
 
@@ -43,6 +46,14 @@ class NodeWrites:
         blob_prefix: str, blob_px: int, replicas: int, timeout_ms: int,
     ) -> tuple[Any, int]:
         """The script's reply and how many replicas acknowledged the round."""
+        async with self.cluster.gated():
+            return await self._rounds(slot_key, script, keys, args, blobs, blob_prefix, blob_px, replicas,
+                                      timeout_ms)
+
+    async def _rounds(
+        self, slot_key: str, script: Any, keys: list[str], args: list[Any], blobs: dict[str, bytes],
+        blob_prefix: str, blob_px: int, replicas: int, timeout_ms: int,
+    ) -> tuple[Any, int]:
         asking: ClusterNode | None = None
         pause = 0.05
         deadline = asyncio.get_running_loop().time() + _PATIENCE

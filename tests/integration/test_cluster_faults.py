@@ -15,7 +15,6 @@ import asyncio
 import re
 import signal
 import subprocess
-import threading
 import time
 import uuid
 from collections import Counter
@@ -24,18 +23,16 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import pytest
-import redis
 
 import dflow
-from dflow import DFlow, StepStatus
+from dflow import StepStatus
 from dflow._codec import Message
 from dflow.adapters.redis import RedisStore, RedisStreamsTransport
 from dflow.adapters.redis._keyspace import Keyspace
 from dflow.testing._made import advance, new_run, rec
 
 from . import flows
-from .conftest import SECRET
-from .workers import Workers
+from .test_distributed import Cluster
 
 if TYPE_CHECKING:
     from tests.support.redis_cluster import RedisClusterProcs
@@ -65,25 +62,18 @@ class Tally:
         return [k for k in self.reexecuted if self.steps.get(k) not in self.refused]
 
 
-class Rig:
+class Rig(Cluster):
     """Workers serving ``tests.integration.flows`` on a cluster (store and Redis Streams
-    transport, fused), this process their client; executions are counted in ``redis_url``."""
+    transport, fused), this process their client (``test_distributed.Cluster``: the approver,
+    closing); executions are counted in ``redis_url``."""
 
     def __init__(self, cluster: RedisClusterProcs, redis_url: str, prefix: str, *, wait: bool,
                  step_sleep: float, concurrency: int) -> None:
         self.cluster = cluster
-        self.prefix = prefix
-        self.transport_url = f"{cluster.url}?stream={prefix}:steps&redeliver_after=2"
-        self.store_url = f"{cluster.url}?prefix={prefix}&redispatch_after=2" + ("&wait=1" if wait else "")
-        env = {"DFLOW_SECRET": SECRET, "DFLOW_TEST_REDIS": redis_url, "DFLOW_TEST_PREFIX": prefix,
-               "DFLOW_TEST_STEP_SLEEP": str(step_sleep)}
-        self.workers = Workers("tests.integration.flows", self.transport_url, self.store_url, env,
-                               concurrency=concurrency, lease=2.0)
-        self.r = redis.Redis.from_url(redis_url)
         self.keyspace = Keyspace(16, cluster=True)  # the store's and transport's default on a cluster
-        dflow.configure(self.transport_url, self.store_url, secret=SECRET, consume=False)
-        self._stop = threading.Event()
-        self._approver: threading.Thread | None = None
+        super().__init__(redis_url, prefix, f"{cluster.url}?stream={prefix}:steps&redeliver_after=2",
+                         store_url=f"{cluster.url}?prefix={prefix}&redispatch_after=2" + ("&wait=1" if wait else ""),
+                         env={"DFLOW_TEST_STEP_SLEEP": str(step_sleep)}, concurrency=concurrency, lease=2.0)
 
     def tag_key(self, trace: str) -> str:
         """A key in the slot of run ``trace``'s bucket: its tag alone."""
@@ -91,25 +81,6 @@ class Rig:
 
     def executed(self) -> int:
         return int(self.r.hlen(f"{self.prefix}:execs"))
-
-    def approve_forever(self) -> None:
-        """Answer every announced approval with "ok", as an outside system would."""
-
-        def loop() -> None:
-            while not self._stop.is_set():
-                item = self.r.blpop([f"{self.prefix}:to-approve"], timeout=0.2)
-                deadline = time.monotonic() + 30
-                while item is not None and time.monotonic() < deadline:
-                    try:
-                        DFlow.call("approve", "ok", item[1].decode())
-                        break
-                    except dflow.NotWaitingError:  # answered already (a retried call, a re-run on_init)
-                        break
-                    except (dflow.StoreError, dflow.TransportError):
-                        time.sleep(0.2)
-
-        self._approver = threading.Thread(target=loop, daemon=True)
-        self._approver.start()
 
     def results(self, runs: list[dflow.Run[Any]], timeout: float) -> list[Any]:
         """Every run's result; fails naming the runs that did not finish."""
@@ -145,14 +116,6 @@ class Rig:
             for m in _REFUSED.finditer(log.read_text(errors="replace")):
                 t.refused.add((m[2], m[1]) if m[1] else (m[4], m[3]))
         return t
-
-    def close(self) -> None:
-        self._stop.set()
-        if self._approver is not None:
-            self._approver.join(5)
-        self.workers.stop()
-        dflow.shutdown()
-        self.r.close()
 
 
 def check_exactly_once(t: Tally, steps: int) -> None:

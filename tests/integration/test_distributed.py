@@ -31,13 +31,17 @@ COUNTED = {"inc", "square", "sum", "finish", "c0"}
 class Cluster:
     """URLs, worker processes and a client for one test."""
 
-    def __init__(self, redis_url: str, prefix: str, transport_url: str) -> None:
+    def __init__(self, redis_url: str, prefix: str, transport_url: str, *, store_url: str | None = None,
+                 env: dict[str, str] | None = None, **workers: Any) -> None:
+        """``store_url``: the Redis of ``redis_url`` by default (which keeps the bookkeeping:
+        executions, approvals, either way); ``env`` for the workers besides the test's own;
+        ``workers``: options of ``Workers``."""
         self.redis_url = redis_url
         self.prefix = prefix
         self.transport_url = transport_url
-        self.store_url = f"{redis_url}?prefix={prefix}&redispatch_after=2"
-        self.env = {"DFLOW_SECRET": SECRET, "DFLOW_TEST_REDIS": redis_url, "DFLOW_TEST_PREFIX": prefix}
-        self.workers = Workers("tests.integration.flows", transport_url, self.store_url, self.env)
+        self.store_url = store_url or f"{redis_url}?prefix={prefix}&redispatch_after=2"
+        self.env = {"DFLOW_SECRET": SECRET, "DFLOW_TEST_REDIS": redis_url, "DFLOW_TEST_PREFIX": prefix, **(env or {})}
+        self.workers = Workers("tests.integration.flows", transport_url, self.store_url, self.env, **workers)
         self.r = redis.Redis.from_url(redis_url)
         self.runtime = dflow.configure(transport_url, self.store_url, secret=SECRET, consume=False
         )

@@ -9,7 +9,6 @@ spread over the three masters, and a worker killed (kill -9) under load loses no
 
 from __future__ import annotations
 
-import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -23,9 +22,7 @@ import dflow
 from dflow.adapters.redis import RedisStore
 from dflow.adapters.redis._keyspace import Keyspace
 
-from .conftest import SECRET
 from .test_distributed import Cluster, check_all, start_orders
-from .workers import Workers
 
 RUNS = 80
 STEPS = 8  # counted steps a run: inc, 5 squares, sum, finish
@@ -53,17 +50,8 @@ class OnCluster(Cluster):
 
     def __init__(self, redis_url: str, prefix: str, cluster_url: str, lease: float = 5.0) -> None:
         self.masters = masters(cluster_url)
-        self.redis_url, self.prefix = redis_url, prefix
-        self.transport_url = f"{cluster_url}?stream={prefix}:steps&redeliver_after=2"
-        self.store_url = f"{cluster_url}?prefix={prefix}&redispatch_after=2"
-        self.env = {"DFLOW_SECRET": SECRET, "DFLOW_TEST_REDIS": redis_url, "DFLOW_TEST_PREFIX": prefix}
-        self.workers = Workers("tests.integration.flows", self.transport_url, self.store_url, self.env, lease=lease)
-        self.r = redis.Redis.from_url(redis_url)
-        self.runtime = dflow.configure(self.transport_url, self.store_url, secret=SECRET, consume=False)
-        self._stop = threading.Event()
-        self._approver: threading.Thread | None = None
-        self.approved: list[str] = []
-        self.duplicate_answers = 0
+        super().__init__(redis_url, prefix, f"{cluster_url}?stream={prefix}:steps&redeliver_after=2",
+                         store_url=f"{cluster_url}?prefix={prefix}&redispatch_after=2", lease=lease)
 
     def worker_errors(self) -> list[str]:
         """Lines of the workers' logs that report an error or a traceback."""
