@@ -33,7 +33,9 @@ def __getattr__(name: str) -> Any:
     try:
         return getattr(importlib.import_module(module), name)
     except ImportError as exc:
-        raise ImportError(f"{name} needs the {extra!r} extra: pip install 'dflow-runtime[{extra}]' ({exc})") from exc
+        raise ImportError(
+            f"{name} needs the {extra!r} extra: pip install 'dflow-runtime[{extra}]' ({exc})"
+        ) from exc
 
 
 def __dir__() -> list[str]:

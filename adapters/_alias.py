@@ -3,7 +3,7 @@ removed in 0.3.
 
 ``alias_old_name()`` warns, then makes ``adapters`` the module ``dflow.adapters`` and each
 ``adapters.x`` the module ``dflow.adapters.x``: the same module objects, so an object pickled
-under an old name (``adapters.redis._store.RedisStore``) loads as the same class. It runs when
+under an old name (``adapters.redis.store.RedisStore``) loads as the same class. It runs when
 ``adapters`` is imported: from the small package installed under that name
 (``adapters/_old_name``), or from this folder itself when a checkout's root is on ``sys.path``.
 """
@@ -32,7 +32,7 @@ class _OldNames(MetaPathFinder, Loader):
         return ModuleSpec(fullname, self)
 
     def create_module(self, spec: ModuleSpec) -> ModuleType:
-        module = importlib.import_module(NEW + spec.name[len(OLD):])
+        module = importlib.import_module(NEW + spec.name[len(OLD) :])
         spec.loader_state = module.__spec__
         return module
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from dflow_agents import ChatMessage, ChatResponse, ToolCall, ToolSpec, tool
+from dflow_agents import AgentLimits, ChatMessage, ChatResponse, ToolCall, ToolSpec, tool
 from dflow_agents.testing import FunctionModel
 from dflow_agents.toolcall import ToolCallAgent
 
@@ -31,8 +31,16 @@ def decide(messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> ChatRe
     if turn >= TURNS:
         last = [m.content for m in messages if m.role == "tool"][-TOOLS_PER_TURN:]
         return ChatResponse(content=f"done: {','.join(last)}")
-    calls = [ToolCall(id=f"c{turn}_{i}", name="add", arguments={"a": turn, "b": i}) for i in range(TOOLS_PER_TURN)]
+    calls = [
+        ToolCall(id=f"c{turn}_{i}", name="add", arguments={"a": turn, "b": i}) for i in range(TOOLS_PER_TURN)
+    ]
     return ChatResponse(tool_calls=calls)
 
 
-agent = ToolCallAgent("bench-agent", FunctionModel(decide), [add], loop_guard=None, max_steps=TURNS + 5)
+# dflow's defaults, the loop guard included; more turns than the default limit only if asked for.
+agent = ToolCallAgent(
+    "bench-agent",
+    FunctionModel(decide),
+    [add],
+    limits=AgentLimits(max_steps=max(TURNS + 5, AgentLimits().max_steps)),
+)

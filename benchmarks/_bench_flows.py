@@ -42,6 +42,7 @@ def _chain(length: int, name: str) -> Any:
 
 chain10 = _chain(10, "bench-chain10")
 chain5 = _chain(5, "bench-chain5")
+single = _chain(1, "bench-single")  # one step: bench_peers.py's like-for-like with one task
 
 
 def build_fan(n: int) -> DFlow[int]:
@@ -104,6 +105,11 @@ else:
 
     @dramatiq.actor(queue_name="bench", store_results=True, max_retries=0)
     def d_inc(x: int) -> int:
+        return x + 1
+
+    # The same task on a queue of its own, served by bench_peers.py's worker with a shorter poll.
+    @dramatiq.actor(queue_name="bench-fast", store_results=True, max_retries=0)
+    def d_inc_fast(x: int) -> int:
         return x + 1
 
     @dramatiq.actor(queue_name="bench", store_results=True, max_retries=0)

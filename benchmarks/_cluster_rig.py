@@ -24,7 +24,7 @@ from redis.crc import key_slot
 
 from benchmarks import _procs
 from benchmarks._cluster_report import redis_cli_ranges
-from dflow.adapters.redis._keyspace import Keyspace
+from dflow.adapters.redis.keyspace import Keyspace
 from tests.support.redis_cluster import RedisClusterProcs, redis_cluster
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,7 +70,9 @@ class Target:
 
     @property
     def store(self) -> str:
-        return f"{self.base}?prefix={self.prefix}&streams={self.streams}" + (f"&wait={self.wait}" if self.wait else "")
+        return f"{self.base}?prefix={self.prefix}&streams={self.streams}" + (
+            f"&wait={self.wait}" if self.wait else ""
+        )
 
     def stream_names(self) -> tuple[str, ...]:
         return self.keyspace.names(self.stream, "stream")
@@ -86,8 +88,19 @@ def cluster_target(name: str, cluster: Any, tag: str, wait: int = 0, streams: in
     tags = Keyspace(streams, cluster=True).tags
     owners = [cluster.owner_of(key_slot(f"{{{t}}}".encode())) for t in tags]
     replicas = [p for p in cluster.live_ports if p not in masters]
-    return Target(name, masters, replicas, cluster.url, True, streams, owners, prefix=f"bc{tag}", stream=f"bcs{tag}",
-                  wait=wait, tag=tag)
+    return Target(
+        name,
+        masters,
+        replicas,
+        cluster.url,
+        True,
+        streams,
+        owners,
+        prefix=f"bc{tag}",
+        stream=f"bcs{tag}",
+        wait=wait,
+        tag=tag,
+    )
 
 
 class SmallCluster(RedisClusterProcs):
@@ -140,9 +153,26 @@ def one_server() -> Iterator[Target]:
     home = Path(tempfile.mkdtemp(prefix="dflow-bench-redis-"))
     port = free_port()
     with open(home / "redis.log", "wb") as out:
-        proc = subprocess.Popen(["redis-server", "--port", str(port), "--save", "", "--appendonly", "no",
-                                 "--dir", str(home), "--bind", HOST, "--protected-mode", "no"],
-                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [
+                "redis-server",
+                "--port",
+                str(port),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(home),
+                "--bind",
+                HOST,
+                "--protected-mode",
+                "no",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
     try:
         r = redis.Redis(host=HOST, port=port)
         deadline = time.monotonic() + 10
@@ -154,8 +184,16 @@ def one_server() -> Iterator[Target]:
                 raise RuntimeError(f"redis-server did not start: {(home / 'redis.log').read_text()[-1000:]}")
             time.sleep(0.02)
         r.close()
-        yield Target("one redis-server (redis://, db 15)", [port], [], f"redis://{HOST}:{port}/{SINGLE_DB}",
-                     False, 1, [port], tag="single")
+        yield Target(
+            "one redis-server (redis://, db 15)",
+            [port],
+            [],
+            f"redis://{HOST}:{port}/{SINGLE_DB}",
+            False,
+            1,
+            [port],
+            tag="single",
+        )
     finally:
         proc.kill()
         proc.wait()
@@ -203,13 +241,30 @@ def info(port: int) -> Info:
             stat = dict(part.split("=", 1) for part in v.split(","))
             calls[k.removeprefix("cmdstat_")] = int(stat["calls"])
             usec[k.removeprefix("cmdstat_")] = int(stat["usec"])
-    total = {k: int(fields[f"total_{k}"]) for k in ("net_input_bytes", "net_output_bytes", "net_repl_input_bytes",
-                                                     "net_repl_output_bytes", "error_replies", "connections_received")}
-    return Info(calls, usec, net_in=total["net_input_bytes"], net_out=total["net_output_bytes"],
-                repl_in=total["net_repl_input_bytes"], repl_out=total["net_repl_output_bytes"],
-                errors=total["error_replies"], connections=total["connections_received"],
-                cpu=float(fields["used_cpu_user"]) + float(fields["used_cpu_sys"]), sent=len(_INFO),
-                got=len(head) + size + 4)
+    total = {
+        k: int(fields[f"total_{k}"])
+        for k in (
+            "net_input_bytes",
+            "net_output_bytes",
+            "net_repl_input_bytes",
+            "net_repl_output_bytes",
+            "error_replies",
+            "connections_received",
+        )
+    }
+    return Info(
+        calls,
+        usec,
+        net_in=total["net_input_bytes"],
+        net_out=total["net_output_bytes"],
+        repl_in=total["net_repl_input_bytes"],
+        repl_out=total["net_repl_output_bytes"],
+        errors=total["error_replies"],
+        connections=total["connections_received"],
+        cpu=float(fields["used_cpu_user"]) + float(fields["used_cpu_sys"]),
+        sent=len(_INFO),
+        got=len(head) + size + 4,
+    )
 
 
 def info_all(ports: list[int]) -> dict[int, Info]:
@@ -224,10 +279,17 @@ def delta(a: Info, b: Info) -> dict[str, Any]:
     calls = Counter({k: n - a.calls.get(k, 0) for k, n in b.calls.items() if k not in NOT_COUNTED})
     usec = {k: n - a.usec.get(k, 0) for k, n in b.usec.items() if k not in NOT_COUNTED}
     repl_in, repl_out = b.repl_in - a.repl_in, b.repl_out - a.repl_out
-    return {"calls": +calls, "usec": usec, "net_in": b.net_in - a.net_in - b.sent - repl_in,
-            "net_out": b.net_out - a.net_out - a.got - repl_out, "repl_in": repl_in, "repl_out": repl_out,
-            "error_replies": b.errors - a.errors, "connections": b.connections - a.connections - 1,
-            "cpu_s": b.cpu - a.cpu}
+    return {
+        "calls": +calls,
+        "usec": usec,
+        "net_in": b.net_in - a.net_in - b.sent - repl_in,
+        "net_out": b.net_out - a.net_out - a.got - repl_out,
+        "repl_in": repl_in,
+        "repl_out": repl_out,
+        "error_replies": b.errors - a.errors,
+        "connections": b.connections - a.connections - 1,
+        "cpu_s": b.cpu - a.cpu,
+    }
 
 
 # -- processes -------------------------------------------------------------------------
@@ -239,7 +301,7 @@ def proc_cpu(pids: list[int]) -> float:
     for pid in pids:
         with contextlib.suppress(OSError):
             stat = Path(f"/proc/{pid}/stat").read_text()
-            fields = stat[stat.rindex(")") + 2:].split()
+            fields = stat[stat.rindex(")") + 2 :].split()
             total += int(fields[11]) + int(fields[12])
     return total / os.sysconf("SC_CLK_TCK")
 
@@ -255,8 +317,17 @@ def workers(n: int, t: Target, tag: str) -> Iterator[list[subprocess.Popen[bytes
         for i in range(n):
             logs.append(_procs.log_path(f"cluster-{tag}-{i}"))
             with open(logs[-1], "wb") as out:
-                procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                              stdin=subprocess.DEVNULL, start_new_session=True))
+                procs.append(
+                    subprocess.Popen(
+                        cmd,
+                        cwd=ROOT,
+                        env=env,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                        stdin=subprocess.DEVNULL,
+                        start_new_session=True,
+                    )
+                )
         LOGS.update((p.pid, path) for p, path in zip(procs, logs))
         deadline = time.monotonic() + 60 + 3 * n
         for proc, path in zip(procs, logs):
@@ -296,9 +367,15 @@ def monitors(ports: list[int]) -> Iterator[dict[int, Path]]:
     try:
         for port, path in paths.items():
             with open(path, "wb") as out:
-                procs.append(subprocess.Popen(["redis-cli", "-h", HOST, "-p", str(port), "monitor"], stdout=out,
-                                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                              start_new_session=True))
+                procs.append(
+                    subprocess.Popen(
+                        ["redis-cli", "-h", HOST, "-p", str(port), "monitor"],
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                        stdin=subprocess.DEVNULL,
+                        start_new_session=True,
+                    )
+                )
         deadline = time.monotonic() + 10
         for path in paths.values():
             while b"OK" not in path.read_bytes()[:10]:
@@ -361,4 +438,3 @@ class StreamPoll:
     def close(self) -> None:
         for r in self.nodes.values():
             r.close()
-

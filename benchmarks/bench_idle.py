@@ -44,11 +44,11 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-import msgpack  # noqa: E402
-import redis  # noqa: E402
+import msgpack
+import redis
 
-import dflow  # noqa: E402
-from dflow import ContextStack, DFlow  # noqa: E402
+import dflow
+from dflow import ContextStack, DFlow
 
 SECRET = "bench-secret-of-at-least-32-bytes-000"
 DB = 14
@@ -82,8 +82,16 @@ def _stall(ctx: ContextStack, x: Any) -> int:
     return ctx.attempt
 
 
-delayed = DFlow.from_call("idle-delay").map(_stamp).id("stamp").flat_map(_delayed).id("delay").map(_late).id(
-    "late").init("bench-idle-delay")
+delayed = (
+    DFlow.from_call("idle-delay")
+    .map(_stamp)
+    .id("stamp")
+    .flat_map(_delayed)
+    .id("delay")
+    .map(_late)
+    .id("late")
+    .init("bench-idle-delay")
+)
 stalled = DFlow.from_call("idle-stall").map(_stall).id("stall").init("bench-idle-stall")
 
 # -- measuring -------------------------------------------------------------------------
@@ -103,8 +111,9 @@ class Bench:
         self.procs: list[subprocess.Popen[bytes]] = []
 
     @contextlib.contextmanager
-    def workers(self, n: int, prefix: str, lease: float = 60.0,
-                redeliver: float = 30.0) -> Iterator[list[subprocess.Popen[bytes]]]:
+    def workers(
+        self, n: int, prefix: str, lease: float = 60.0, redeliver: float = 30.0
+    ) -> Iterator[list[subprocess.Popen[bytes]]]:
         """``n`` workers on a fresh prefix (its keys deleted afterwards), with the defaults
         of ``dflow worker`` but ``lease`` and the transport's ``redeliver_after``."""
         from benchmarks import _procs
@@ -112,8 +121,21 @@ class Bench:
         transport = f"{self.db_url}?stream={prefix}:steps&redeliver_after={redeliver:g}"
         store = f"{self.db_url}?prefix={prefix}"
         env = {"DFLOW_SECRET": SECRET, "BENCH_IDLE_REDIS": self.db_url, "BENCH_IDLE_PREFIX": prefix}
-        cmd = [sys.executable, "-m", "dflow.cli", "worker", "benchmarks.bench_idle", "--transport", transport,
-               "--store", store, "--lease", str(lease), "--grace", "2"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "dflow.cli",
+            "worker",
+            "benchmarks.bench_idle",
+            "--transport",
+            transport,
+            "--store",
+            store,
+            "--lease",
+            str(lease),
+            "--grace",
+            "2",
+        ]
         mine: list[subprocess.Popen[bytes]] = []
         try:
             for i in range(n):
@@ -139,8 +161,13 @@ class Bench:
 
         path = _procs.log_path("idle-monitor")
         with open(path, "wb") as out:
-            mon = subprocess.Popen(["redis-cli", "-h", self.host, "-p", str(self.port), "monitor"], stdout=out,
-                                   stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+            mon = subprocess.Popen(
+                ["redis-cli", "-h", self.host, "-p", str(self.port), "monitor"],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         try:
             deadline = time.monotonic() + 10
             while b"OK" not in path.read_bytes()[:10]:
@@ -169,15 +196,21 @@ class Bench:
             sent, inner = self.count(prefix, window)
         per = n * window
         return {
-            "workers": n, "window_s": window,
+            "workers": n,
+            "window_s": window,
             "sent_per_worker_s": round(sum(sent.values()) / per, 2),
             "inner_per_worker_s": round(sum(inner.values()) / per, 2),
-            "sent": dict(sent.most_common()), "inner": dict(inner.most_common()),
+            "sent": dict(sent.most_common()),
+            "inner": dict(inner.most_common()),
         }
 
     def client(self, prefix: str) -> None:
-        dflow.configure(f"{self.db_url}?stream={prefix}:steps", f"{self.db_url}?prefix={prefix}", secret=SECRET,
-                        consume=False)
+        dflow.configure(
+            f"{self.db_url}?stream={prefix}:steps",
+            f"{self.db_url}?prefix={prefix}",
+            secret=SECRET,
+            consume=False,
+        )
 
     def timer_lateness(self, runs: int, pause: float) -> dict[str, Any]:
         prefix = f"bi{uuid.uuid4().hex[:8]}"
@@ -208,7 +241,9 @@ class Bench:
                             raise RuntimeError("the run did not reach its delay")
                         time.sleep(0.002)
                     # the worker that committed the delay, from the run's last step record
-                    last = msgpack.unpackb(cast(bytes, self.r.lindex(f"{prefix}:s:{run.trace_id}", -1)), raw=False)
+                    last = msgpack.unpackb(
+                        cast(bytes, self.r.lindex(f"{prefix}:s:{run.trace_id}", -1)), raw=False
+                    )
                     pid = int(last[4].split(":")[-2])
                     os.kill(pid, signal.SIGKILL)
                     next(p for p in procs if p.pid == pid).wait()
@@ -240,8 +275,10 @@ class Bench:
                         run.result(lease + 30)
                     except dflow.RunTimeoutError:
                         starts = self.r.lrange(f"{prefix}:starts", 0, -1)
-                        raise RuntimeError(f"the step was not taken over: starts {starts}, killed {pid}, "
-                                           f"alive {[p.pid for p in procs if p.poll() is None]}") from None
+                        raise RuntimeError(
+                            f"the step was not taken over: starts {starts}, killed {pid}, "
+                            f"alive {[p.pid for p in procs if p.poll() is None]}"
+                        ) from None
                     again = float(self.r.lrange(f"{prefix}:starts", 1, 1)[0].split()[0])
                     out.append(again - until)
                 finally:
@@ -250,8 +287,12 @@ class Bench:
 
 
 def summary(seconds: list[float], **about: Any) -> dict[str, Any]:
-    return {**about, "median_ms": round(statistics.median(seconds) * 1000, 1),
-            "max_ms": round(max(seconds) * 1000, 1), "all_ms": [round(x * 1000, 1) for x in seconds]}
+    return {
+        **about,
+        "median_ms": round(statistics.median(seconds) * 1000, 1),
+        "max_ms": round(max(seconds) * 1000, 1),
+        "all_ms": [round(x * 1000, 1) for x in seconds],
+    }
 
 
 MEASURES: dict[str, Callable[[dict[str, Any]], str]] = {
@@ -279,10 +320,12 @@ def table(rows: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-SETUP = ("Commands counted from MONITOR over 10 s on the workers' db and key prefix, with the defaults of "
-         "`dflow worker` (lease 60 s, the stream's redeliver_after 30 s); the other rows on 2 workers with a "
-         "2 s lease and redeliver_after 2 s, a client process scanning too (20 delays one at a time after "
-         "1 s idle; 5 runs of each kill). Times past the due time / the lease's end.")
+SETUP = (
+    "Commands counted from MONITOR over 10 s on the workers' db and key prefix, with the defaults of "
+    "`dflow worker` (lease 60 s, the stream's redeliver_after 30 s); the other rows on 2 workers with a "
+    "2 s lease and redeliver_after 2 s, a client process scanning too (20 delays one at a time after "
+    "1 s idle; 5 runs of each kill). Times past the due time / the lease's end."
+)
 
 
 def _has(r: dict[str, Any]) -> bool:
@@ -304,8 +347,11 @@ def main() -> None:
         row: dict[str, Any] = {"note": args.note, "idle": {}}
         for n in (1, 20):
             row["idle"][str(n)] = r = b.idle_cost(n, window)
-            print(f"{n} idle workers: {r['sent_per_worker_s']} commands/s sent per worker "
-                  f"(+{r['inner_per_worker_s']} in scripts): {r['sent']}", flush=True)
+            print(
+                f"{n} idle workers: {r['sent_per_worker_s']} commands/s sent per worker "
+                f"(+{r['inner_per_worker_s']} in scripts): {r['sent']}",
+                flush=True,
+            )
         row["timer"] = b.timer_lateness(5 if args.quick else 20, 1.0)
         print(f"timer lateness: {row['timer']}", flush=True)
         row["orphan"] = b.orphan_timer(2 if args.quick else 5)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import json
 import os
 import platform
@@ -49,7 +50,7 @@ def percentile(xs: list[float], p: float) -> float:
 
 def step_gaps(run: dflow.Run, skip: int) -> list[float]:
     starts = [s.started for s in run.context().steps[skip:]]
-    return [b - a for a, b in zip(starts, starts[1:])]
+    return [b - a for a, b in itertools.pairwise(starts)]
 
 
 def direct_per_call(fn: Any, arg: Any, n: int = 200_000) -> float:
@@ -118,11 +119,16 @@ def five_step_pipeline() -> dflow.Pipeline:
 
     return (
         DFlow.from_call("start")
-        .map(inc).id("a")
-        .map(remember).id("b")
-        .map(inc).id("c")
-        .map(inc).id("d")
-        .map(inc).id("e")
+        .map(inc)
+        .id("a")
+        .map(remember)
+        .id("b")
+        .map(inc)
+        .id("c")
+        .map(inc)
+        .id("d")
+        .map(inc)
+        .id("e")
         .init("bench-five")
     )
 
@@ -197,7 +203,10 @@ def main() -> None:
             "dflow": dflow.__version__,
         }
         (RESULTS / "local.json").write_text(
-            json.dumps({"meta": meta, "map_chain": chain, "flat_map_loop": loop, "memory": mem, "throughput": thr}, indent=2)
+            json.dumps(
+                {"meta": meta, "map_chain": chain, "flat_map_loop": loop, "memory": mem, "throughput": thr},
+                indent=2,
+            )
             + "\n"
         )
         (RESULTS / "local.md").write_text(

@@ -33,9 +33,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import httpx  # noqa: E402
+import httpx
 
-import dflow  # noqa: E402
+import dflow
 from benchmarks._procs import log_path, start, stop, worker_cmd
 from benchmarks._results import quick, report
 
@@ -49,8 +49,13 @@ PREFIX = f"bench-pulling-{os.getpid()}"
 def stats(values: list[float]) -> dict[str, float]:
     ordered = sorted(values)
     p95 = ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
-    return {"median_ms": statistics.median(ordered) * 1e3, "p95_ms": p95 * 1e3, "min_ms": ordered[0] * 1e3,
-            "mean_ms": statistics.fmean(ordered) * 1e3, "n": len(ordered)}
+    return {
+        "median_ms": statistics.median(ordered) * 1e3,
+        "p95_ms": p95 * 1e3,
+        "min_ms": ordered[0] * 1e3,
+        "mean_ms": statistics.fmean(ordered) * 1e3,
+        "n": len(ordered),
+    }
 
 
 class Puller(threading.Thread):
@@ -79,16 +84,39 @@ def bench(runs: int) -> dict[str, Any]:
 
     transport = f"{REDIS}?stream={PREFIX}:steps"
     store = f"{REDIS}?prefix={PREFIX}"
-    env = {"DFLOW_SECRET": SECRET, "DFLOW_SERVER_SECRET": SERVER_SECRET, "DFLOW_SERVER_TOKEN": ADMIN,
-           "BENCH_PULLING_REDIS": REDIS, "BENCH_PULLING_PREFIX": PREFIX}
+    env = {
+        "DFLOW_SECRET": SECRET,
+        "DFLOW_SERVER_SECRET": SERVER_SECRET,
+        "DFLOW_SERVER_TOKEN": ADMIN,
+        "BENCH_PULLING_REDIS": REDIS,
+        "BENCH_PULLING_PREFIX": PREFIX,
+    }
     module = "benchmarks._bench_pulling"
     worker, _ = start(worker_cmd(module, transport, store, 64), log_path("pulling-worker"), env, "serving")
     server = None
     try:
-        server, url = start([sys.executable, "-m", "dflow.cli", "serve", module, "--transport", transport, "--store",
-                             store, "--port", "0", "--log-level", "WARNING", "--grace", "1"],
-                            log_path("pulling-serve"), {**env, "DFLOW_LOG_LEVEL": "WARNING"},
-                            r"http://127\.0\.0\.1:[0-9]+")
+        server, url = start(
+            [
+                sys.executable,
+                "-m",
+                "dflow.cli",
+                "serve",
+                module,
+                "--transport",
+                transport,
+                "--store",
+                store,
+                "--port",
+                "0",
+                "--log-level",
+                "WARNING",
+                "--grace",
+                "1",
+            ],
+            log_path("pulling-serve"),
+            {**env, "DFLOW_LOG_LEVEL": "WARNING"},
+            r"http://127\.0\.0\.1:[0-9]+",
+        )
         dflow.configure(transport, store, secret=SECRET, consume=False)
         http = httpx.Client(base_url=url, timeout=60)
         session = http.post("/sessions", headers={"Authorization": f"Bearer {ADMIN}"}).json()
@@ -97,7 +125,9 @@ def bench(runs: int) -> dict[str, Any]:
         puller.start()
         rows: list[dict[str, float]] = []
         for i in range(runs + 20):
-            trace = http.post("/runs", headers=me, json={"pipeline": "bench-pull", "param": i}).json()["trace_id"]
+            trace = http.post("/runs", headers=me, json={"pipeline": "bench-pull", "param": i}).json()[
+                "trace_id"
+            ]
             run = dflow.Run(trace)
             assert run.result(30) > 0
             steps = {s.key.split(">")[0].split("/")[0]: s for s in run.context().steps}
@@ -106,8 +136,15 @@ def bench(runs: int) -> dict[str, Any]:
             seen = puller.seen[trace]
             if i >= 20:  # warm-up done
                 t0, t1 = steps["tool"].started, steps["next"].started
-                rows.append({"round_trip": t1 - t0, "park": seen["posted"] - t0, "deliver": seen["got"] - seen["posted"],
-                             "report": seen["back"] - seen["sent"], "resume": t1 - seen["sent"]})
+                rows.append(
+                    {
+                        "round_trip": t1 - t0,
+                        "park": seen["posted"] - t0,
+                        "deliver": seen["got"] - seen["posted"],
+                        "report": seen["back"] - seen["sent"],
+                        "resume": t1 - seen["sent"],
+                    }
+                )
         bare = []
         for _ in range(20):
             http.get("/health")
@@ -117,7 +154,10 @@ def bench(runs: int) -> dict[str, Any]:
             bare.append(time.perf_counter() - t0)
         puller.stop = True
         puller.join(5)
-        out = {key: stats([r[key] for r in rows]) for key in ("round_trip", "park", "deliver", "report", "resume")}
+        out = {
+            key: stats([r[key] for r in rows])
+            for key in ("round_trip", "park", "deliver", "report", "resume")
+        }
         out["bare_http"] = stats(bare)
         out["over_bare_ms"] = out["round_trip"]["median_ms"] - out["bare_http"]["median_ms"]
         out["over_bare_p95_ms"] = out["round_trip"]["p95_ms"] - out["bare_http"]["p95_ms"]
@@ -136,7 +176,7 @@ def bench(runs: int) -> dict[str, Any]:
 
 
 def render(results: dict[str, Any]) -> str:
-    rt, bare = results["round_trip"], results["bare_http"]
+    rt, _bare = results["round_trip"], results["bare_http"]
     lines = [
         f"Pulled-job round trip on Redis Streams (dflow serve + 1 worker process, RedisJobBoard; {rt['n']} runs, "
         "one at a time; the client long-polls and reports at once)",
@@ -144,16 +184,25 @@ def render(results: dict[str, Any]) -> str:
         "| | median | p95 | min | mean |",
         "|---|---:|---:|---:|---:|",
     ]
-    names = {"round_trip": "**round trip**: tool step starts → next step starts",
-             "park": "park: tool step starts → job posted", "deliver": "deliver: posted → long poll has it",
-             "report": "report: POST /jobs/{id} round trip", "resume": "resume: report sent → next step starts",
-             "bare_http": "bare HTTP round trip (GET /health)"}
+    names = {
+        "round_trip": "**round trip**: tool step starts → next step starts",
+        "park": "park: tool step starts → job posted",
+        "deliver": "deliver: posted → long poll has it",
+        "report": "report: POST /jobs/{id} round trip",
+        "resume": "resume: report sent → next step starts",
+        "bare_http": "bare HTTP round trip (GET /health)",
+    }
     for key, name in names.items():
         s = results[key]
-        lines.append(f"| {name} | {s['median_ms']:.2f} ms | {s['p95_ms']:.2f} ms | {s['min_ms']:.2f} ms | "
-                     f"{s['mean_ms']:.2f} ms |")
-    lines += ["", f"Round trip over the bare HTTP round trip: **{results['over_bare_ms']:.2f} ms** (median), "
-              f"{results['over_bare_p95_ms']:.2f} ms (p95); target ≤ 5 ms."]
+        lines.append(
+            f"| {name} | {s['median_ms']:.2f} ms | {s['p95_ms']:.2f} ms | {s['min_ms']:.2f} ms | "
+            f"{s['mean_ms']:.2f} ms |"
+        )
+    lines += [
+        "",
+        f"Round trip over the bare HTTP round trip: **{results['over_bare_ms']:.2f} ms** (median), "
+        f"{results['over_bare_p95_ms']:.2f} ms (p95); target ≤ 5 ms.",
+    ]
     return "\n".join(lines)
 
 

@@ -18,12 +18,14 @@ and one script each), ``RedisStore.page_runs`` with 50 runs a page:
   on that store): the HTML page, first and filtered, and its JSON twin; each is one
   ``page_runs`` and one ``count_runs`` (the admin token sent as a bearer token).
 
-Redis needs 127.0.0.1:6379 (db 10, flushed before and after; ``BENCH_RUNS_REDIS`` to change).
+Redis: a server of its own (``redis-server`` on PATH); ``BENCH_RUNS_REDIS`` names another
+(a db it flushes before and after: give it one nothing else uses).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import statistics
@@ -36,15 +38,16 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import redis  # noqa: E402
+import redis
 
-from benchmarks._results import quick, report  # noqa: E402
-from dflow import RunStatus  # noqa: E402
-from dflow._codec import Message, encode  # noqa: E402
-from dflow.adapters.redis import RedisStore  # noqa: E402
-from dflow.store import Fail, Frames, NewRun  # noqa: E402
+from benchmarks._fair import own_redis
+from benchmarks._results import quick, report
+from dflow import RunStatus
+from dflow.adapters.redis import RedisStore
+from dflow.store import Fail, Frames, NewRun
+from dflow.wire.values import Message, encode
 
-REDIS = os.environ.get("BENCH_RUNS_REDIS", "redis://127.0.0.1:6379/10")
+REDIS = os.environ.get("BENCH_RUNS_REDIS", "")  # "": a server of its own, started by main()
 PREFIX = "bench-runs"
 PIPELINES = [f"bench-pipeline-{i}" for i in range(10)]
 TARGET_MS = 50.0
@@ -53,8 +56,12 @@ TARGET_MS = 50.0
 def stats(values: list[float]) -> dict[str, float]:
     ordered = sorted(values)
     p95 = ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
-    return {"median_ms": statistics.median(ordered) * 1e3, "p95_ms": p95 * 1e3, "max_ms": ordered[-1] * 1e3,
-            "n": len(ordered)}
+    return {
+        "median_ms": statistics.median(ordered) * 1e3,
+        "p95_ms": p95 * 1e3,
+        "max_ms": ordered[-1] * 1e3,
+        "n": len(ordered),
+    }
 
 
 async def fill(store: RedisStore, finished: int, running: int) -> dict[str, int]:
@@ -66,7 +73,9 @@ async def fill(store: RedisStore, finished: int, running: int) -> dict[str, int]
         trace = f"bench-{i:07d}-{rnd.getrandbits(32):08x}"
         pipeline = None if i % 10 == 9 else PIPELINES[i % 10]
         if i >= finished:
-            await store.create_run(NewRun(trace, Frames(b"f"), encode(i), Message(trace, 1, "step"), pipeline=pipeline))
+            await store.create_run(
+                NewRun(trace, Frames(b"f"), encode(i), Message(trace, 1, "step"), pipeline=pipeline)
+            )
             made["running"] += 1
             return
         kind = rnd.random()
@@ -79,7 +88,9 @@ async def fill(store: RedisStore, finished: int, running: int) -> dict[str, int]
         if kind < 0.9:  # CLAIM, then COMMIT failing it
             claim = await store.claim(msg, "bench", 60)
             assert claim is not None
-            await store.commit(claim, [], {}, Fail({"type": "Bench", "message": "made to fail", "step": "step"}))
+            await store.commit(
+                claim, [], {}, Fail({"type": "Bench", "message": "made to fail", "step": "step"})
+            )
             made["failed"] += 1
         else:  # CANCEL
             await store.cancel(trace, "made to cancel")
@@ -142,19 +153,34 @@ async def bench(finished: int, running: int, calls: int) -> dict[str, Any]:
         await page("deep page (90% down), every status", cursor=deep)
         await page("first page, one status (done)", status=RunStatus.DONE)
         await page("filtered page: done, one pipeline", status=RunStatus.DONE, pipeline=one)
-        await page("filtered page: done, one pipeline, 5% down", status=RunStatus.DONE, pipeline=one,
-                   cursor=deep_filtered)
+        await page(
+            "filtered page: done, one pipeline, 5% down",
+            status=RunStatus.DONE,
+            pipeline=one,
+            cursor=deep_filtered,
+        )
         await page("filtered page: running, one pipeline (rare)", status=RunStatus.RUNNING, pipeline=one)
-        rows["count_runs(), every run"] = {"runs": sum(counts.values()), **await timed(calls, store.count_runs)}
+        rows["count_runs(), every run"] = {
+            "runs": sum(counts.values()),
+            **await timed(calls, store.count_runs),
+        }
         of_one = await store.count_runs(pipeline=one)
         rows["count_runs(pipeline=one)"] = {
-            "runs": sum(of_one.values()), **await timed(calls, lambda: store.count_runs(pipeline=one)),
+            "runs": sum(of_one.values()),
+            **await timed(calls, lambda: store.count_runs(pipeline=one)),
         }
         info = r.info("memory")
-        return {"finished": finished, "running": running, "made": made, "fill_s": fill_s, "calls": calls,
-                "counts": {s.value: n for s, n in counts.items()}, "rows": rows,
-                "redis_used_memory_mb": info["used_memory"] / 2**20,
-                "index_keys_bytes": {k: r.memory_usage(f"{PREFIX}:{k}") for k in ("ix", f"ixp:{one}", "runs")}}
+        return {
+            "finished": finished,
+            "running": running,
+            "made": made,
+            "fill_s": fill_s,
+            "calls": calls,
+            "counts": {s.value: n for s, n in counts.items()},
+            "rows": rows,
+            "redis_used_memory_mb": info["used_memory"] / 2**20,
+            "index_keys_bytes": {k: r.memory_usage(f"{PREFIX}:{k}") for k in ("ix", f"ixp:{one}", "runs")},
+        }
     finally:
         await store.close()
         r.close()
@@ -166,7 +192,7 @@ def console(calls: int, pipeline: str) -> dict[str, dict[str, Any]]:
 
     import dflow
     from dflow.server import create_app
-    from dflow.server._serve import ServerThread
+    from dflow.server.serve import ServerThread
 
     admin = "bench-admin-token-" + "x" * 32
     dflow.configure(REDIS, f"{REDIS}?prefix={PREFIX}", consume=False, secret="bench-secret-" + "s" * 32)
@@ -177,7 +203,11 @@ def console(calls: int, pipeline: str) -> dict[str, dict[str, Any]]:
         with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {admin}"}, timeout=30) as c:
             for label, path, params in [
                 ("console page (HTML), every status", "/console/", {}),
-                ("console page (HTML): done, one pipeline", "/console/", {"status": "done", "pipeline": pipeline}),
+                (
+                    "console page (HTML): done, one pipeline",
+                    "/console/",
+                    {"status": "done", "pipeline": pipeline},
+                ),
                 ("console JSON (/console/api/runs), every status", "/console/api/runs", {}),
             ]:
                 got = c.get(path, params=params)
@@ -196,29 +226,43 @@ def console(calls: int, pipeline: str) -> dict[str, dict[str, Any]]:
 
 def render(res: dict[str, Any]) -> str:
     lines = [
-        (f"Run listings on Redis: {res['finished']:,} finished root runs ({res['made']['done']:,} done, "
-         f"{res['made']['failed']:,} failed, {res['made']['cancelled']:,} cancelled) and {res['running']:,} running; "
-         f"10 pipelines; page_runs(50); {res['calls']} calls each, one client, one round trip a call"),
+        (
+            f"Run listings on Redis: {res['finished']:,} finished root runs ({res['made']['done']:,} done, "
+            f"{res['made']['failed']:,} failed, {res['made']['cancelled']:,} cancelled) and {res['running']:,} running; "
+            f"10 pipelines; page_runs(50); {res['calls']} calls each, one client, one round trip a call"
+        ),
         "",
         "| call | runs | median | p95 | max |",
         "|---|---:|---:|---:|---:|",
     ]
     for label, row in res["rows"].items():
-        lines.append(f"| {label} | {row['runs']:,} | {row['median_ms']:.2f} ms | {row['p95_ms']:.2f} ms | "
-                     f"{row['max_ms']:.2f} ms |")
+        lines.append(
+            f"| {label} | {row['runs']:,} | {row['median_ms']:.2f} ms | {row['p95_ms']:.2f} ms | "
+            f"{row['max_ms']:.2f} ms |"
+        )
     worst = max(row["p95_ms"] for row in res["rows"].values())
     mem = res["index_keys_bytes"]
     lines += [
         "",
-        (f"Slowest p95: **{worst:.2f} ms**; target ≤ {TARGET_MS:.0f} ms a page. Written in {res['fill_s']:.0f} s "
-         f"through the store's scripts. Redis used {res['redis_used_memory_mb']:.0f} MiB; the listings: `ix` "
-         f"{mem['ix'] / 2**20:.1f} MiB, one pipeline's `ixp` {mem[f'ixp:{PIPELINES[3]}'] / 2**20:.1f} MiB "
-         f"(ten of them); beside them the older index of every run, `runs`, {mem['runs'] / 2**20:.1f} MiB."),
+        (
+            f"Slowest p95: **{worst:.2f} ms**; target ≤ {TARGET_MS:.0f} ms a page. Written in {res['fill_s']:.0f} s "
+            f"through the store's scripts. Redis used {res['redis_used_memory_mb']:.0f} MiB; the listings: `ix` "
+            f"{mem['ix'] / 2**20:.1f} MiB, one pipeline's `ixp` {mem[f'ixp:{PIPELINES[3]}'] / 2**20:.1f} MiB "
+            f"(ten of them); beside them the older index of every run, `runs`, {mem['runs'] / 2**20:.1f} MiB."
+        ),
     ]
     return "\n".join(lines)
 
 
 def main() -> None:
+    global REDIS
+    with contextlib.ExitStack() as own:
+        if not REDIS:
+            REDIS = f"{own.enter_context(own_redis())}/0"
+        measure_and_report()
+
+
+def measure_and_report() -> None:
     is_quick = quick(__doc__ or "")
     finished, running, calls = (10_000, 100, 50) if is_quick else (100_000, 500, 200)
     try:

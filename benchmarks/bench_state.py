@@ -52,11 +52,18 @@ def measure(pipeline: Any, per_run: int, shared_key: bool, r: Any) -> dict[str, 
     updates = sum(done)
     reruns = _fn_calls(r) - before - updates
     if pipeline is _app().state_pipeline:  # every update counted once: the key ends at the total
-        final = [dflow.State(tag).get()[0]] if shared_key else [dflow.State(f"{tag}-{i}").get()[0]
-                                                                 for i in range(RUNS)]
+        final = (
+            [dflow.State(tag).get()[0]]
+            if shared_key
+            else [dflow.State(f"{tag}-{i}").get()[0] for i in range(RUNS)]
+        )
         assert sum(int(v or 0) for v in final) == updates, (final, updates)
-    return {"updates": updates, "seconds": wall, "updates_per_s": updates / wall,
-            "reruns_per_update": max(0, reruns) / updates if pipeline is _app().state_pipeline else None}
+    return {
+        "updates": updates,
+        "seconds": wall,
+        "updates_per_s": updates / wall,
+        "reruns_per_update": max(0, reruns) / updates if pipeline is _app().state_pipeline else None,
+    }
 
 
 def _app() -> Any:
@@ -76,8 +83,12 @@ def bench(per_run: int) -> dict[str, Any]:
     r = redis.Redis.from_url(REDIS)
     try:
         for i in range(WORKERS):
-            proc, _ = start(worker_cmd("benchmarks._bench_state", transport, store, CONCURRENCY),
-                            log_path(f"state-worker{i}"), env, "serving")
+            proc, _ = start(
+                worker_cmd("benchmarks._bench_state", transport, store, CONCURRENCY),
+                log_path(f"state-worker{i}"),
+                env,
+                "serving",
+            )
             workers.append(proc)
         dflow.configure(transport, store, secret=SECRET, consume=False)
         app = _app()
@@ -86,7 +97,12 @@ def bench(per_run: int) -> dict[str, Any]:
             "one_key": measure(app.state_pipeline, per_run, True, r),
             "own_keys": measure(app.state_pipeline, per_run, False, r),
             "incr_one_key": measure(app.incr_pipeline, per_run, True, r),
-            "settings": {"workers": WORKERS, "concurrency": CONCURRENCY, "runs": RUNS, "updates_per_run": per_run},
+            "settings": {
+                "workers": WORKERS,
+                "concurrency": CONCURRENCY,
+                "runs": RUNS,
+                "updates_per_run": per_run,
+            },
         }
     finally:
         with contextlib.suppress(Exception):
@@ -102,18 +118,25 @@ def bench(per_run: int) -> dict[str, Any]:
 def render(results: dict[str, Any]) -> str:
     s = results["settings"]
     lines = [
-        (f"`State.update` under contention: {s['workers']} `dflow worker` processes ({s['concurrency']} steps at "
-         f"once each) on Redis; {s['runs']} runs at once, each one step making {s['updates_per_run']} updates in a row"),
+        (
+            f"`State.update` under contention: {s['workers']} `dflow worker` processes ({s['concurrency']} steps at "
+            f"once each) on Redis; {s['runs']} runs at once, each one step making {s['updates_per_run']} updates in a row"
+        ),
         "",
         "| workload | updates | seconds | updates/s | function re-runs per update |",
         "|---|---:|---:|---:|---:|",
     ]
-    names = {"one_key": "`State.aupdate`, every run on **one** key", "own_keys": "`State.aupdate`, each run its own key",
-             "incr_one_key": "Redis `INCR` on one key (the floor)"}
+    names = {
+        "one_key": "`State.aupdate`, every run on **one** key",
+        "own_keys": "`State.aupdate`, each run its own key",
+        "incr_one_key": "Redis `INCR` on one key (the floor)",
+    }
     for key, name in names.items():
         m = results[key]
         reruns = "–" if m["reruns_per_update"] is None else f"{m['reruns_per_update']:.3f}"
-        lines.append(f"| {name} | {m['updates']} | {m['seconds']:.2f} | {m['updates_per_s']:.0f} | {reruns} |")
+        lines.append(
+            f"| {name} | {m['updates']} | {m['seconds']:.2f} | {m['updates_per_s']:.0f} | {reruns} |"
+        )
     return "\n".join(lines)
 
 

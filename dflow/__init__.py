@@ -6,8 +6,6 @@ with ``init()``, and run it in local mode (``DFlow.global_init_for_test()``) or 
 
 from __future__ import annotations
 
-from ._codec import register_model
-from ._durable import shared
 from .circuit import Circuit, CircuitState
 from .client import (
     Entry,
@@ -44,7 +42,9 @@ from .errors import (
     StepFailedError,
     StepTimeoutError,
     StoreError,
+    StoreUnavailableError,
     TransportError,
+    TransportUnavailableError,
     UnknownEntryError,
     UnknownStepError,
     ValueTooLargeError,
@@ -52,11 +52,14 @@ from .errors import (
 )
 from .flow import DFlow, InitParam, adirect_run
 from .memory import MemoryBroker, MemoryStore, MemoryTransport
+from .ops.conversations import declare_conversation
 from .policy import RetryPolicy
 from .runtime import Runtime
 from .state import State, Version
 from .store import RunPage, Store
 from .transport import Delivery, Transport
+from .wire.by_name import shared
+from .wire.values import register_model
 
 __all__ = [
     "BuildError",
@@ -103,8 +106,10 @@ __all__ = [
     "StepTimeoutError",
     "Store",
     "StoreError",
+    "StoreUnavailableError",
     "Transport",
     "TransportError",
+    "TransportUnavailableError",
     "UnknownEntryError",
     "UnknownStepError",
     "ValueTooLargeError",
@@ -113,6 +118,7 @@ __all__ = [
     "adirect_run",
     "configure",
     "current_runtime",
+    "declare_conversation",
     "gather",
     "global_init_for_test",
     "register_model",

@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from ._codec import decode, encode
-from ._ids import check_trace_id, is_run_id
 from .errors import DFlowError
+from .wire.ids import check_trace_id, is_run_id
+from .wire.values import decode, encode
 
 __all__ = ["ContextStack", "RunInfo", "RunStatus", "StepRecord", "StepStatus"]
 
@@ -96,6 +96,14 @@ class RunInfo:
     def result(self) -> Any:
         return None if self.raw_result is None else decode(self.raw_result)
 
+    @property
+    def parked(self) -> str | None:
+        """Why the run's step is parked (no worker that took it could run it: its pipeline,
+        or the key its flow was signed with, is missing there), or ``None``: it is not. A
+        parked run's status stays running; its step is tried again, each time later."""
+        reason = self.extra.get("parked")
+        return str(reason) if reason else None
+
 
 _DELETED = None
 #: the prefix of the data keys dflow keeps in a run (compensations, rerun links, traces,
@@ -104,8 +112,11 @@ RESERVED = "dflow/"
 
 
 def _reserved(op: str, key: str) -> str:
-    return (f"ctx.{op}({key[:100]!r}) is refused: keys under {RESERVED!r} are dflow's own (compensations, "
-            "rerun links, traces, declared waits); name your key otherwise")
+    return (
+        f"ctx.{op}({key[:100]!r}) is refused: keys under {RESERVED!r} are dflow's own (compensations, "
+        "rerun links, traces, declared waits and conversations); name your key otherwise"
+    )
+
 
 #: the run's data key of the runs declared with ``ctx.wait_for``, until its next wait
 WAIT_FOR_KEY = "dflow/wait_for"
@@ -119,7 +130,7 @@ class ContextStack:
     it fails). ``idempotency_key`` is stable across re-executions of the same step.
     """
 
-    __slots__ = ("trace_id", "seq", "attempt", "_data", "_changes", "_steps", "_readonly", "_waits")
+    __slots__ = ("_changes", "_data", "_readonly", "_steps", "_waits", "attempt", "seq", "trace_id")
 
     def __init__(
         self,

@@ -26,7 +26,9 @@
     ├── StepFailedError             an error recorded elsewhere (a branch, an on_init)
     │   └── DeadlockError           the deadlock detector broke a run's wait
     ├── TransportError              the message transport failed
+    │   └── TransportUnavailableError  ... for now (a failover, a reconnect): a retry may get through
     ├── StoreError                  the store failed
+    │   └── StoreUnavailableError   ... for now (a failover, a slot moving): a retry may get through
     ├── ConflictError               a shared ``State`` changed under a write (compare-and-set lost)
     ├── VersionNotFoundError        a ``State`` version that is not (or no longer) kept
     └── CircuitOpenError            a circuit breaker is open: the call failed fast
@@ -64,7 +66,9 @@ __all__ = [
     "StepFailedError",
     "StepTimeoutError",
     "StoreError",
+    "StoreUnavailableError",
     "TransportError",
+    "TransportUnavailableError",
     "UnknownEntryError",
     "UnknownStepError",
     "ValueTooLargeError",
@@ -116,6 +120,9 @@ class UnknownStepError(DFlowError):
     """The worker has no pipeline with this step: it does not import the module that
     builds it, or the flow's ids changed. The step is retried and, meanwhile, parked
     (visible in ``dflow inspect``), never dropped."""
+
+    #: the reference of the pipeline chain the run's frames name, when that is what is missing
+    chain_ref: str | None = None
 
 
 class ConfigurationError(DFlowError):
@@ -203,8 +210,19 @@ class TransportError(DFlowError):
     """The message transport failed (connection refused, broker gone)."""
 
 
+class TransportUnavailableError(TransportError):
+    """The transport cannot be reached for now: a connection refused or reset, a failover
+    or a slot moving under the command. The same call may get through a little later."""
+
+
 class StoreError(DFlowError):
     """The store failed (connection refused, script error)."""
+
+
+class StoreUnavailableError(StoreError):
+    """The store cannot be reached for now: a connection refused or reset, a failover, a
+    node loading its data, a slot moving under the command. The same call may get through a
+    little later (waits for runs retry it until their timeout)."""
 
 
 class ConflictError(DFlowError):

@@ -30,13 +30,13 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from . import _registry
-from ._model import Chain, Frame
 from .context import StepRecord
+from .model import registry
+from .model.nodes import Chain, Frame
 from .store import Claim, NewRun
 
 if TYPE_CHECKING:
-    from .runtime import Runtime
+    from .runtime.worker import Runtime
 
 __all__ = ["NO_PIPELINE", "StepObserver", "combine", "run_label", "step_labels"]
 
@@ -114,8 +114,13 @@ class _Isolated(StepObserver):
         last = self._reported.get(hook)
         if last is None or now - last >= _REPORT_EVERY:
             self._reported[hook] = now
-            log.error("dflow: the observer %s raised in %s; ignored, the step goes on (reported at most once a "
-                      "minute)", type(self.observer).__qualname__, hook, exc_info=exc)
+            log.error(
+                "dflow: the observer %s raised in %s; ignored, the step goes on (reported at most once a "
+                "minute)",
+                type(self.observer).__qualname__,
+                hook,
+                exc_info=exc,
+            )
 
     def attach(self, runtime: Runtime) -> None:
         self.observer.attach(runtime)
@@ -285,14 +290,14 @@ def run_label(frames: tuple[Frame, ...] | None, first_key: str | None) -> str:
 
 
 def _pipeline_name(root: Chain, key: str) -> str:
-    ref = _registry.ref_of(root)
+    ref = registry.ref_of(root)
     if ref is not None:  # a pipeline's chain, or one of its branches ("p:<digest>/<pos>.<i>")
-        head = _registry.chain_by_ref(ref.split("/", 1)[0])
-        pipeline = _registry.pipeline_for(head.keys[0]) if head is not None else None
+        head = registry.chain_by_ref(ref.split("/", 1)[0])
+        pipeline = registry.pipeline_for(head.keys[0]) if head is not None else None
         if pipeline is not None:
             return pipeline.name
     level = outer_key(key)
-    names = {p.name for k, p in list(_registry._pipelines.items()) if k == level or k.endswith(">" + level)}
+    names = {p.name for k, p in list(registry._pipelines.items()) if k == level or k.endswith(">" + level)}
     return names.pop() if len(names) == 1 else NO_PIPELINE
 
 
@@ -300,10 +305,10 @@ def outer_key(key: str) -> str:
     """The part of a step key that is a key of the run's outermost chain: what follows the
     last ``/`` (flat_map nesting), with a zip/any branch marker ``id[i]`` undone
     (``"x>y/p>z[0]>c"`` -> ``"z>c"``). Ids contain neither ``/``, ``>`` nor ``[``."""
-    seg = key[key.rfind("/") + 1:]
+    seg = key[key.rfind("/") + 1 :]
     b = seg.rfind("[")
     if b >= 0:
         start = seg.rfind(">", 0, b) + 1
         close = seg.find("]", b)
-        seg = seg[start:b] + (seg[close + 1:] if close >= 0 else "")
+        seg = seg[start:b] + (seg[close + 1 :] if close >= 0 else "")
     return seg

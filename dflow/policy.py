@@ -20,6 +20,7 @@ def exception_classes(on: object) -> tuple[type[BaseException], ...] | None:
         kinds.append(k)
     return tuple(kinds)
 
+
 # Errors that would fail the same way on every attempt: never retried.
 _NEVER_RETRIED: tuple[type[BaseException], ...] = (BuildError, SerializationError)
 

@@ -4,10 +4,9 @@ and circuit breakers (``dflow.Circuit``), kept beside a store.
 A ``StateBackend`` does each operation atomically (on Redis: one script): read a value
 and its version, compare-and-set it keeping the last versions with who wrote them, roll
 back to a kept version, and decide and record the calls of a circuit breaker. It holds
-bytes; encoding values is the caller's part. Each store type has its backend: a store
-adapter registers a factory with ``register_backend`` (the in-memory store's is in
-``_memstate``, the Redis store's in its adapter), and ``backend_for(store)`` finds it
-through the store's class, so the core names no adapter.
+bytes; encoding values is the caller's part. A store reaches its backend explicitly:
+``store.shared_state`` (the in-memory store's is ``memory.state``, the Redis store's in
+its adapter), so the core names no adapter; ``backend_for(store)`` is the same.
 
 Circuit breakers count failures in a sliding window of ``window`` seconds; ``failures``
 of them open the circuit for ``cool_down`` seconds, when calls fail fast. After that the
@@ -23,15 +22,12 @@ detector at a time, across every process, look for cycles.
 
 from __future__ import annotations
 
-import threading
-import weakref
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import TYPE_CHECKING, Any
-
-from .errors import ConfigurationError
 
 if TYPE_CHECKING:
     from .store import Store
@@ -167,8 +163,18 @@ class StateBackend(ABC):
         """The encoded value of ``name`` and its version; ``(None, 0)`` when it has none."""
 
     @abstractmethod
-    async def cas(self, name: str, value: bytes, expect: int | None, writer: Writer, keep: int, *,
-                  turn: str = "", take: bool = False, turn_lease: float = 0.5) -> CasResult:
+    async def cas(
+        self,
+        name: str,
+        value: bytes,
+        expect: int | None,
+        writer: Writer,
+        keep: int,
+        *,
+        turn: str = "",
+        take: bool = False,
+        turn_lease: float = 0.5,
+    ) -> CasResult:
         """Write ``value`` as the next version if the current version is ``expect`` (any
         version when ``expect`` is ``None``), keeping the last ``keep`` versions.
 
@@ -227,42 +233,23 @@ class StateBackend(ABC):
         ``token`` holds it now. ``seconds`` 0 gives it up (when ``token`` holds it)."""
 
 
-_factories: dict[type[Any], Callable[[Any], StateBackend]] = {}
-_backends: weakref.WeakKeyDictionary[Any, StateBackend] = weakref.WeakKeyDictionary()
-_pinned: dict[int, tuple[Any, StateBackend]] = {}
-_lock = threading.Lock()
-
-
 def register_backend(store_type: type[Store], factory: Callable[[Any], StateBackend]) -> None:
-    """Make ``factory(store)`` the shared-state backend of stores of ``store_type`` (and of
-    its subclasses that have none of their own)."""
+    """Deprecated: give the store class a ``shared_state`` property instead. Makes
+    ``factory(store)`` the ``shared_state`` of stores of ``store_type`` (and of its
+    subclasses that have none of their own), one per store object."""
     if not isinstance(store_type, type):
         raise TypeError(f"register_backend takes a store class, got {store_type!r}")
     if not callable(factory):
         raise TypeError(f"register_backend takes a factory function, got {type(factory).__qualname__}")
-    with _lock:
-        _factories[store_type] = factory
+    warnings.warn(
+        "dflow.shared_state.register_backend is deprecated and goes in dflow-runtime 0.3: give "
+        f"{store_type.__qualname__} a shared_state property that returns its StateBackend",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    store_type._state_factory = factory  # type: ignore[attr-defined]  # pyright: ignore[reportAttributeAccessIssue]  # (read by Store.shared_state)
 
 
 def backend_for(store: Store) -> StateBackend:
-    """The shared-state backend of ``store`` (one per store object)."""
-    with _lock:
-        try:
-            backend = _backends.get(store)
-        except TypeError:  # a store that takes no weak references: kept as long as the process
-            backend = _pinned.get(id(store), (None, None))[1]
-        if backend is not None:
-            return backend
-        for cls in type(store).__mro__:
-            factory = _factories.get(cls)
-            if factory is not None:
-                backend = factory(store)
-                try:
-                    _backends[store] = backend
-                except TypeError:
-                    _pinned[id(store)] = (store, backend)
-                return backend
-    raise ConfigurationError(
-        f"the store {type(store).__qualname__} keeps no shared state (State, Circuit): use the in-memory or the "
-        "Redis store, or register a backend for it with dflow.shared_state.register_backend(StoreClass, factory)"
-    )
+    """The shared-state backend of ``store``: ``store.shared_state``."""
+    return store.shared_state

@@ -3,19 +3,36 @@
 A store makes every step transition atomic. The runtime *claims* a step (the store checks
 the message is the run's expected transition and takes a lease), runs it, and *commits*
 its outcome: the step records, the data changes and the run's next state go in together.
+A commit whose lease was lost is refused: each step's result is committed exactly once.
+A store keeps what the core hands it as bytes (values, each run's signed *frames*, flow
+*blobs* kept while a live run references them); it never loads code.
 
-A store keeps what the core hands it as bytes: values, and each run's *frames* (where the
-run stands in its flows), which the core serializes and signs before calling the store;
-a flow built at run time travels as a content-addressed *blob* that the store keeps while
-a live run references it. A store never loads code.
+What an adapter author implements (``class MyStore(Store)``), checked by the contract
+suites of ``dflow.testing``:
 
-Two ways to dispatch the next step, fixed when the store is built: a plain store returns
-the messages for the runtime to publish, and keeps them as an outbox until claimed (a crash
-between commit and publish only delays them; ``due`` hands them out again). A *fused*
-store (``fused = True``) writes to its transport itself, in the same atomic write as the
-commit; it also acknowledges the delivery the step came with and may take (claim) the
-worker's next step in that write. A commit whose lease was lost (it expired and another
-worker re-ran the step) is refused: each step's result is committed exactly once.
+- ``RunWriter``, the hot path, 9 methods: ``create_run``, ``claim``, ``commit``,
+  ``extend``, ``park``, ``init_done``, ``resume``, ``due``, ``cancel``
+  (``RunWriterContract``). A plain store returns the messages for the runtime to publish
+  and keeps them as an outbox until claimed (``due`` hands them out again).
+- ``RunReader``, 6 methods: ``get_run``, ``get_data``, ``get_steps``, ``get_blob``,
+  ``page_runs``, ``count_runs`` (``RunReaderContract``, ``RunListingContract``);
+  ``watch_steps`` and ``wait_many`` have polling defaults, worth overriding to be woken.
+- Each run's *compensations* flag (``Compensations``, ``SagaStoreContract``): ``commit``
+  and ``create_run`` record ``compensations_in(trace_id, changes)`` when it is not
+  ``None``; ``cancel`` reads the flag, never the run's data.
+
+Optional parts, each found by the runtime without a flag to set:
+
+- ``FusedDispatch``: a store that is also an instance of it writes step messages to its
+  transport itself, in the same atomic write as the create or commit; its ``commit``
+  acknowledges the delivery ``receipt`` and, with ``take_lease``, claims the worker's next
+  step in that write (``FusedStoreContract``). ``fused_variant(cls)`` makes the class.
+- ``shared_state``: a ``dflow.shared_state.StateBackend`` beside the store (12 methods,
+  ``StateBackendContract``) for ``dflow.State``, ``dflow.Circuit`` and the deadlock
+  detector. Without it those raise ``ConfigurationError``.
+- ``ping`` and ``close``: no-ops by default.
+
+So a store is 15 methods; 27 with its shared state. ``MemoryStore`` is the reference.
 """
 
 from __future__ import annotations
@@ -25,11 +42,15 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from enum import Enum
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
-from ._codec import Message
 from .context import RunInfo, RunStatus, StepRecord
-from .errors import DFlowError
+from .errors import ConfigurationError, DFlowError, RunNotFoundError, RunTimeoutError
+from .wire.values import Message
+
+if TYPE_CHECKING:
+    from .shared_state import StateBackend
 
 __all__ = [
     "Advance",
@@ -37,24 +58,31 @@ __all__ = [
     "BranchResult",
     "Claim",
     "Committed",
+    "Compensations",
     "Fail",
     "Finish",
     "Fork",
     "Frames",
+    "FusedDispatch",
     "NewRun",
     "Parent",
     "RunPage",
+    "RunReader",
+    "RunWriter",
     "Store",
     "Taken",
     "Transition",
     "Wait",
+    "compensations_in",
+    "fused_variant",
 ]
 
+S = TypeVar("S", bound="Store")
 
-#: Data fields a store reads, though it never loads what they hold: a run with fields under
-#: ``SAGA_PREFIX`` (the compensations of its completed steps, see ``DFlow.compensate``) is
-#: not ended by ``cancel`` but sent a FAIL message, so that it runs them; a run with the field
-#: ``COMPENSATING`` runs them already, and ``cancel`` leaves it as it is.
+
+#: Data fields of the saga layout (``dflow.patterns.saga``): a run's compensations are kept
+#: under ``SAGA_PREFIX``, and the field ``COMPENSATING`` marks a run running them. A store
+#: reads neither: ``compensations_in`` turns what a commit writes into the run's flag.
 SAGA_PREFIX = "dflow/saga/"
 COMPENSATING = "dflow/compensating"
 
@@ -68,6 +96,37 @@ def saga_prefix(trace_id: str) -> str:
         fork, _, index = level.partition("-")
         prefix += f"{int(fork):012d}.{int(index):04d}/"
     return prefix
+
+
+class Compensations(str, Enum):
+    """A run's compensations flag, which ``cancel`` reads: ``NONE``, it holds none of its
+    own (it ends CANCELLED); ``HELD``, a step of it with a compensation committed (it is
+    sent a FAIL message, on which it runs them); ``RUNNING``, it runs them (it is left as
+    it is). It only moves up: NONE, HELD, RUNNING. A store keeps it as its ``value``."""
+
+    NONE = "none"
+    HELD = "held"
+    RUNNING = "running"
+
+
+def compensations_in(trace_id: str, changes: Mapping[str, bytes | None]) -> Compensations | None:
+    """What a commit (or a new run's data) of run ``trace_id`` that writes ``changes`` sets
+    its compensations flag to: ``RUNNING`` when it marks the run compensating, ``HELD``
+    when it writes a compensation of the run's own (a branch's, delivered at a join,
+    included), ``None`` when it leaves the flag as it is."""
+    if changes.get(COMPENSATING) is not None:
+        return Compensations.RUNNING
+    own = saga_prefix(trace_id)
+    for k, v in changes.items():
+        if v is not None and k.startswith(own):
+            return Compensations.HELD
+    return None
+
+
+def raised(flag: Compensations, to: Compensations | None) -> Compensations:
+    """The flag ``flag`` after a write that sets it ``to`` (it never goes down)."""
+    order = (Compensations.NONE, Compensations.HELD, Compensations.RUNNING)
+    return flag if to is None or order.index(to) <= order.index(flag) else to
 
 
 @dataclass(slots=True)
@@ -223,16 +282,15 @@ class BlobsMissingError(DFlowError):
         self.refs = refs
 
 
-class Store(ABC):
-    """Runs, their data and records, timers, leases and joins. Every method is atomic."""
-
-    #: writes step messages to its transport itself, in its own atomic writes (see the module)
-    fused: bool = False
+class RunWriter(ABC):
+    """The write side of a store: what the runtime calls on the hot path. Every method is
+    atomic."""
 
     @abstractmethod
     async def create_run(self, run: NewRun) -> list[Message]:
         """Create ``run``; return the messages to publish. ``RunExistsError`` if it exists,
-        ``BlobsMissingError`` when it names blobs neither stored nor given."""
+        ``BlobsMissingError`` when it names blobs neither stored nor given. Records
+        ``compensations_in(run.trace_id, run.data)`` as the run's compensations flag."""
 
     @abstractmethod
     async def claim(self, message: Message, worker: str, lease: float) -> Claim | None:
@@ -252,11 +310,13 @@ class Store(ABC):
         receipt: Any = None,
         take_lease: float | None = None,
     ) -> Committed:
-        """Apply the step's outcome if ``claim`` still holds its lease. A fused store also
-        acknowledges the delivery ``receipt`` (its transport tag) and, with ``take_lease``,
-        reads and claims the worker's next step. ``RunExistsError`` when a fork would
-        overwrite a run, ``BlobsMissingError`` as for ``create_run``; nothing is applied
-        then."""
+        """Apply the step's outcome if ``claim`` still holds its lease, and record
+        ``compensations_in(trace_id, changes)`` on the run when it is not ``None`` (a
+        ``RUNNING`` flag stays). A ``FusedDispatch`` store also acknowledges the delivery
+        ``receipt`` (its transport tag) and, with ``take_lease``, reads and claims the
+        worker's next step; a plain store ignores both. ``RunExistsError`` when a fork
+        would overwrite a run, ``BlobsMissingError`` as for ``create_run``; nothing is
+        applied then."""
 
     @abstractmethod
     async def extend(self, claims: list[Claim], lease: float) -> None:
@@ -287,6 +347,25 @@ class Store(ABC):
         Returns the messages and the time of the next known due item, if any."""
 
     @abstractmethod
+    async def cancel(self, trace_id: str, reason: str) -> tuple[RunInfo | None, list[Message]]:
+        """End the run CANCELLED with ``reason``, and the zip/any branches it waits for,
+        recursively: its waiting call, timers, leases and queued messages go, and a step
+        running now commits nothing. A run that has ended is left as it is. Returns the
+        run's state (``None`` when there is no such run) and the messages to publish (a
+        cancelled branch counts as a failed one at its parent's join, which may end).
+
+        A run whose compensations flag is ``HELD`` does not end: what it waits for goes as
+        above, and its next step is a FAIL message (its seq one on, its key kept) with the
+        error ``{"type": "dflow.RunCancelled", "message": reason, "step": ""}``, on which the
+        core runs them. A run whose flag is ``RUNNING`` is left as it is. The same holds
+        for the branches a join no longer wants."""
+
+
+class RunReader(ABC):
+    """The read side of a store: a run's state, data, step records and blobs, waiting for
+    runs, and the run listings."""
+
+    @abstractmethod
     async def get_run(self, trace_id: str) -> RunInfo | None:
         """The run's status, or ``None``."""
 
@@ -298,51 +377,9 @@ class Store(ABC):
     async def get_steps(self, trace_id: str, start: int = 0) -> list[StepRecord]:
         """The run's step records from the ``start``-th, oldest first."""
 
-    async def watch_steps(
-        self, trace_id: str, start: int, timeout: float
-    ) -> tuple[list[StepRecord], RunInfo | None]:
-        """The run's step records from the ``start``-th and its state, read together (so
-        when the state says it ended, the records are all there). When there are none yet
-        and the run goes on, wait up to ``timeout`` seconds for some. ``None`` for a run
-        that does not exist. (This default polls; stores override it to be woken.)"""
-        deadline = time.monotonic() + timeout
-        pause = 0.01
-        while True:
-            info = await self.get_run(trace_id)
-            records = await self.get_steps(trace_id, start) if info is not None else []
-            if records or info is None or info.status.finished or time.monotonic() >= deadline:
-                return records, info
-            await asyncio.sleep(min(pause, max(0.0, deadline - time.monotonic())))
-            pause = min(pause * 2, 0.25)
-
-    @abstractmethod
-    async def cancel(self, trace_id: str, reason: str) -> tuple[RunInfo | None, list[Message]]:
-        """End the run CANCELLED with ``reason``, and the zip/any branches it waits for,
-        recursively: its waiting call, timers, leases and queued messages go, and a step
-        running now commits nothing. A run that has ended is left as it is. Returns the
-        run's state (``None`` when there is no such run) and the messages to publish (a
-        cancelled branch counts as a failed one at its parent's join, which may end).
-
-        A run holding compensations of its own (data fields under ``saga_prefix(trace_id)``)
-        and not yet running them (no ``COMPENSATING`` field) does not end: what it waits for goes as above, and
-        its next step is a FAIL message (its seq one on, its key kept) with the error
-        ``{"type": "dflow.RunCancelled", "message": reason, "step": ""}``, on which the core
-        runs them. A run running them (with ``COMPENSATING``) is left as it is. The same
-        holds for the branches a join no longer wants."""
-
     @abstractmethod
     async def get_blob(self, ref: str) -> bytes | None:
         """The flow blob ``ref`` (a signed pickle the core checks), or ``None``."""
-
-    @abstractmethod
-    async def wait_many(self, trace_ids: list[str], timeout: float | None) -> list[RunInfo]:
-        """Wait until each run is done or failed; their records, in order.
-        ``RunNotFoundError`` for a run that does not exist, ``RunTimeoutError`` when
-        ``timeout`` seconds pass first."""
-
-    @abstractmethod
-    async def list_runs(self, limit: int = 50) -> list[RunInfo]:
-        """Recent runs, newest first."""
 
     @abstractmethod
     async def page_runs(
@@ -366,6 +403,114 @@ class Store(ABC):
         every status present (0 for none). A run whose time to be kept is over counts until
         ``due`` sweeps it out."""
 
+    async def watch_steps(
+        self, trace_id: str, start: int, timeout: float
+    ) -> tuple[list[StepRecord], RunInfo | None]:
+        """The run's step records from the ``start``-th and its state, read together (so
+        when the state says it ended, the records are all there). When there are none yet
+        and the run goes on, wait up to ``timeout`` seconds for some. ``None`` for a run
+        that does not exist. (This default polls; stores override it to be woken.)"""
+        deadline = time.monotonic() + timeout
+        pause = 0.01
+        while True:
+            info = await self.get_run(trace_id)
+            records = await self.get_steps(trace_id, start) if info is not None else []
+            if records or info is None or info.status.finished or time.monotonic() >= deadline:
+                return records, info
+            await asyncio.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+            pause = min(pause * 2, 0.25)
+
+    async def wait_many(self, trace_ids: list[str], timeout: float | None) -> list[RunInfo]:
+        """Wait until each run is done or failed; their records, in order.
+        ``RunNotFoundError`` for a run that does not exist, ``RunTimeoutError`` when
+        ``timeout`` seconds pass first. (This default polls; stores override it to be woken.)"""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        done: dict[str, RunInfo] = {}
+        pause = 0.01
+        while True:
+            for t in dict.fromkeys(trace_ids):
+                if t not in done:
+                    info = await self.get_run(t)
+                    if info is None:
+                        raise RunNotFoundError(
+                            f"no run with trace id {t!r} (never started, or expired)", trace_id=t
+                        )
+                    if info.status.finished:
+                        done[t] = info
+            left = [t for t in trace_ids if t not in done]
+            if not left:
+                return [done[t] for t in trace_ids]
+            if deadline is not None and time.monotonic() >= deadline:
+                n = len(set(trace_ids))
+                what = (
+                    f"run {left[0]!r} did not finish"
+                    if n == 1
+                    else f"{len(set(left))} of {n} runs did not finish, e.g. {left[0]!r},"
+                )
+                raise RunTimeoutError(f"{what} within {timeout}s; the run goes on", trace_id=left[0])
+            wait = pause if deadline is None else min(pause, max(0.0, deadline - time.monotonic()))
+            await asyncio.sleep(wait)
+            pause = min(pause * 2, 0.25)
+
+
+class FusedDispatch(ABC):  # noqa: B024 (a capability: what it adds is behaviour, not methods)
+    """The capability of a store that writes step messages to its transport itself, in its
+    own atomic writes: ``create_run``, ``resume``, ``cancel`` and ``due`` put them there
+    (and return none to publish); ``commit`` does too, acknowledges the delivery
+    ``receipt`` it finishes and, with ``take_lease``, claims the worker's next step in the
+    same write (``Committed.taken``). The runtime checks ``isinstance(store,
+    FusedDispatch)``. A store class that is fused only when built with a transport makes
+    the instances that are with ``fused_variant`` (see ``MemoryStore``)."""
+
+
+_FUSED: dict[type, type] = {}
+
+
+def fused_variant(cls: type[S]) -> type[S]:
+    """The subclass of store class ``cls`` that is also ``FusedDispatch``, with the same
+    name (one per class): a constructor that is given a transport builds one of these,
+    from ``__new__``."""
+    if issubclass(cls, FusedDispatch):
+        return cls
+    made = _FUSED.get(cls)
+    if made is None:
+        made = _FUSED[cls] = type(
+            cls.__name__,
+            (cls, FusedDispatch),
+            {"__module__": cls.__module__, "__qualname__": cls.__qualname__},
+        )
+    return cast("type[S]", made)
+
+
+class Store(RunWriter, RunReader):
+    """Runs, their data and records, timers, leases and joins: the write side
+    (``RunWriter``) and the read side (``RunReader``), with the optional parts the module
+    describes. Every method is atomic."""
+
+    _registered_state: StateBackend | None = None  # (made by a factory of register_backend)
+
+    @property
+    def fused(self) -> bool:
+        """Whether the store is ``FusedDispatch`` (read only; kept for callers of earlier
+        releases: check ``isinstance(store, FusedDispatch)``)."""
+        return isinstance(self, FusedDispatch)
+
+    @property
+    def shared_state(self) -> StateBackend:
+        """The shared-state backend beside this store (one per store object): for
+        ``dflow.State``, ``dflow.Circuit`` and the deadlock detector. ``ConfigurationError``
+        for a store that keeps none."""
+        factory = getattr(type(self), "_state_factory", None)  # (dflow.shared_state.register_backend)
+        if factory is None:
+            raise ConfigurationError(
+                f"the store {type(self).__qualname__} keeps no shared state (State, Circuit): use the in-memory "
+                "or the Redis store, or give the store class a shared_state property returning a StateBackend"
+            )
+        backend = self._registered_state
+        if backend is None:
+            backend = self._registered_state = factory(self)
+        return backend
+
     async def ping(self) -> None:
         """Raise ``StoreError`` when the store cannot be reached."""
 
@@ -373,6 +518,6 @@ class Store(ABC):
         """Release connections."""
 
 
-async def wait_finished(store: Store, trace_id: str, timeout: float | None) -> RunInfo:
-    """Wait for one run (see ``Store.wait_many``)."""
+async def wait_finished(store: RunReader, trace_id: str, timeout: float | None) -> RunInfo:
+    """Wait for one run (see ``RunReader.wait_many``)."""
     return (await store.wait_many([trace_id], timeout))[0]

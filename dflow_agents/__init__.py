@@ -7,6 +7,11 @@
 * the Qwen2.5 prompt renderer and tolerant parser (:mod:`dflow_agents.qwen`);
 * :class:`AIFunction`: formatter, template, model and parser as replaceable callables;
 * ``@tool``: typed functions (plain, async, or returning a ``DFlow``) as model tools;
+* built-in tools, each bounded: :func:`shell_tool` (allowed commands, no shell),
+  :func:`file_tools` (read, write, list under a root), :func:`browser_tool` (Chromium
+  through Playwright);
+* tools of Model Context Protocol servers (:class:`McpServer`, :class:`McpTool`), over stdio
+  or streamable HTTP;
 * conversation memory per session (:class:`ChatMemory`, :class:`InMemoryChatMemory`,
   :class:`RedisChatMemory`) and :func:`context_window`, what of it fits the model;
 * long-term memory per user (:class:`LongTermMemory`, :class:`StateLongTermMemory`): facts
@@ -14,7 +19,9 @@
 * the text ReAct format: :func:`render_react_prompt` and :func:`parse_react_output`;
 * the agents, each a flow of steps that any worker runs: :class:`ToolCallAgent` (think,
   then every tool call of the turn at once), :class:`ConversationAgentExecutor` (text
-  ReAct), with :class:`LoopGuard`; :func:`agent_tool` makes an agent the tool of another.
+  ReAct), with :class:`LoopGuard`; :func:`agent_tool` makes an agent the tool of another;
+  their constructors take settings in groups (:class:`AgentLimits`, :class:`ModelCalls`,
+  :class:`LongTermRecall`, :class:`ReActLimits`, :class:`PlanningOptions`).
 
 Test doubles live in :mod:`dflow_agents.testing`.
 """
@@ -23,7 +30,12 @@ from __future__ import annotations
 
 from .agent import Agent, AgentResult, AgentStatus
 from .agent_tool import AgentDepthError, agent_tool
+from .browser_tool import BrowserAction, browser_tool
+from .compression import SUMMARY_PROMPT, ContextCompression
 from .crawler import (
+    CrawlBudget,
+    CrawlFunctions,
+    CrawlScope,
     DeepCrawlerAgent,
     Research,
     UrlMap,
@@ -44,8 +56,11 @@ from .errors import (
     ModelStatusError,
     ModelTimeoutError,
 )
-from .executor import ConversationAgentExecutor
+from .exchanges import CallRecording
+from .executor import ConversationAgentExecutor, ReActLimits
+from .fallback import DEFAULT_FALLBACK_ON, ModelFallback, ModelFallbackError
 from .fetch import USER_AGENT, Fetcher, Page, Robots, html_to_markdown, normalize_url
+from .file_tools import file_tools
 from .function import (
     AIFunction,
     ModelConfig,
@@ -64,13 +79,24 @@ from .longterm import (
     user_statements,
     word_overlap,
 )
-from .loopguard import STRATEGY_PROMPT, LoopGuard
+from .loopguard import REPEAT_NOTE, STRATEGY_PROMPT, LoopGuard, call_signature
+from .mcp_tools import McpLimits, McpServer, McpTool
 from .memory import ChatMemory, InMemoryChatMemory, RedisChatMemory, context_window, estimate_tokens
-from .messages import ChatMessage, ChatResponse, Role, ToolCall, ToolSpec, Usage, to_openai_messages
+from .messages import (
+    ChatMessage,
+    ChatResponse,
+    Role,
+    SkippedModel,
+    ToolCall,
+    ToolSpec,
+    Usage,
+    to_openai_messages,
+)
 from .model import ChatModel, CompletionModel
 from .openai_model import OpenAIChatModel
+from .options import DEFAULT_TOOL_TIMEOUT, AgentLimits, LongTermRecall, ModelCalls, ToolChoice
 from .plan_tool import PLANNING_DESCRIPTION, planning_tool
-from .planning import FINALIZE_PROMPT, PLANNER_PROMPT, PlanningFlow, default_step_prompt
+from .planning import FINALIZE_PROMPT, PLANNER_PROMPT, PlanningFlow, PlanningOptions, default_step_prompt
 from .plans import (
     MAX_PLAN_STEPS,
     Plan,
@@ -104,7 +130,15 @@ from .pulling import (
     job_routes,
     pulling_tool,
 )
-from .qwen import QWEN_DEFAULT_SYSTEM, QWEN_STOP, parse_qwen_completion, render_qwen_prompt
+from .qwen import (
+    QWEN_DEFAULT_SYSTEM,
+    QWEN_STOP,
+    calls_as_text,
+    parse_qwen_completion,
+    read_text_tool_calls,
+    render_qwen_prompt,
+    tool_responses_text,
+)
 from .react import (
     REACT_STOP,
     REACT_TEMPLATE,
@@ -116,6 +150,7 @@ from .react import (
     render_react_prompt,
     render_react_scratchpad,
 )
+from .shell_tool import shell_tool
 from .templates import (
     InMemoryPlanTemplates,
     PlanTemplate,
@@ -123,7 +158,15 @@ from .templates import (
     PlanTemplates,
     RedisPlanTemplates,
 )
-from .terminate import TERMINATE_DESCRIPTION, TerminateStatus, terminate, terminate_tool
+from .terminate import (
+    FAILURE_WORDS,
+    SUCCESS_WORDS,
+    TERMINATE_DESCRIPTION,
+    TerminateStatus,
+    terminate,
+    terminate_status,
+    terminate_tool,
+)
 from .toolcall import DEFAULT_SYSTEM_PROMPT, ToolCallAgent
 from .tools import Tool, ToolResult, tool
 
@@ -131,16 +174,26 @@ __all__ = [  # noqa: RUF022 - plain sorted(), as tests/test_exports.py checks
     "AIFunction",
     "Agent",
     "AgentDepthError",
+    "AgentLimits",
     "AgentResult",
     "AgentStatus",
+    "BrowserAction",
+    "CallRecording",
     "ChatMemory",
     "ChatMessage",
     "ChatModel",
     "ChatResponse",
     "CompletionModel",
+    "ContextCompression",
     "ConversationAgentExecutor",
+    "CrawlBudget",
+    "CrawlFunctions",
+    "CrawlScope",
+    "DEFAULT_FALLBACK_ON",
     "DEFAULT_SYSTEM_PROMPT",
+    "DEFAULT_TOOL_TIMEOUT",
     "DeepCrawlerAgent",
+    "FAILURE_WORDS",
     "FINALIZE_PROMPT",
     "Fact",
     "Fetcher",
@@ -157,12 +210,19 @@ __all__ = [  # noqa: RUF022 - plain sorted(), as tests/test_exports.py checks
     "JobNotFoundError",
     "JobTimeoutError",
     "LongTermMemory",
+    "LongTermRecall",
     "LoopGuard",
     "MAX_PLAN_STEPS",
+    "McpLimits",
+    "McpServer",
+    "McpTool",
+    "ModelCalls",
     "ModelConfig",
     "ModelConfigError",
     "ModelConnectionError",
     "ModelError",
+    "ModelFallback",
+    "ModelFallbackError",
     "ModelRateLimitError",
     "ModelRequestBlockedError",
     "ModelResponseError",
@@ -183,14 +243,17 @@ __all__ = [  # noqa: RUF022 - plain sorted(), as tests/test_exports.py checks
     "PlanTemplates",
     "PlanningError",
     "PlanningFlow",
+    "PlanningOptions",
     "PlanningResult",
     "PullingJobTool",
     "QWEN_DEFAULT_SYSTEM",
     "QWEN_STOP",
     "REACT_STOP",
     "REACT_TEMPLATE",
+    "REPEAT_NOTE",
     "ReActAction",
     "ReActFinalAnswer",
+    "ReActLimits",
     "ReActParseFailure",
     "ReActStep",
     "RedisChatMemory",
@@ -202,6 +265,9 @@ __all__ = [  # noqa: RUF022 - plain sorted(), as tests/test_exports.py checks
     "RouteHost",
     "SESSION_KEY",
     "STRATEGY_PROMPT",
+    "SUCCESS_WORDS",
+    "SUMMARY_PROMPT",
+    "SkippedModel",
     "StateLongTermMemory",
     "StepResult",
     "TERMINATE_DESCRIPTION",
@@ -209,6 +275,7 @@ __all__ = [  # noqa: RUF022 - plain sorted(), as tests/test_exports.py checks
     "Tool",
     "ToolCall",
     "ToolCallAgent",
+    "ToolChoice",
     "ToolResult",
     "ToolSpec",
     "USER_AGENT",
@@ -218,6 +285,9 @@ __all__ = [  # noqa: RUF022 - plain sorted(), as tests/test_exports.py checks
     "agent_routes",
     "agent_tool",
     "answer_job",
+    "browser_tool",
+    "call_signature",
+    "calls_as_text",
     "chat_formatter",
     "chat_template",
     "context_window",
@@ -225,6 +295,7 @@ __all__ = [  # noqa: RUF022 - plain sorted(), as tests/test_exports.py checks
     "default_step_prompt",
     "estimate_tokens",
     "facts_prompt",
+    "file_tools",
     "format_plan",
     "html_to_markdown",
     "job_routes",
@@ -235,18 +306,22 @@ __all__ = [  # noqa: RUF022 - plain sorted(), as tests/test_exports.py checks
     "pulling_tool",
     "qwen_parser",
     "qwen_template",
+    "read_text_tool_calls",
     "render_qwen_prompt",
     "render_react_prompt",
     "render_react_scratchpad",
     "research_function",
     "response_parser",
     "same_text",
+    "shell_tool",
     "step_tag",
     "summary_function",
     "terminate",
+    "terminate_status",
     "terminate_tool",
     "to_openai_messages",
     "tool",
+    "tool_responses_text",
     "user_statements",
     "validation_function",
     "word_overlap",

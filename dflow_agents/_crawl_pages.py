@@ -33,20 +33,40 @@ def page_of(url: str, raw: Any) -> Page:
         except ValueError as exc:
             return Page(url=url, note=f"the crawler's page could not be read: {str(exc)[:300]}")
     if isinstance(raw, dict):
-        text = raw.get("markdown") or raw.get("content") or raw.get("text") or ""
-        final = normalize_url(str(raw["final_url"])) if raw.get("final_url") else None
-        redirect = normalize_url(str(raw["redirect"]), url) if raw.get("redirect") else None
-        links = raw.get("links") if isinstance(raw.get("links"), (list, tuple)) else None
-        return _markdown_page(url, str(text), title=str(raw.get("title") or "")[:300], links=links,
-                              final=final if final != url else None, redirect=redirect,
-                              note=str(raw.get("note") or "")[:1000])
+        return _page_of_dict(url, raw)
     if isinstance(raw, str):
         return _markdown_page(url, raw)
     return Page(url=url, note=f"the crawler returned {type(raw).__name__}, not a page")
 
 
-def _markdown_page(url: str, text: str, *, title: str = "", links: Any = None, final: str | None = None,
-                   redirect: str | None = None, note: str = "") -> Page:
+def _page_of_dict(url: str, raw: dict[str, Any]) -> Page:
+    """A crawler's page dict (``markdown`` or ``content``, ``links``, ``title``,
+    ``final_url``, ``redirect``, ``note``) as a :class:`Page`."""
+    text = raw.get("markdown") or raw.get("content") or raw.get("text") or ""
+    final = normalize_url(str(raw["final_url"])) if raw.get("final_url") else None
+    redirect = normalize_url(str(raw["redirect"]), url) if raw.get("redirect") else None
+    links = raw.get("links") if isinstance(raw.get("links"), (list, tuple)) else None
+    return _markdown_page(
+        url,
+        str(text),
+        title=str(raw.get("title") or "")[:300],
+        links=links,
+        final=final if final != url else None,
+        redirect=redirect,
+        note=str(raw.get("note") or "")[:1000],
+    )
+
+
+def _markdown_page(
+    url: str,
+    text: str,
+    *,
+    title: str = "",
+    links: Any = None,
+    final: str | None = None,
+    redirect: str | None = None,
+    note: str = "",
+) -> Page:
     """A page from a crawler's markdown: its link targets normalised, its links listed."""
     base = final or url
     found: list[str] = []
@@ -63,6 +83,13 @@ def _markdown_page(url: str, text: str, *, title: str = "", links: Any = None, f
     all_links = list(dict.fromkeys([*found, *listed]))
     if redirect:
         return Page(url=url, status=302, redirect=redirect, note=note or f"redirects to {redirect}")
-    return Page(url=url, ok=bool(markdown.strip()), final_url=final, title=title, markdown=markdown,
-                links=all_links, bytes=len(text.encode("utf-8", "replace")), note=note or ("" if markdown.strip()
-                                                                                             else "an empty page"))
+    return Page(
+        url=url,
+        ok=bool(markdown.strip()),
+        final_url=final,
+        title=title,
+        markdown=markdown,
+        links=all_links,
+        bytes=len(text.encode("utf-8", "replace")),
+        note=note or ("" if markdown.strip() else "an empty page"),
+    )

@@ -7,8 +7,10 @@ parsers, and what their results may look like.
 * summary ``{job, answer, validated, notes, pages, reason, pages_fetched}`` -> the final text.
 
 A page, as the functions see it: ``{"id": "L3", "title", "depth", "content"`` (markdown whose
-links read ``[text](L7)``) ``, "links"`` (the ids of its links) ``, "note"}``; a page that
-could not be read has no content and a note saying why.
+links read ``[text](L7)``) ``, "links"`` (the ids of its links) ``, "more_links"`` (``[id,
+text]`` of the links further down the page than ``content`` shows, not yet in the crawl,
+within the budget's ``link_chars``) ``, "note"}``; a page that could not be read has no
+content and a note saying why.
 """
 
 from __future__ import annotations
@@ -83,13 +85,23 @@ def _page_text(page: Mapping[str, Any]) -> str:
     if not page.get("content"):
         return f"{head}\nCould not be read: {page.get('note') or 'no content'}"
     lines = [head, str(page["content"])]
-    shown = set(re.findall(r"\]\((L\d+)\)", str(page["content"])))
+    more = _more_links(page)
+    shown = set(re.findall(r"\]\((L\d+)\)", str(page["content"]))) | {m[0] for m in more}
+    if more:
+        lines.append("Links further down this page, not opened yet:")
+        lines += [f"- [{text}]({short})" for short, text in more]
     others = [i for i in page.get("links") or () if i not in shown]
     if others:
         lines.append("Other links: " + " ".join(others))
     if page.get("note"):
         lines.append(f"(note: {page['note']})")
     return "\n".join(lines)
+
+
+def _more_links(page: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """A page's ``more_links`` as ``(id, text)`` pairs (what is not such a pair is left out)."""
+    more = page.get("more_links") or ()
+    return [(str(m[0]), str(m[1])) for m in more if isinstance(m, (list, tuple)) and len(m) == 2]
 
 
 def _listed(title: str, items: Sequence[Any]) -> str:
@@ -181,8 +193,10 @@ def as_research(value: Any) -> Research:
     else:
         raise TypeError(f"a research function returns Research, a dict or a model reply, got {value!r:.200}")
     return Research(
-        found=_flag(data.get("found", False)), answer=str(data.get("answer") or "")[:20_000],
-        sources=_ids(data.get("sources")), follow=_ids(data.get("follow")),
+        found=_flag(data.get("found", False)),
+        answer=str(data.get("answer") or "")[:20_000],
+        sources=_ids(data.get("sources")),
+        follow=_ids(data.get("follow")),
         notes=str(data.get("notes") or "")[:4_000],
     )
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from collections import OrderedDict
 from typing import Any
 from urllib.parse import urlsplit
@@ -32,13 +33,14 @@ from urllib.parse import urlsplit
 import dflow
 from dflow import ContextStack, DFlow
 
+from ._crawl_config import CrawlBudget, CrawlScope
 from ._crawl_pages import page_of
 from ._markdown import origin_of, trim_open_link
 from ._urlmap import UrlMap, parse_id, shorten_links
 from .fetch import Fetcher, Page, Robots
 from .tools import Tool, ToolResult
 
-__all__ = ["Chunks", "CrawlWaves", "encoded_size", "site_of", "value_limit"]
+__all__ = ["Chunks", "CrawlWaves", "encoded_size", "shares", "site_of", "value_limit"]
 
 _MAX_REDIRECTS = 5  # redirect hops followed from one link
 _WAVE_MAP_BYTES = 2_000_000  # URL characters a wave adds to the URL map at most (and a page keeps)
@@ -46,6 +48,7 @@ _MAP_BYTES = 16_000_000  # URL characters the map holds at most
 _PAGE_KEEP = 4_000_000  # bytes a fetch step keeps at most (a wave's pages share half the store's limit)
 _CACHE_BYTES = 64_000_000  # URL characters Chunks keeps at most
 _DEFAULT_PORT = {"http": 80, "https": 443}
+_ID_LINK = re.compile(r"\[((?:\\.|[^\[\]\\]|\[[^\[\]]*\])*)\]\((L\d+)\)")  # [text](L12)
 
 
 class Chunks:
@@ -66,7 +69,9 @@ class Chunks:
                 raise LookupError(f"the crawl's data {key!r} is missing from run {ctx.trace_id!r}")
             hit = self._entries[key] = (chunk, sum(map(len, chunk["urls"])))
             self._bytes += hit[1]
-            while len(self._entries) > 1 and (len(self._entries) > self._size or self._bytes > self._max_bytes):
+            while len(self._entries) > 1 and (
+                len(self._entries) > self._size or self._bytes > self._max_bytes
+            ):
                 self._bytes -= self._entries.popitem(last=False)[1][1]
         return hit[0]
 
@@ -77,16 +82,16 @@ class CrawlWaves:
 
     fetcher: Fetcher
     tool: Tool | None
-    same_site: bool
-    max_depth: int
-    page_chars: int
+    budget: CrawlBudget
+    scope: CrawlScope
     _chunks: Chunks
     _robots: OrderedDict[str, Robots]
 
     # -- reading a wave ----------------------------------------------------------------
 
-    def _absorb(self, state: dict[str, Any], urls: UrlMap, seen: set[int], queued: list[int],
-                results: list[Any]) -> list[dict[str, Any]]:
+    def _absorb(
+        self, state: dict[str, Any], urls: UrlMap, seen: set[int], queued: list[int], results: list[Any]
+    ) -> list[dict[str, Any]]:
         """The wave's results as the pages the functions read; redirects queued, budgets counted.
         Each page adds at most its share of what the wave may add to the URL map."""
         views = []
@@ -105,39 +110,66 @@ class CrawlWaves:
             if page.redirect:
                 view["note"] = self._redirect(state, urls, seen, queued, n, depth, chain, page)
             elif page.ok:
-                short: dict[str, str] = {}
-                added, unlisted = 0, 0
-                for link in page.links:
-                    if not self._on_site(state, link):
-                        continue
-                    known = urls.number(link)
-                    if known is None:
-                        if added + len(link) > share:
-                            unlisted += 1  # the map is full for this wave: the link keeps its text
-                            continue
-                        added += len(link)
-                        known = urls.add(link)
-                    short[link] = f"L{known}"
-                view["content"] = _clip(shorten_links(page.markdown, page.links, short), self.page_chars)
-                view["links"] = list(dict.fromkeys(short.values()))
-                notes = [page.note] if page.note else []
-                if unlisted:
-                    notes.append(f"{unlisted} links not listed (their text stays): the crawl's URL map takes at "
-                                 f"most {share} characters of new URLs from a page of this level")
-                if notes:
-                    view["note"] = "; ".join(notes)
+                view.update(self._readable(state, urls, seen, page, share))
             else:
                 view["note"] = page.note or "nothing could be read"
             views.append(view)
         return views
 
-    def _redirect(self, state: dict[str, Any], urls: UrlMap, seen: set[int], queued: list[int], n: int,
-                  depth: int, chain: list[int], page: Page) -> str:
+    def _readable(
+        self, state: dict[str, Any], urls: UrlMap, seen: set[int], page: Page, share: int
+    ) -> dict[str, Any]:
+        """What the functions read of a page: its text with links as ids (new URLs added to
+        the map within ``share`` characters), the ids of its links, the links further down
+        than the text shown, and notes."""
+        short: dict[str, str] = {}
+        added, unlisted = 0, 0
+        for link in page.links:
+            if not self._on_site(state, link):
+                continue
+            known = urls.number(link)
+            if known is None:
+                if added + len(link) > share:
+                    unlisted += 1  # the map is full for this wave: the link keeps its text
+                    continue
+                added += len(link)
+                known = urls.add(link)
+            short[link] = f"L{known}"
+        text = shorten_links(page.markdown, page.links, short)
+        view: dict[str, Any] = {"content": _clip(text, self.budget.page_chars)}
+        view["links"] = list(dict.fromkeys(short.values()))
+        more = _more_links(text, view["content"], seen, self.budget.link_chars // max(1, len(state["wave"])))
+        if more:
+            view["more_links"] = more
+        notes = [page.note] if page.note else []
+        if unlisted:
+            notes.append(
+                f"{unlisted} links not listed (their text stays): the crawl's URL map takes at "
+                f"most {share} characters of new URLs from a page of this level"
+            )
+        if notes:
+            view["note"] = "; ".join(notes)
+        return view
+
+    def _redirect(
+        self,
+        state: dict[str, Any],
+        urls: UrlMap,
+        seen: set[int],
+        queued: list[int],
+        n: int,
+        depth: int,
+        chain: list[int],
+        page: Page,
+    ) -> str:
         """Queue a redirect's target (at the same depth) unless it is a loop, off the site or
         known; say what happened."""
         assert page.redirect is not None
         if depth == 0 and site_of(page.redirect) not in state["sites"]:
-            state["sites"] = [*state["sites"], site_of(page.redirect)]  # the start page moved: so did the site
+            state["sites"] = [
+                *state["sites"],
+                site_of(page.redirect),
+            ]  # the start page moved: so did the site
         if not self._on_site(state, page.redirect):
             return f"HTTP {page.status}: redirects to another site ({origin_of(page.redirect)}), not followed"
         target = urls.add(page.redirect)
@@ -153,18 +185,61 @@ class CrawlWaves:
         _enqueue(state["queue"], [target, depth, [*chain, n]])
         return f"HTTP {page.status}: redirects to L{target}, fetched next"
 
-    def _follow(self, state: dict[str, Any], urls: UrlMap, seen: set[int], queued: list[int],
-                ids: list[str], depth: int) -> None:
+    def _follow(
+        self,
+        state: dict[str, Any],
+        urls: UrlMap,
+        seen: set[int],
+        queued: list[int],
+        ids: list[str],
+        depth: int,
+    ) -> None:
         for short in ids:
             n = parse_id(short)
             if n is None or n >= len(urls) or n in seen or not self._on_site(state, urls.at(n)):
                 continue  # not an id, unknown, already queued or fetched, or off the site
-            if depth > self.max_depth:
+            if depth > self.budget.max_depth:
                 state["beyond"] += 1
                 continue
             seen.add(n)
             queued.append(n)
             _enqueue(state["queue"], [n, depth, []])
+
+    # -- choosing a wave ----------------------------------------------------------
+
+    async def _next_wave(self, ctx: ContextStack, state: dict[str, Any], urls: UrlMap) -> list[list[Any]]:
+        """The queue's first URLs of one depth that robots.txt allows, at most as many as the
+        budgets leave room for (pages at once, pages, bytes: a page reads a byte at least);
+        those refused are noted for research."""
+        budget = self.budget
+        queue = [list(e) for e in state["queue"]]
+        room = min(budget.concurrency, budget.max_pages - state["pages"], budget.max_bytes - state["bytes"])
+        wave: list[list[Any]] = []
+        refused = list(state["refused"])
+        while queue and len(wave) < room and (not wave or queue[0][1] == wave[0][1]):
+            entry = queue.pop(0)
+            why = await self._refusal(ctx, state, urls.at(entry[0]))
+            if why is None:
+                wave.append(entry)
+            else:
+                refused.append(f"L{entry[0]} ({why})")
+        state["queue"], state["refused"] = queue, refused[-20:]
+        return wave
+
+    async def _refusal(self, ctx: ContextStack, state: dict[str, Any], url: str) -> str | None:
+        """Why the robots.txt of ``url``'s site keeps it from being fetched (counted in
+        ``state``), or ``None``."""
+        if not self.scope.respect_robots:
+            return None
+        rules = await self._rules(ctx, state["ns"], url)
+        if rules.allows(url, self.fetcher.user_agent):
+            return None
+        if rules.unreachable:  # RFC 9309: nothing is fetched; the reason is the site, not its rules
+            state["unreachable"] = state.get("unreachable", 0) + 1
+            state["unreachable_why"] = rules.note or f"its robots.txt answered HTTP {rules.status}"
+            return f"not fetched: the site is unreachable: {state['unreachable_why']}"
+        state["disallowed"] += 1
+        return "robots.txt disallows it"
 
     # -- fetching ----------------------------------------------------------------------
 
@@ -196,21 +271,35 @@ class CrawlWaves:
         built = self.tool.flow({"url": url})
         if isinstance(built, ToolResult):
             return DFlow.just(self._page(url, keep, built))
-        return (built.map(functools.partial(self._page, url, keep)).id("crawl-page")
-                .on_error_return(functools.partial(self._crawl_failed, url)))
+        return (
+            built.map(functools.partial(self._page, url, keep))
+            .id("crawl-page")
+            .on_error_return(functools.partial(self._crawl_failed, url))
+        )
 
     def _crawl_failed(self, url: str, error: BaseException) -> dict[str, Any]:
-        return self._page(url, _PAGE_KEEP, ToolResult.failure(
-            self.tool.name if self.tool else "crawler",
-            f"the crawler failed: {type(error).__name__}: {str(error)[:500]}", error=type(error).__name__))
+        return self._page(
+            url,
+            _PAGE_KEEP,
+            ToolResult.failure(
+                self.tool.name if self.tool else "crawler",
+                f"the crawler failed: {type(error).__name__}: {str(error)[:500]}",
+                error=type(error).__name__,
+            ),
+        )
 
     def _page(self, url: str, keep: int, result: Any) -> dict[str, Any]:
         """What the crawler tool gave, as a page within the fetcher's limits and ``keep``
         bytes (the step's value)."""
         page = page_of(url, result)
         if len(page.markdown) > self.fetcher.max_chars or len(page.links) > self.fetcher.max_links:
-            page = page.model_copy(update={"markdown": page.markdown[: self.fetcher.max_chars],
-                                           "links": page.links[: self.fetcher.max_links], "truncated": True})
+            page = page.model_copy(
+                update={
+                    "markdown": page.markdown[: self.fetcher.max_chars],
+                    "links": page.links[: self.fetcher.max_links],
+                    "truncated": True,
+                }
+            )
         return _bounded(page, keep).model_dump(mode="json", exclude_defaults=True)
 
     async def _rules(self, ctx: ContextStack, ns: str, url: str) -> Robots:
@@ -242,7 +331,7 @@ class CrawlWaves:
         return urls, seen, notes
 
     def _on_site(self, state: dict[str, Any], url: str) -> bool:
-        return not self.same_site or site_of(url) in state["sites"]
+        return not self.scope.same_site or site_of(url) in state["sites"]
 
 
 def site_of(url: str) -> str:
@@ -269,7 +358,9 @@ def value_limit() -> int:
 def encoded_size(value: Any) -> int:
     """About the bytes ``value`` (JSON data) takes stored: its compact JSON, which is no
     smaller than its msgpack encoding."""
-    return len(json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str).encode("utf-8", "replace"))
+    return len(
+        json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str).encode("utf-8", "replace")
+    )
 
 
 def _target(value: Any) -> tuple[str, int | None, int]:
@@ -290,21 +381,39 @@ def _bounded(page: Page, keep: int) -> Page:
         if total > most:
             links = i
             break
-    room = max(0, keep - sum(len(u) + 3 for u in page.links[:links]) - len(page.title) * 4 - len(page.note) * 4 - 4096)
+    room = max(
+        0,
+        keep - sum(len(u) + 3 for u in page.links[:links]) - len(page.title) * 4 - len(page.note) * 4 - 4096,
+    )
     if links == len(page.links) and len(page.markdown) * 4 <= room:
         return page  # what a page nearly always is: nothing to measure
     notes = [page.note] if page.note else []
     markdown = page.markdown
     if links < len(page.links):
         markdown = shorten_links(markdown, page.links[links:], {})
-        notes.append(f"{len(page.links) - links} links left out (their text stays): a page of this level "
-                     f"keeps at most {most} bytes of links")
+        notes.append(
+            f"{len(page.links) - links} links left out (their text stays): a page of this level "
+            f"keeps at most {most} bytes of links"
+        )
     data = markdown.encode("utf-8")
     if len(data) > room:
         markdown = trim_open_link(data[:room].decode("utf-8", "ignore")).rstrip() + "\n[... cut]"
         notes.append(f"the text was cut at about {room} bytes (what a page of this level keeps)")
-    return page.model_copy(update={"links": page.links[:links], "markdown": markdown, "note": "; ".join(notes),
-                                   "truncated": True})
+    return page.model_copy(
+        update={
+            "links": page.links[:links],
+            "markdown": markdown,
+            "note": "; ".join(notes),
+            "truncated": True,
+        }
+    )
+
+
+def shares(left: int, pages: int) -> list[int]:
+    """``left`` bytes shared between ``pages`` (at most ``left``) pages: as evenly as whole
+    bytes allow, and never more in all."""
+    each, extra = divmod(left, pages)
+    return [each + (i < extra) for i in range(pages)]
 
 
 def _enqueue(queue: list[list[Any]], entry: list[Any]) -> None:
@@ -313,6 +422,26 @@ def _enqueue(queue: list[list[Any]], entry: list[Any]) -> None:
     while at > 0 and queue[at - 1][1] > entry[1]:
         at -= 1
     queue.insert(at, entry)
+
+
+def _more_links(text: str, content: str, seen: set[int], limit: int) -> list[list[str]]:
+    """``[id, text]`` of the links of ``text`` (a page's markdown with links as ids) that
+    ``content`` (the part of it shown) does not show and the crawl has not queued, once each
+    in page order, within ``limit`` characters (each text at most 100)."""
+    shown = {found.group(2) for found in _ID_LINK.finditer(content)}
+    more: list[list[str]] = []
+    size = 0
+    for found in _ID_LINK.finditer(text):
+        short = found.group(2)
+        if short in shown or int(short[1:]) in seen:
+            continue
+        shown.add(short)
+        label = " ".join(found.group(1).split())[:100]
+        size += len(label) + len(short) + 6  # as the prompt shows it: "- [text](L12)"
+        if size > limit:
+            break
+        more.append([short, label])
+    return more
 
 
 def _clip(text: str, limit: int) -> str:

@@ -43,8 +43,9 @@ def _arguments(lines: list[str]) -> dict[str, str]:
         stripped = line.strip()
         sphinx = _SPHINX.match(stripped)
         if sphinx:
-            current, header_indent = sphinx.group(1), None
-            out[current] = sphinx.group(2).strip()
+            name: str = sphinx.group(1)
+            current, header_indent = name, None
+            out[name] = sphinx.group(2).strip()
             continue
         header = _ARGS_HEADER.match(line)
         if header:
@@ -65,8 +66,9 @@ def _arguments(lines: list[str]) -> dict[str, str]:
         entry = _ENTRY.match(stripped)
         if entry and (entry_indent is None or indent <= entry_indent):
             entry_indent = indent
-            current = entry.group(1)
-            out[current] = entry.group(2).strip()
+            entry_name: str = entry.group(1)
+            current = entry_name
+            out[entry_name] = entry.group(2).strip()
         elif current is not None:
             out[current] = f"{out[current]} {stripped}".strip()
     return out

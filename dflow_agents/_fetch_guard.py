@@ -65,13 +65,17 @@ async def read_body(response: httpx.Response, limit: int) -> tuple[bytes, bool]:
     codings = [c for c in codings if c and c != "identity"]
     inflater = None
     if len(codings) > 1:
-        raise BodyError(f"the body is encoded {len(codings)} times ({', '.join(codings)[:100]}); the fetcher "
-                        "inflates one layer of gzip or deflate")
+        raise BodyError(
+            f"the body is encoded {len(codings)} times ({', '.join(codings)[:100]}); the fetcher "
+            "inflates one layer of gzip or deflate"
+        )
     if codings:
         coding = "gzip" if codings[0] == "x-gzip" else codings[0]
         if coding not in ("gzip", "deflate"):
-            raise BodyError(f"the body is encoded as {coding[:40]!r}, which the fetcher does not read "
-                            f"(it asks for {ACCEPT_ENCODING})")
+            raise BodyError(
+                f"the body is encoded as {coding[:40]!r}, which the fetcher does not read "
+                f"(it asks for {ACCEPT_ENCODING})"
+            )
         inflater = _Inflater(coding)
     body = bytearray()
     async for chunk in response.aiter_raw():  # as sent: inflated here, within the budget
@@ -99,7 +103,9 @@ async def refusal(url: str) -> str | None:
         port = parts.port or (443 if parts.scheme == "https" else 80)
         found = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except (OSError, UnicodeError, ValueError) as exc:
-        return f"not fetched: the host name {host[:200]!r} could not be resolved ({type(exc).__name__}: {exc})"
+        return (
+            f"not fetched: the host name {host[:200]!r} could not be resolved ({type(exc).__name__}: {exc})"
+        )
     for info in found:
         try:
             address = ipaddress.ip_address(str(info[4][0]).split("%", 1)[0])
@@ -123,5 +129,7 @@ def _blocked(ip: _IP) -> bool:
 
 def _refused(host: str, ip: _IP) -> str:
     shown = host[:200] if host == str(ip) else f"{host[:200]} ({ip})"
-    return (f"not fetched: {shown} is a private, loopback, link-local or reserved address; the fetcher "
-            "reaches only public addresses unless made with Fetcher(allow_private=True)")
+    return (
+        f"not fetched: {shown} is a private, loopback, link-local or reserved address; the fetcher "
+        "reaches only public addresses unless made with Fetcher(allow_private=True)"
+    )

@@ -24,7 +24,15 @@ from ._redis import LoopClients
 if TYPE_CHECKING:
     import redis.asyncio as aioredis
 
-__all__ = ["CALL_PREFIX", "InMemoryJobBoard", "Job", "JobBoard", "RedisJobBoard", "TIMER_PREFIX", "timer_trace"]
+__all__ = [
+    "CALL_PREFIX",
+    "TIMER_PREFIX",
+    "InMemoryJobBoard",
+    "Job",
+    "JobBoard",
+    "RedisJobBoard",
+    "timer_trace",
+]
 
 State = Literal["pending", "answered", "expired"]
 
@@ -97,7 +105,9 @@ class JobBoard(ABC):
 
 def _check_keep(keep: object) -> float:
     if isinstance(keep, bool) or not isinstance(keep, (int, float)) or not 0 <= keep <= 30 * 86400:
-        raise ValueError(f"keep is the seconds a job is remembered after its deadline (0 to 30 days), got {keep!r}")
+        raise ValueError(
+            f"keep is the seconds a job is remembered after its deadline (0 to 30 days), got {keep!r}"
+        )
     return float(keep)
 
 
@@ -228,7 +238,11 @@ class RedisJobBoard(JobBoard):
     ``{prefix}:queue:<session>``; both expire ``keep`` seconds after the last deadline."""
 
     def __init__(
-        self, url_or_client: str | aioredis.Redis, *, prefix: str = "dflow-jobs", keep: float = 3600.0,
+        self,
+        url_or_client: str | aioredis.Redis,
+        *,
+        prefix: str = "dflow-jobs",
+        keep: float = 3600.0,
         **options: Any,
     ) -> None:
         if not isinstance(prefix, str) or not prefix or len(prefix) > 128:

@@ -1,29 +1,95 @@
 """HTML as compact markdown with its links, and URLs in one canonical form.
 
-:func:`html_to_markdown` turns HTML into compact markdown (beautifulsoup4 and markdownify:
-scripts, styles, navigation and forms dropped, whitespace collapsed) and lists its links,
-absolute and normalised by :func:`normalize_url` (w3lib's ``canonicalize_url``; fragment,
-default port, user name and password dropped). No I/O: :mod:`dflow_agents.fetch` fetches,
-and its public names are imported from there.
+:func:`html_to_markdown` turns HTML into compact markdown with html-to-markdown (a converter
+written in Rust whose parser repairs broken HTML as browsers do): scripts, styles,
+navigation, footers, asides and forms dropped, images too, whitespace collapsed. Only as
+much of a long page is converted as gives the characters kept: the first part of the HTML,
+larger each time until its markdown passes ``max_chars`` (or the page ends). Its links are
+made absolute and normalised by :func:`normalize_url` (w3lib's ``canonicalize_url``;
+fragment, default port, user name and password dropped). No I/O: :mod:`dflow_agents.fetch`
+fetches, and its public names are imported from there.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any
+from html.parser import HTMLParser
 from urllib.parse import urljoin, urlsplit, urlunsplit
 
-from bs4 import BeautifulSoup
-from markdownify import MarkdownConverter
+from html_to_markdown import (
+    ConversionError,
+    ConversionOptions,
+    InvalidInputError,
+    PreprocessingOptions,
+    convert,
+)
+from w3lib.encoding import html_to_unicode
 from w3lib.url import canonicalize_url
 
 __all__ = ["MAX_URL", "html_to_markdown", "normalize_url", "origin_of", "trim_open_link"]
 
 MAX_URL = 2048  #: longer URLs are not fetched nor listed
 _DEFAULT_PORT = {"http": 80, "https": 443}
-_NOISE = frozenset(("script", "style", "noscript", "template", "nav", "footer", "aside", "form", "iframe", "svg",
-                    "canvas", "button", "select", "textarea", "input", "head"))
-_NOISE_ROLES = frozenset(("navigation", "banner", "search"))
+
+#: What a page holds that is not its text: dropped with everything inside.
+_NOISE = [
+    "script",
+    "style",
+    "noscript",
+    "template",
+    "nav",
+    "footer",
+    "aside",
+    "form",
+    "iframe",
+    "svg",
+    "canvas",
+    "button",
+    "select",
+    "textarea",
+    "input",
+    '[role="navigation"]',
+    '[role="banner"]',
+    '[role="search"]',
+]
+_OPTIONS = ConversionOptions(
+    heading_style="atx",
+    bullets="*",
+    autolinks=False,
+    skip_images=True,
+    extract_metadata=False,  # the title and <base> are read by _Head: no front matter in the text
+    compact_tables=True,  # no padding: a table's text does not depend on rows beyond a cut
+    preprocessing=PreprocessingOptions(
+        enabled=False
+    ),  # its heuristics drop lists of links (tables of contents)
+    exclude_selectors=_NOISE,
+)
+_FIRST_PART = 64 * 1024  # characters of HTML converted first (at least; 8 per character kept)
+#: Closes what a page or a part of it cut short (at a byte budget, or here) may leave open,
+#: whose text would otherwise read as the page's; after a whole page, nothing.
+_CLOSE = "</script></style></textarea></noscript></template></title></xmp>"
+_HEAD_CHARS = 64 * 1024  # characters of HTML searched for the title and <base href>
+
+_BODY = re.compile(r"<body[\s>/]", re.IGNORECASE)
+_BLANKS = re.compile(r"\n[ \t]*(?:\n[ \t]*)+")
+_TRAILING = re.compile(r"[ \t]+\n")
+_SPACES = re.compile(r"[ \t\u00a0]{2,}")
+_ESCAPED = re.compile(r"\\([!-/:-@\[-`{-~])")
+_CONTROLS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]+")  # no text; the converter refuses many
+
+# A link as the converter writes it, ``[text](target "title")``: the text may hold escapes
+# and brackets nested three deep, the target is ``<...>`` or has balanced parentheses. Code
+# spans come first, so that ``[x](y)`` written inside one stays text.
+_CHAR = r"(?:\\.|[^\[\]\\])"
+_NEST1 = rf"(?:{_CHAR}|\[{_CHAR}*\])"
+_NEST2 = rf"(?:{_CHAR}|\[{_NEST1}*\])"
+_NEST3 = rf"(?:{_CHAR}|\[{_NEST2}*\])"
+_LINK_OR_CODE = re.compile(
+    r"``(?:[^`\n]|`(?!`))*``|`[^`\n]*`"
+    rf"|\[(?P<text>{_NEST3}*)\]"
+    r"\((?P<target><(?:\\.|[^<>\\\n])*>|(?:\\.|[^\s()\\]|\((?:\\.|[^\s()\\])*\))*)"
+    r'(?:[ \t]+"(?:\\.|[^"\\])*")?\)'
+)
 
 
 def normalize_url(url: str, base: str | None = None) -> str | None:
@@ -66,19 +132,6 @@ def origin_of(url: str) -> str:
     return f"{parts.scheme}://{parts.netloc.rsplit('@', 1)[-1]}"
 
 
-class _Converter(MarkdownConverter):
-    """markdownify with compact settings: ATX headings, no images, links as written."""
-
-    def __init__(self) -> None:
-        super().__init__(heading_style="ATX", bullets="*", autolinks=False, strip=["img"],
-                         escape_underscores=False, escape_asterisks=False, escape_misc=False)
-
-
-_BLANKS = re.compile(r"\n[ \t]*(?:\n[ \t]*)+")
-_TRAILING = re.compile(r"[ \t]+\n")
-_SPACES = re.compile(r"[ \t\u00a0]{2,}")
-
-
 def html_to_markdown(
     html: str | bytes,
     url: str,
@@ -89,50 +142,29 @@ def html_to_markdown(
 ) -> tuple[str, str, list[str], bool]:
     """HTML as ``(title, markdown, links, truncated)``.
 
-    Scripts, styles, navigation, footers, asides and forms are dropped, images too (their
-    text is empty); links become absolute, normalised URLs (relative to ``<base href>`` or
-    ``url``), listed once each in page order (at most ``max_links``); blank lines and runs of
-    spaces are collapsed; the markdown is cut at ``max_chars`` (``truncated`` then).
+    Scripts, styles, navigation, footers, asides and forms are dropped, images too; links
+    become absolute, normalised URLs (relative to ``<base href>`` or ``url``); a link that is
+    not http(s) keeps its text only. ``links`` are those of the markdown, once each in page
+    order, at most ``max_links`` (a link beyond keeps its text only). Blank lines and runs of
+    spaces are collapsed; the markdown is cut at ``max_chars`` (``truncated`` then), and of a
+    long page only the part that gives them is converted.
     """
-    soup = BeautifulSoup(_decoded(html, encoding), "html.parser")
-    tags = soup.find_all(True)  # one walk (bs4's filtered searches cost more than the walk itself)
-    title, base = "", url
-    for tag in tags:
-        if tag.name == "title" and not title:
-            title = _SPACES.sub(" ", tag.get_text(" ", strip=True))[:300]
-        elif tag.name == "base" and tag.get("href") is not None and base == url:
-            base = normalize_url(str(tag.get("href")), url) or url
-        elif tag.name == "body":
+    text = _decoded(html, encoding)
+    head = _Head(url)
+    head.read(text)
+    size = max(_FIRST_PART, 8 * max_chars)
+    while True:
+        whole = size >= len(text)
+        converted = _converted((text if whole else text[:size]) + _CLOSE)
+        links = _Links(head.base, max_links)
+        markdown = links.rewrite(_tidy(converted), max_chars)
+        if whole or len(markdown) > max_chars:
             break
-    links: list[str] = []
-    seen: set[str] = set()
-    noise: list[Any] = []
-    inside: set[int] = set()  # the tags within noise (their links are not the page's)
-    for tag in tags:
-        if id(tag) in inside:
-            continue
-        if tag.name in _NOISE or tag.get("role") in _NOISE_ROLES:
-            noise.append(tag)
-            inside.update(map(id, tag.find_all(True)))
-        elif tag.name == "a":
-            href = tag.get("href")
-            target = normalize_url(str(href), base) if href is not None else None
-            if target is None or (target not in seen and len(links) >= max_links):
-                tag.unwrap()  # not a link the reader can follow: its text stays
-                continue
-            tag.attrs = {"href": target}
-            if target not in seen:
-                seen.add(target)
-                links.append(target)
-    for tag in noise:
-        tag.decompose()
-    markdown = _Converter().convert_soup(soup).replace("\x00", "")
-    markdown = _SPACES.sub(" ", _TRAILING.sub("\n", markdown))
-    markdown = _BLANKS.sub("\n\n", markdown).strip()
-    truncated = len(markdown) > max_chars
-    if truncated:
-        markdown = trim_open_link(markdown[:max_chars]).rstrip() + "\n\n[... cut]"
-    return title, markdown, links, truncated
+        size *= 4  # the part gave less than is kept: convert a larger one
+    if len(markdown) <= max_chars:
+        return head.title, markdown, links.found, False
+    kept = trim_open_link(markdown[:max_chars]).rstrip()
+    return head.title, kept + "\n\n[... cut]", links.within(kept), True
 
 
 def trim_open_link(markdown: str) -> str:
@@ -145,16 +177,120 @@ def trim_open_link(markdown: str) -> str:
     return markdown
 
 
-def _decoded(html: str | bytes, encoding: str | None) -> str | bytes:
-    """``html`` as text when its encoding is known (or it is UTF-8); bytes for bs4 to detect."""
+class _Head(HTMLParser):
+    """The title and ``<base href>`` of a page: the first of each before ``<body>``, in its
+    first 64 KiB (the standard library's tolerant parser)."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(convert_charrefs=True)
+        self.url = url
+        self.base = url
+        self.title = ""
+        self._title: list[str] | None = None
+        self._done = False
+
+    def read(self, text: str) -> None:
+        body = _BODY.search(text, 0, _HEAD_CHARS)  # what comes after is not searched
+        end = body.start() if body else min(len(text), _HEAD_CHARS)
+        for start in range(0, end, 8192):
+            if self._done:
+                break
+            self.feed(text[start : min(start + 8192, end)])
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "title" and not self.title:
+            self._title = []
+        elif tag == "base" and self.base == self.url:
+            href = dict(attrs).get("href")
+            self.base = (normalize_url(href, self.url) if href else None) or self.url
+        elif tag == "body":
+            self._done = True
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "title" and self._title is not None:
+            self.title = _SPACES.sub(" ", " ".join("".join(self._title).split()))[:300]
+            self._title = None
+
+    def handle_data(self, data: str) -> None:
+        if self._title is not None:
+            self._title.append(data)
+
+
+class _Links:
+    """Rewrites the links of converted markdown: targets absolute and normalised (each
+    target resolved once), those that are not http(s), or beyond ``max_links``, as text."""
+
+    def __init__(self, base: str, max_links: int) -> None:
+        self.base = base
+        self.max_links = max_links
+        self.found: list[str] = []
+        self._known: set[str] = set()
+        self._resolved: dict[str, str | None] = {}
+
+    def rewrite(self, markdown: str, enough: int) -> str:
+        """``markdown`` with its links rewritten, up to a little past ``enough`` characters
+        (the rest is cut anyway)."""
+        out: list[str] = []
+        size = at = 0
+        for found in _LINK_OR_CODE.finditer(markdown):
+            if found.group("target") is None:  # a code span
+                continue
+            out.append(markdown[at : found.start()])
+            out.append(self._link(found.group("text"), found.group("target")))
+            size += len(out[-2]) + len(out[-1])
+            at = found.end()
+            if size > enough:
+                return "".join(out)
+        out.append(markdown[at:])
+        return "".join(out)
+
+    def within(self, markdown: str) -> list[str]:
+        """The links found that ``markdown`` (a part of what was rewritten) holds."""
+        return [u for u in self.found if f"]({u})" in markdown]
+
+    def _link(self, text: str, target: str) -> str:
+        if target.startswith("<"):
+            target = target[1:-1]
+        key = target.split("#", 1)[0]
+        if key not in self._resolved:
+            self._resolved[key] = normalize_url(_ESCAPED.sub(r"\1", target), self.base)
+        url = self._resolved[key]
+        if url is None or (url not in self._known and len(self.found) >= self.max_links):
+            return text  # not a link the reader can follow: its text stays
+        if url not in self._known:
+            self._known.add(url)
+            self.found.append(url)
+        return f"[{text}]({url})"
+
+
+def _converted(html: str) -> str:
+    """``html`` as markdown; control characters dropped when there are enough of them for
+    the converter to take the page for binary data. ``ValueError`` when it cannot be read."""
+    try:
+        try:
+            return convert(html, _OPTIONS).content or ""
+        except InvalidInputError:
+            return convert(_CONTROLS.sub("", html), _OPTIONS).content or ""
+    except ConversionError as exc:
+        raise ValueError(f"the HTML could not be converted to markdown: {str(exc)[:300]}") from exc
+
+
+def _tidy(markdown: str) -> str:
+    markdown = _SPACES.sub(" ", _TRAILING.sub("\n", markdown.replace("\x00", "")))
+    return _BLANKS.sub("\n\n", markdown).strip()
+
+
+def _decoded(html: str | bytes, encoding: str | None) -> str:
+    """``html`` as text: decoded as ``encoding`` says when Python can, else as UTF-8 when it
+    is, else as its byte order mark or ``<meta charset>`` says (w3lib), else as windows-1252."""
     if isinstance(html, str):
         return html
     if encoding:
         try:
             return html.decode(encoding, errors="replace")
         except (LookupError, UnicodeError):  # an encoding Python does not know, or not a text one
-            return html
+            pass
     try:
         return html.decode("utf-8")
     except UnicodeDecodeError:
-        return html
+        return html_to_unicode(None, html, auto_detect_fun=lambda _: "cp1252")[1]

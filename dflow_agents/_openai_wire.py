@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import email.utils
+import importlib
 import json
 import time
 from collections.abc import Mapping
@@ -19,9 +20,15 @@ from .errors import (
     ModelTimeoutError,
 )
 from .messages import ChatResponse, ToolCall, Usage
-from .qwen import parse_qwen_completion
 
-__all__ = ["map_sdk_error", "parse_chat_body", "parse_completion_body", "retry_after", "scrub"]
+__all__ = [
+    "map_sdk_error",
+    "parse_chat_body",
+    "parse_completion_body",
+    "retry_after",
+    "scrub",
+    "wire_tool_choice",
+]
 
 _SNIPPET = 300
 
@@ -117,16 +124,27 @@ def _tool_call(item: Any, n: int, id_prefix: str, endpoint: str) -> ToolCall:
     if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
         raise _bad(endpoint, f"tool call #{n} has no function name: {_snippet(json.dumps(item))!r}")
     args, raw = _arguments(fn.get("arguments"))
-    call_id = item.get("id") if isinstance(item.get("id"), str) and item.get("id") else f"{id_prefix}{n}"
+    given = item.get("id")
+    call_id = given if isinstance(given, str) and given else f"{id_prefix}{n}"
     return ToolCall(id=call_id, name=fn["name"], arguments=args, raw_arguments=raw)
 
 
-def parse_chat_body(text: str, *, endpoint: str, id_prefix: str, tools_sent: bool) -> ChatResponse:
+def wire_tool_choice(choice: Any) -> Any:
+    """``tool_choice`` as the chat-completions body carries it: ``"auto"`` when none is
+    given, a tool's name as ``{"type": "function", "function": {"name": ...}}``."""
+    if choice is None:
+        return "auto"
+    if isinstance(choice, str) and choice not in ("auto", "required", "none"):
+        return {"type": "function", "function": {"name": choice}}
+    return choice
+
+
+def parse_chat_body(text: str, *, endpoint: str, id_prefix: str) -> ChatResponse:
     """A chat-completions body as a ``ChatResponse``.
 
-    Accepts ``content: null`` or content parts, missing call ids (``{id_prefix}{n}``), the
-    legacy ``function_call`` field, and, when tools were offered and the server returned
-    none natively, Qwen ``<tool_call>`` tags left in the text.
+    Accepts ``content: null`` or content parts, missing call ids (``{id_prefix}{n}``) and
+    the legacy ``function_call`` field. Calls the model wrote in its text stay text here:
+    the agents read them (:func:`~dflow_agents.read_text_tool_calls`).
     """
     data = _load(text, endpoint)
     choice = data["choices"][0]
@@ -141,9 +159,6 @@ def parse_chat_body(text: str, *, endpoint: str, id_prefix: str, tools_sent: boo
     legacy = message.get("function_call")
     if not calls and isinstance(legacy, dict):
         calls = [_tool_call({"function": legacy}, 0, id_prefix, endpoint)]
-    if not calls and tools_sent and "<tool_call" in content.lower():
-        parsed = parse_qwen_completion(content, id_prefix=id_prefix)
-        content, calls = parsed.content, parsed.tool_calls
     finish = choice.get("finish_reason")
     model = data.get("model")
     return ChatResponse(
@@ -216,6 +231,24 @@ _HINTS = {
 }
 
 
+def _dropped_errors() -> tuple[type[BaseException], ...]:
+    """The transport errors of a connection that was made and then lost mid-exchange (the
+    peer closed it early, or reset it), as the HTTP clients the ``openai`` SDK runs on raise
+    them (``httpx2``, or ``httpx`` when it is given one); refused connections, DNS and TLS
+    failures are not among them."""
+    found: list[type[BaseException]] = []
+    for module in ("httpx2", "httpx"):
+        try:
+            http = importlib.import_module(module)
+        except ImportError:
+            continue
+        for name in ("RemoteProtocolError", "ReadError", "WriteError"):
+            cls = getattr(http, name, None)
+            if isinstance(cls, type) and issubclass(cls, BaseException):
+                found.append(cls)
+    return tuple(found)
+
+
 def map_sdk_error(exc: Exception, *, endpoint: str, secret: str | None) -> ModelError:
     """The ``ModelError`` for an exception of the ``openai`` SDK (the most specific one)."""
     import openai
@@ -223,7 +256,13 @@ def map_sdk_error(exc: Exception, *, endpoint: str, secret: str | None) -> Model
     if isinstance(exc, openai.APITimeoutError):
         return ModelTimeoutError(f"the model endpoint {endpoint} did not answer in time", endpoint=endpoint)
     if isinstance(exc, openai.APIConnectionError):
-        cause = scrub(str(exc.__cause__ or exc), secret)
+        cause = scrub(str(exc.__cause__ or exc) or type(exc.__cause__ or exc).__name__, secret)
+        if isinstance(exc.__cause__, _dropped_errors()):
+            return ModelConnectionError(
+                f"the connection to the model endpoint {endpoint} dropped before its answer was complete "
+                f"(the server closed or reset it: did it crash or restart?): {cause}",
+                endpoint=endpoint,
+            )
         return ModelConnectionError(f"cannot reach the model endpoint {endpoint}: {cause}", endpoint=endpoint)
     if isinstance(exc, openai.APIStatusError):
         status = exc.status_code

@@ -52,8 +52,15 @@ async def summarise(
         return f"Plan completed: {plan.title}\n{results_text(steps)}", None
     text = f"The request: {request}\n\n{plan.text()}\nThe results of the steps:\n{results_text(steps)}"
     if isinstance(finalizer, AIFunction):
-        out = await finalizer({"system": prompt, "input": text, "request": request,
-                               "plan": plan.text(), "results": results_text(steps)})
+        out = await finalizer(
+            {
+                "system": prompt,
+                "input": text,
+                "request": request,
+                "plan": plan.text(),
+                "results": results_text(steps),
+            }
+        )
     elif isinstance(finalizer, ChatModel):
         messages = [ChatMessage.system(prompt), ChatMessage.user(text)]
         out = await finalizer.chat(messages, None, **options)

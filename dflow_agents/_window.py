@@ -92,35 +92,12 @@ def context_window(
     ``count_tokens`` counts one message (default :func:`estimate_tokens`). Messages keep
     their order; the input is not changed.
     """
-    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
-        raise ValueError(f"budget is a number of tokens, an int >= 1, got {budget!r}")
-    if max_observation_chars is not None and (
-        isinstance(max_observation_chars, bool)
-        or not isinstance(max_observation_chars, int)
-        or max_observation_chars < 1
-    ):
-        raise ValueError(f"max_observation_chars is an int >= 1 or None, got {max_observation_chars!r}")
+    _check(budget, max_observation_chars)
     msgs = list(conversation)
-    n_system = 0
-    while n_system < len(msgs) and msgs[n_system].role == "system":
-        n_system += 1
+    n_system = next((i for i, m in enumerate(msgs) if m.role != "system"), len(msgs))
     system, body = msgs[:n_system], msgs[n_system:]
-
-    pinned: ChatMessage | None
-    if isinstance(goal, str):
-        pinned = ChatMessage.user(goal)
-    elif goal is None:
-        pinned = next((m for m in body if m.role == "user"), None)
-    else:
-        pinned = goal
-    goal_at: int | None = None
-    if pinned is not None:
-        role, content = pinned.role, pinned.content  # cheap tests first: model equality is slow
-        goal_at = next(
-            (i for i in range(len(body) - 1, -1, -1)
-             if body[i] is pinned or (body[i].role == role and body[i].content == content and body[i] == pinned)),
-            None,
-        )
+    pinned = _pinned(goal, body)
+    goal_at = _where(pinned, body)
 
     # the turns before the goal and after it (an absent goal goes first)
     before = _units(body[:goal_at]) if goal_at is not None else []
@@ -137,14 +114,56 @@ def context_window(
         return system + _flat(before) + goal_part + _flat(after)
 
     room = budget - fixed - count_tokens(_marker(len(turns), sum(len(u) for u in turns)))
-    first_kept = len(turns)
-    while first_kept > 0 and costs[first_kept - 1] <= room:
-        room -= costs[first_kept - 1]
-        first_kept -= 1
+    first_kept = _first_that_fits(costs, room)
     marker = _marker(first_kept, sum(len(u) for u in turns[:first_kept]))
     if first_kept <= len(before):  # the gap is before the goal: the goal and all after it stay
         return system + [marker] + _flat(before[first_kept:]) + goal_part + _flat(after)
     return system + goal_part + [marker] + _flat(after[first_kept - len(before) :])
+
+
+def _check(budget: object, max_observation_chars: object) -> None:
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+        raise ValueError(f"budget is a number of tokens, an int >= 1, got {budget!r}")
+    if max_observation_chars is not None and (
+        isinstance(max_observation_chars, bool)
+        or not isinstance(max_observation_chars, int)
+        or max_observation_chars < 1
+    ):
+        raise ValueError(f"max_observation_chars is an int >= 1 or None, got {max_observation_chars!r}")
+
+
+def _pinned(goal: ChatMessage | str | None, body: Sequence[ChatMessage]) -> ChatMessage | None:
+    """The goal as a message (``None``: the first user message of ``body``)."""
+    if isinstance(goal, str):
+        return ChatMessage.user(goal)
+    if goal is None:
+        return next((m for m in body if m.role == "user"), None)
+    return goal
+
+
+def _where(pinned: ChatMessage | None, body: Sequence[ChatMessage]) -> int | None:
+    """Where ``body`` holds ``pinned`` last, or ``None``."""
+    if pinned is None:
+        return None
+    role, content = pinned.role, pinned.content  # cheap tests first: model equality is slow
+    return next(
+        (
+            i
+            for i in range(len(body) - 1, -1, -1)
+            if body[i] is pinned
+            or (body[i].role == role and body[i].content == content and body[i] == pinned)
+        ),
+        None,
+    )
+
+
+def _first_that_fits(costs: Sequence[int], room: int) -> int:
+    """The first of the turns (by ``costs``) kept when the newest are kept while they fit."""
+    first_kept = len(costs)
+    while first_kept > 0 and costs[first_kept - 1] <= room:
+        room -= costs[first_kept - 1]
+        first_kept -= 1
+    return first_kept
 
 
 def _cut_observations(units: list[list[ChatMessage]], limit: int) -> list[list[ChatMessage]]:

@@ -4,8 +4,10 @@ An agent is a stateless object declared once per process (``dflow.shared`` under
 so flows that capture its methods carry the name, and each worker uses its own instance).
 Everything a run changes lives in the run: the loop's state is the value passed from step
 to step, and the conversation is written to the run's data under the agent's namespace,
-one key per message batch, never rewritten, so ``dflow inspect`` and ``Run.tree()`` show
-each turn's thought, calls and observations.
+one key per message batch, never rewritten, and declared there
+(``dflow.declare_conversation``), so ``dflow inspect``, ``Run.tree()`` and the console
+show each turn's thought, calls and observations in any process, one that does not
+import the agent too.
 
 A run of an agent is ``start`` (load the session's memory, record the task), then a tail
 loop of turns that each subclass defines, then ``finish`` (append the conversation to the
@@ -20,7 +22,7 @@ import uuid
 import warnings
 import weakref
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from enum import Enum
 from typing import Any
 
@@ -30,9 +32,10 @@ import dflow
 from dflow import ContextStack, DFlow, Pipeline, Run
 
 from ._window import estimate_tokens
-from .longterm import LongTermMemory, check_events, check_user, facts_prompt, user_statements
+from .longterm import LongTermMemory, check_events, check_user, facts_prompt
 from .memory import ChatMemory, _check_session
 from .messages import ChatMessage, Usage
+from .options import LongTermRecall
 
 __all__ = ["Agent", "AgentResult", "AgentStatus"]
 
@@ -94,16 +97,25 @@ SESSION_KEY = "dflow/session"
 
 
 def share_once(
-    registry: dict[str, weakref.ref[Any]], obj: object, name: str, shared_as: str, what: str, then: str,
-    *, stacklevel: int,
+    registry: dict[str, weakref.ref[Any]],
+    obj: object,
+    name: str,
+    shared_as: str,
+    what: str,
+    then: str,
+    *,
+    stacklevel: int,
 ) -> None:
     """Share ``obj`` by name (``dflow.shared(obj, shared_as)``), warning (``RuntimeWarning``)
     when it replaces a live object of the same ``name`` in ``registry``: flows naming it would
     reach only the second (``then`` says what that means)."""
     old = registry.get(name)
     if old is not None and old() is not None:
-        warnings.warn(f"a second {what} named {name!r} replaces the first in this process: {then}",
-                      RuntimeWarning, stacklevel=stacklevel + 1)
+        warnings.warn(
+            f"a second {what} named {name!r} replaces the first in this process: {then}",
+            RuntimeWarning,
+            stacklevel=stacklevel + 1,
+        )
     registry[name] = weakref.ref(obj)
     dflow.shared(obj, shared_as)
 
@@ -168,7 +180,9 @@ def add_usage(state: dict[str, Any], usage: Usage) -> None:
     }
 
 
-def stop(state: dict[str, Any], status: AgentStatus, reason: str, answer: str | None = None) -> dict[str, Any]:
+def stop(
+    state: dict[str, Any], status: AgentStatus, reason: str, answer: str | None = None
+) -> dict[str, Any]:
     """``state`` ended with ``status`` for ``reason``."""
     state["status"] = status.value
     state["reason"] = reason
@@ -228,31 +242,30 @@ class Agent:
         name: str,
         *,
         memory: ChatMemory | None = None,
-        longterm: LongTermMemory | None = None,
-        longterm_tokens: int = 1_000,
-        snapshot_on: Collection[str] = (),
-        snapshot_facts: Callable[[Sequence[ChatMessage]], Sequence[str]] = user_statements,
+        longterm: LongTermMemory | LongTermRecall | None = None,
     ) -> None:
         self.name = check_name(name)
         if memory is not None and not isinstance(memory, ChatMemory):
-            raise TypeError(f"memory must be a ChatMemory (InMemoryChatMemory, RedisChatMemory), got {memory!r}")
-        if longterm is not None and not isinstance(longterm, LongTermMemory):
-            raise TypeError(f"longterm must be a LongTermMemory (StateLongTermMemory), got {longterm!r:.80}")
-        if isinstance(longterm_tokens, bool) or not isinstance(longterm_tokens, int) or longterm_tokens < 1:
-            raise ValueError(f"longterm_tokens must be an int >= 1, got {longterm_tokens!r}")
-        self.snapshot_on = check_events(snapshot_on, list(getattr(self, "tools", {})) or None)
-        if self.snapshot_on and longterm is None:
-            raise ValueError("snapshot_on= writes to the long-term memory: give the agent one with longterm=")
-        if not callable(snapshot_facts):
-            raise TypeError(f"snapshot_facts takes a function (messages) -> list of str, got {snapshot_facts!r:.80}")
+            raise TypeError(
+                f"memory must be a ChatMemory (InMemoryChatMemory, RedisChatMemory), got {memory!r}"
+            )
+        recall = LongTermRecall.of(longterm)
+        tools = list(getattr(self, "tools", {})) or None
+        self.snapshot_on = check_events(recall.snapshot_on, tools) if recall is not None else frozenset()
         self.memory = memory
-        self.longterm = longterm  #: the users' facts, recalled into the prompt of a run given user=
-        self.longterm_tokens = longterm_tokens
-        self.snapshot_facts = snapshot_facts
+        self.recall = recall  #: the users' facts, recalled into the prompt of a run given user=
+        self.longterm = recall.memory if recall is not None else None
         self._pointer = f"dflow_agents/{name}"  # the run's key naming this agent's current invocation
         self._turns = MessageCache()
-        share_once(_agents, self, name, f"dflow_agents.agent:{name}", "agent",
-                   "runs of either go to the second (give each agent its own name)", stacklevel=3)
+        share_once(
+            _agents,
+            self,
+            name,
+            f"dflow_agents.agent:{name}",
+            "agent",
+            "runs of either go to the second (give each agent its own name)",
+            stacklevel=3,
+        )
         entry = f"agent.{name}"
         self.pipeline: Pipeline = self._retrying(
             DFlow.from_call(entry).map(self._start).id("start").flat_map(self._loop).id("loop")
@@ -288,8 +301,10 @@ class Agent:
     def _flow(self, request: dict[str, Any]) -> DFlow[AgentResult]:
         return self._retrying(
             DFlow.just(request)
-            .map(self._start).id(f"{self.name}.start")
-            .flat_map(self._loop).id(f"{self.name}.loop")
+            .map(self._start)
+            .id(f"{self.name}.start")
+            .flat_map(self._loop)
+            .id(f"{self.name}.loop")
         )
 
     def _request(self, query: str, session: str | None) -> dict[str, Any]:
@@ -302,7 +317,9 @@ class Agent:
         if user is None:
             return request
         if self.longterm is None:
-            raise ValueError(f"user= names whose long-term memory a run uses, and {self!r} has none (longterm=)")
+            raise ValueError(
+                f"user= names whose long-term memory a run uses, and {self!r} has none (longterm=)"
+            )
         return {**request, "user": check_user(user)}
 
     # -- steps -------------------------------------------------------------------------
@@ -313,17 +330,26 @@ class Agent:
         if isinstance(request, str):  # pipeline.call("question")
             request = {"query": request, "session": None}
         if not isinstance(request, dict) or not isinstance(request.get("query"), str):
-            raise TypeError(f"{self!r} starts from a query (str) or {{'query': str, 'session': str}}, got {request!r}")
+            raise TypeError(
+                f"{self!r} starts from a query (str) or {{'query': str, 'session': str}}, got {request!r}"
+            )
         session = run_session(ctx, request.get("session"))
         user = run_user(ctx, request.get("user"))
         if user is not None and self.longterm is None:
-            raise ValueError(f"the request names user {user!r}, and {self!r} has no long-term memory (longterm=)")
+            raise ValueError(
+                f"the request names user {user!r}, and {self!r} has no long-term memory (longterm=)"
+            )
         history = await self.memory.load(session) if self.memory is not None and session else []
         ns = f"{self._pointer}/{ctx.idempotency_key}/{uuid.uuid4().hex[:12]}"
         ctx.put(self._pointer, ns)
         ctx.put(f"{ns}/head", dump([*history, ChatMessage.user(request["query"])]))
-        if user is not None and self.longterm is not None:  # the user's facts most relevant to the task
-            recalled = facts_prompt(await self.longterm.recall(user, request["query"]), self.longterm_tokens)
+        # where the conversation is, as plain data: dflow inspect shows it in any process
+        turn = ("nudge/{turn}", "summary/{turn}", "call/{turn}", "think/{turn}", "observe/{turn}")
+        dflow.declare_conversation(ctx, self.name, head=[f"{ns}/head"], per_turn=[f"{ns}/{k}" for k in turn])
+        if user is not None and self.recall is not None:  # the user's facts most relevant to the task
+            recalled = facts_prompt(
+                await self.recall.memory.recall(user, request["query"]), self.recall.tokens
+            )
             if recalled is not None:
                 ctx.put(f"{ns}/longterm", dump([recalled]))
         state = self._new_state(ns, request["query"], session, len(history))
@@ -343,7 +369,7 @@ class Agent:
             "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
         }
 
-    def _loop(self, ctx: ContextStack, state: dict[str, Any]) -> DFlow[Any] | Awaitable[DFlow[Any]]:
+    def _loop(self, ctx: ContextStack, value: Any) -> DFlow[Any] | Awaitable[DFlow[Any]]:
         raise NotImplementedError  # pragma: no cover - abstract
 
     def _retrying(self, flow: DFlow[Any]) -> DFlow[Any]:
@@ -367,8 +393,12 @@ class Agent:
         try:
             await longterm.remember(user, texts, key=key, kind="snapshot")
         except (TypeError, ValueError) as exc:
-            log.warning("dflow_agents: %r did not keep the facts of a run of user %r: %s (see snapshot_facts=)",
-                        self, user, exc)
+            log.warning(
+                "dflow_agents: %r did not keep the facts of a run of user %r: %s (see LongTermRecall.snapshot_facts)",
+                self,
+                user,
+                exc,
+            )
 
     async def _finish(self, ctx: ContextStack, state: dict[str, Any]) -> AgentResult:
         """Append the run's conversation to the session's memory and, when the run reached
@@ -383,7 +413,8 @@ class Agent:
         if longterm is not None and isinstance(user, str):
             reached = {state["status"], *(f"tool:{m.name}" for m in messages if m.role == "tool" and m.name)}
             if reached & self.snapshot_on:
-                await self._snapshot(longterm, user, self.snapshot_facts(messages), f"{state['ns']}/snapshot")
+                facts = self.recall.snapshot_facts(messages) if self.recall is not None else ()
+                await self._snapshot(longterm, user, facts, f"{state['ns']}/snapshot")
         return AgentResult(
             status=AgentStatus(state["status"]),
             answer=state.get("answer", ""),

@@ -72,7 +72,9 @@ def agent_tool(
             agent tools itself).
     """
     if not isinstance(agent, Agent):
-        raise TypeError(f"agent_tool() takes an agent (ToolCallAgent, ConversationAgentExecutor), got {agent!r}")
+        raise TypeError(
+            f"agent_tool() takes an agent (ToolCallAgent, ConversationAgentExecutor), got {agent!r}"
+        )
     if not isinstance(max_depth, int) or isinstance(max_depth, bool) or max_depth < 1:
         raise ValueError(f"max_depth must be an int >= 1, got {max_depth!r}")
     tool_name = name or "".join(c if c.isalnum() or c in "_-" else "_" for c in agent.name)
@@ -94,4 +96,3 @@ def agent_tool(
         description=description or f"Hand a task to the agent {agent.name!r}; it answers with its result.",
         flow=True,
     )
-

@@ -10,8 +10,9 @@
     └── ModelRetryableError         worth retrying later: put it in ``.retry(on=...)``
         ├── ModelRateLimitError     HTTP 429 (carries ``retry_after`` when the server sent one)
         ├── ModelTimeoutError       the request timed out (also a TimeoutError)
-        ├── ModelConnectionError    the server could not be reached
-        └── ModelServerError        HTTP 5xx, 409 or a gateway error
+        ├── ModelConnectionError    the server could not be reached, or dropped the connection
+        ├── ModelServerError        HTTP 5xx, 409 or a gateway error
+        └── ModelFallbackError      every model of a ModelFallback failed or was skipped
 
 The client never sleeps or retries by itself: a dflow step that calls a model declares
 ``.retry(5, backoff=2.0, on=ModelRetryableError)`` and the wait is a store timer.
@@ -97,7 +98,8 @@ class ModelTimeoutError(ModelRetryableError, TimeoutError):
 
 
 class ModelConnectionError(ModelRetryableError):
-    """The server could not be reached (refused, reset, DNS, TLS)."""
+    """The server could not be reached (refused, DNS, TLS), or the connection dropped before
+    its answer was complete (closed or reset mid-answer: the message says which)."""
 
 
 class ModelServerError(ModelRetryableError):

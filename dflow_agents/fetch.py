@@ -1,24 +1,25 @@
 """The built-in fetcher: web pages as compact markdown, with their links, for agents.
 
-:class:`Fetcher` gets a page over HTTP (httpx) within limits: timeouts, a byte budget per
-page (the body is streamed raw, gzip and deflate inflated no further than the budget, and
-reading stops there), redirects followed to a limit (a loop is reported, not followed) or
+:class:`Fetcher` gets a page over HTTP (httpx) within limits: timeouts, a deadline for the
+whole fetch (robots.txt too), a byte budget per page (the body is streamed raw, gzip and
+deflate inflated no further than the budget, and reading stops there), redirects followed
+to a limit (a loop is reported, not followed) or
 handed back to the caller, content that is not HTML or text skipped with a note, and (unless
 ``allow_private=True``) no private, loopback, link-local or reserved address requested.
 Every failure is a :class:`Page` whose ``note`` says what happened, never an exception.
 
-:func:`html_to_markdown` turns HTML into compact markdown (beautifulsoup4 and markdownify:
-scripts, styles, navigation and forms dropped, whitespace collapsed) and lists its links,
-absolute and normalised by :func:`normalize_url` (w3lib's ``canonicalize_url``; fragment,
+:func:`html_to_markdown` turns HTML into compact markdown (html-to-markdown, in Rust, which
+repairs broken HTML as browsers do: scripts, styles, navigation and forms dropped,
+whitespace collapsed; of a long page only the part that gives ``max_chars`` is converted)
+and lists its links, absolute and normalised by :func:`normalize_url` (w3lib's ``canonicalize_url``; fragment,
 default port, user name and password dropped); both are written in
-``dflow_agents._markdown`` and imported from here. :class:`Robots` reads robots.txt with
-the standard library's ``urllib.robotparser``.
+``dflow_agents._markdown`` and imported from here, as :class:`Robots` (robots.txt rules,
+read with the standard library's ``urllib.robotparser``) is from ``dflow_agents._robots``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import urllib.robotparser
 import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -28,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ._fetch_guard import ACCEPT_ENCODING, BodyError, read_body, refusal
 from ._markdown import MAX_URL, html_to_markdown, normalize_url, origin_of
+from ._robots import USER_AGENT, Robots
 from .tools import Tool
 
 __all__ = [  # noqa: RUF022 - plain sorted(), as tests/test_exports.py checks
@@ -39,8 +41,6 @@ __all__ = [  # noqa: RUF022 - plain sorted(), as tests/test_exports.py checks
     "normalize_url",
 ]
 
-#: What the fetcher calls itself, in requests and when it reads robots.txt.
-USER_AGENT = "dflow-crawler/0.2"
 
 _REDIRECTS = frozenset((301, 302, 303, 307, 308))
 _HTML = ("text/html", "application/xhtml+xml")
@@ -66,7 +66,7 @@ class Page(BaseModel):
     content_type: str = ""
     title: str = ""
     markdown: str = ""
-    links: list[str] = Field(default_factory=list)  #: absolute, normalised, in page order, once each
+    links: list[str] = Field(default_factory=list)  #: of the markdown kept: absolute, normalised, once each
     bytes: int = 0  #: body bytes read
     truncated: bool = False  #: the body was longer than the byte budget, or the text than ``max_chars``
     note: str = ""
@@ -83,43 +83,6 @@ class Page(BaseModel):
         if self.links:
             lines += ["", "Links:", *(f"- {u}" for u in self.links)]
         return "\n".join(lines).strip()
-
-
-class Robots:
-    """A site's robots.txt rules (RFC 9309): read from its text; a robots.txt that is
-    missing (4xx) allows everything, one that could not be fetched (5xx, no answer)
-    disallows everything."""
-
-    __slots__ = ("_parser", "status", "text")
-
-    def __init__(self, status: int, text: str = "") -> None:
-        self.status = int(status)
-        self.text = str(text)
-        self._parser: urllib.robotparser.RobotFileParser | None = None
-
-    def to_data(self) -> dict[str, Any]:
-        """The rules as JSON data (what a run keeps)."""
-        return {"status": self.status, "text": self.text}
-
-    @classmethod
-    def from_data(cls, data: Any) -> Robots:
-        """Rules back from :meth:`to_data`."""
-        return cls(int(data["status"]), str(data.get("text") or ""))
-
-    def allows(self, url: str, user_agent: str = USER_AGENT) -> bool:
-        """Whether ``user_agent`` may fetch ``url``."""
-        if 400 <= self.status < 500:
-            return True
-        if not 200 <= self.status < 300:
-            return False
-        if self._parser is None:
-            parser = urllib.robotparser.RobotFileParser()
-            parser.parse(self.text.splitlines())
-            self._parser = parser
-        return self._parser.can_fetch(user_agent, url)
-
-    def __repr__(self) -> str:
-        return f"Robots(status={self.status}, {len(self.text)} chars)"
 
 
 class Fetcher:
@@ -161,13 +124,10 @@ class Fetcher:
         allow_private: bool = False,
     ) -> None:
         for name, value in (("max_bytes", max_bytes), ("max_chars", max_chars), ("max_links", max_links)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-        if not isinstance(max_redirects, int) or isinstance(max_redirects, bool) or max_redirects < 0:
-            raise ValueError(f"max_redirects must be an int >= 0, got {max_redirects!r}")
-        for name, seconds in (("timeout", timeout), ("deadline", deadline)):
-            if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or seconds <= 0:
-                raise ValueError(f"{name} must be a number of seconds > 0, got {seconds!r}")
+            _count(name, value, 1)
+        _count("max_redirects", max_redirects, 0)
+        _seconds("timeout", timeout)
+        _seconds("deadline", deadline)
         if not isinstance(user_agent, str) or not user_agent.strip():
             raise ValueError(f"user_agent must be a non-empty str, got {user_agent!r}")
         if not isinstance(allow_private, bool):
@@ -179,8 +139,12 @@ class Fetcher:
         self.deadline = float(deadline)
         self.max_redirects = max_redirects
         self.user_agent = user_agent.strip()
-        self.headers = {"user-agent": self.user_agent, "accept": "text/html,application/xhtml+xml,text/plain;q=0.9,"
-                        "*/*;q=0.5", "accept-encoding": ACCEPT_ENCODING, **(headers or {})}
+        self.headers = {
+            "user-agent": self.user_agent,
+            "accept": "text/html,application/xhtml+xml,text/plain;q=0.9,*/*;q=0.5",
+            "accept-encoding": ACCEPT_ENCODING,
+            **(headers or {}),
+        }
         self.trust_env = trust_env
         self.allow_private = allow_private
         self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list[httpx.AsyncClient]] = (
@@ -208,8 +172,13 @@ class Fetcher:
         if clients is None or clients[0].is_closed:
             limits = httpx.Limits(max_connections=_POOL, max_keepalive_connections=_POOL)
             clients = self._clients[loop] = [
-                httpx.AsyncClient(headers=self.headers, timeout=httpx.Timeout(self.timeout), follow_redirects=False,
-                                  limits=limits, trust_env=self.trust_env)
+                httpx.AsyncClient(
+                    headers=self.headers,
+                    timeout=httpx.Timeout(self.timeout),
+                    follow_redirects=False,
+                    limits=limits,
+                    trust_env=self.trust_env,
+                )
                 for _ in range(_POOLS)
             ]
         self._turn = (self._turn + 1) % _POOLS
@@ -237,18 +206,22 @@ class Fetcher:
         start = normalize_url(url) if isinstance(url, str) else None
         if start is None:
             shown = repr(url)[:200]
-            return Page(url=str(url)[:MAX_URL], note=f"not fetched: {shown} is not an http(s) URL of at most "
-                                                      f"{MAX_URL} characters")
+            return Page(
+                url=str(url)[:MAX_URL],
+                note=f"not fetched: {shown} is not an http(s) URL of at most {MAX_URL} characters",
+            )
         budget = self.max_bytes
         if max_bytes is not None:
             if not isinstance(max_bytes, int) or isinstance(max_bytes, bool) or max_bytes < 1:
                 raise ValueError(f"max_bytes must be an int >= 1, got {max_bytes!r}")
             budget = min(budget, max_bytes)
         try:
-            return await asyncio.wait_for(self._fetch(start, follow_redirects, allowed, budget), self.deadline)
+            return await asyncio.wait_for(
+                self._fetch(start, follow_redirects, allowed, budget), self.deadline
+            )
         except asyncio.TimeoutError:
             return Page(url=start, note=f"gave up after {self.deadline:g} s (the deadline of a fetch)")
-        except Exception as exc:  # noqa: BLE001 - an URL httpx refuses, a parser's surprise: a note, not a crash
+        except Exception as exc:
             return Page(url=start, note=f"the fetch failed: {type(exc).__name__}: {str(exc)[:300]}")
 
     async def _fetch(
@@ -266,101 +239,158 @@ class Fetcher:
                 if not isinstance(verdict, bool):
                     verdict = await verdict
                 if not verdict:
-                    return Page(url=start, final_url=_other(current, start),
-                                note=f"not fetched: robots.txt disallows {current}")
+                    return Page(
+                        url=start,
+                        final_url=_other(current, start),
+                        note=f"not fetched: robots.txt disallows {current}",
+                    )
             try:
                 async with client.stream("GET", current) as response:
                     location = response.headers.get("location")
                     if response.status_code in _REDIRECTS and location:
                         target = normalize_url(location, current)
                         if target is None:
-                            return Page(url=start, status=response.status_code,
-                                        note=f"HTTP {response.status_code}: a redirect to an unusable location "
-                                             f"{location[:200]!r}")
+                            return Page(
+                                url=start,
+                                status=response.status_code,
+                                note=f"HTTP {response.status_code}: a redirect to an unusable location "
+                                f"{location[:200]!r}",
+                            )
                         if not follow:
-                            return Page(url=start, status=response.status_code, redirect=target,
-                                        note=f"HTTP {response.status_code}: redirects to {target}")
+                            return Page(
+                                url=start,
+                                status=response.status_code,
+                                redirect=target,
+                                note=f"HTTP {response.status_code}: redirects to {target}",
+                            )
                         if target in chain:
-                            return Page(url=start, status=response.status_code,
-                                        note="a redirect loop: " + " -> ".join([*chain, target]))
+                            return Page(
+                                url=start,
+                                status=response.status_code,
+                                note="a redirect loop: " + " -> ".join([*chain, target]),
+                            )
                         chain.append(target)
                         current = target
                         continue
                     return await self._read(start, current, response, budget)
             except httpx.TimeoutException as exc:
-                return Page(url=start, final_url=_other(current, start),
-                            note=f"timed out after {self.timeout:g} s ({type(exc).__name__})")
+                return Page(
+                    url=start,
+                    final_url=_other(current, start),
+                    note=f"timed out after {self.timeout:g} s ({type(exc).__name__})",
+                )
             except httpx.HTTPError as exc:
-                return Page(url=start, final_url=_other(current, start),
-                            note=f"the request failed: {type(exc).__name__}: {str(exc)[:300]}")
+                return Page(
+                    url=start,
+                    final_url=_other(current, start),
+                    note=f"the request failed: {type(exc).__name__}: {str(exc)[:300]}",
+                )
         return Page(url=start, note=f"more than {self.max_redirects} redirects: " + " -> ".join(chain))
 
     async def _read(self, start: str, current: str, response: httpx.Response, budget: int) -> Page:
+        """The page ``response`` answers with: its body read within ``budget`` bytes and
+        turned into markdown, or a note saying why not."""
         status = response.status_code
-        final = _other(current, start)
         ctype = response.headers.get("content-type", "").split(";")[0].strip().lower()
+        page = Page(url=start, final_url=_other(current, start), status=status, content_type=ctype)
         if status >= 400 or status < 200:
-            return Page(url=start, final_url=final, status=status, content_type=ctype,
-                        note=f"HTTP {status} {response.reason_phrase}".strip())
+            return _noted(page, f"HTTP {status} {response.reason_phrase}".strip())
         if ctype and not ctype.startswith(_HTML) and ctype != "text/plain":
-            return Page(url=start, final_url=final, status=status, content_type=ctype,
-                        note=f"skipped: {ctype} is not HTML or text")
+            return _noted(page, f"skipped: {ctype} is not HTML or text")
         try:  # inflated (gzip, deflate) bytes count against the budget
             body, truncated = await read_body(response, budget)
         except BodyError as exc:
-            return Page(url=start, final_url=final, status=status, content_type=ctype, note=f"not read: {exc}")
+            return _noted(page, f"not read: {exc}")
         notes = [f"the body was cut at the byte budget of {budget} bytes"] if truncated else []
+        page = page.model_copy(update={"ok": True, "bytes": len(body), "truncated": truncated})
         if ctype == "text/plain" or (not ctype and not _looks_like_html(body)):
-            text = _text(body, response.charset_encoding).replace("\x00", "")
-            cut = len(text) > self.max_chars
-            return Page(url=start, ok=True, final_url=final, status=status, content_type=ctype or "text/plain",
-                        markdown=text[: self.max_chars], bytes=len(body), truncated=truncated or cut,
-                        note="; ".join(notes))
-        convert = (current, response.charset_encoding)
-        if len(body) > _THREAD_ABOVE:
-            title, markdown, links, cut = await asyncio.to_thread(self._convert, body, *convert)
-        else:
-            title, markdown, links, cut = self._convert(body, *convert)
+            return self._text_page(page, body, response.charset_encoding, notes)
+        return await self._html_page(page, body, response.charset_encoding, notes)
+
+    def _text_page(self, page: Page, body: bytes, charset: str | None, notes: list[str]) -> Page:
+        text = _text(body, charset).replace("\x00", "")
+        cut = len(text) > self.max_chars
         if cut:
             notes.append(f"the text was cut at {self.max_chars} characters")
-        return Page(url=start, ok=True, final_url=final, status=status, content_type=ctype or "text/html",
-                    title=title, markdown=markdown, links=links, bytes=len(body), truncated=truncated or cut,
-                    note="; ".join(notes))
+        update = {"content_type": page.content_type or "text/plain", "markdown": text[: self.max_chars]}
+        return page.model_copy(
+            update={**update, "truncated": page.truncated or cut, "note": "; ".join(notes)}
+        )
+
+    async def _html_page(self, page: Page, body: bytes, charset: str | None, notes: list[str]) -> Page:
+        convert = (body, page.final_url or page.url, charset)
+        try:
+            if len(body) > _THREAD_ABOVE:  # the loop's other tasks get their turns meanwhile
+                title, markdown, links, cut = await asyncio.to_thread(self._convert, *convert)
+            else:
+                title, markdown, links, cut = self._convert(*convert)
+        except ValueError as exc:
+            return _noted(page.model_copy(update={"ok": False}), f"not read: {exc}")
+        if cut:
+            notes.append(f"the text was cut at {self.max_chars} characters")
+        return page.model_copy(
+            update={
+                "content_type": page.content_type or "text/html",
+                "title": title,
+                "markdown": markdown,
+                "links": links,
+                "truncated": page.truncated or cut,
+                "note": "; ".join(notes),
+            }
+        )
 
     def _convert(self, body: bytes, url: str, encoding: str | None) -> tuple[str, str, list[str], bool]:
-        return html_to_markdown(body, url, encoding=encoding, max_chars=self.max_chars, max_links=self.max_links)
+        return html_to_markdown(
+            body, url, encoding=encoding, max_chars=self.max_chars, max_links=self.max_links
+        )
 
     # -- robots.txt ----------------------------------------------------------------------
 
     async def robots(self, origin: str) -> Robots:
         """The robots.txt rules of ``origin`` (``scheme://host[:port]``), fetched now,
-        following up to five redirects and reading at most 512 KiB.
+        following up to five redirects and reading at most 512 KiB, all within the fetcher's
+        ``deadline`` (a robots.txt sent a byte at a time gives up there: the site is then
+        :attr:`~Robots.unreachable`).
 
         An origin this fetcher may not reach (a private address without ``allow_private``)
         is not asked: its rules are those of a missing robots.txt (everything allowed), as
         the fetcher refuses its pages anyway, with a note that says why."""
-        url = normalize_url(origin.rstrip("/") + "/robots.txt")
+        url = normalize_url(origin.rstrip("/") + "/robots.txt") if isinstance(origin, str) else None
         if url is None:
-            return Robots(0)
+            return Robots(0, note=f"{str(origin)[:200]!r} is not an http(s) origin")
+        try:
+            return await asyncio.wait_for(self._robots(url), self.deadline)
+        except asyncio.TimeoutError:
+            return Robots(
+                0, note=f"{url} gave no whole answer within {self.deadline:g} s (the deadline of a fetch)"
+            )
+
+    async def _robots(self, url: str) -> Robots:
         client = self._client()
         try:
             for _ in range(6):
                 if not self.allow_private and await refusal(url) is not None:
-                    return Robots(404)
+                    return Robots(404, note=f"{url} was not asked: the fetcher keeps to public addresses")
                 async with client.stream("GET", url) as response:
                     location = response.headers.get("location")
                     if response.status_code in _REDIRECTS and location:
                         url = normalize_url(location, url) or ""
                         if not url:
-                            return Robots(0)
+                            return Robots(
+                                0, note=f"robots.txt redirects to an unusable location {location[:200]!r}"
+                            )
                         continue
                     if response.status_code >= 300:
-                        return Robots(response.status_code)
+                        return Robots(
+                            response.status_code, note=f"{url} answered HTTP {response.status_code}"
+                        )
                     body, _ = await read_body(response, 512 * 1024)
                     return Robots(response.status_code, body.decode("utf-8", errors="replace"))
-        except (httpx.HTTPError, asyncio.TimeoutError, BodyError):
-            return Robots(0)
-        return Robots(0)
+        except httpx.TimeoutException as exc:
+            return Robots(0, note=f"{url} timed out after {self.timeout:g} s ({type(exc).__name__})")
+        except (httpx.HTTPError, BodyError) as exc:
+            return Robots(0, note=f"{url} could not be read: {type(exc).__name__}: {str(exc)[:300]}")
+        return Robots(0, note=f"{url}: more than five redirects")
 
     # -- as a tool -----------------------------------------------------------------------
 
@@ -390,6 +420,20 @@ class Fetcher:
             return page.observation()
 
         return Tool(fetch_page, name=name)
+
+
+def _noted(page: Page, note: str) -> Page:
+    return page.model_copy(update={"note": note})
+
+
+def _count(name: str, value: object, low: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+
+
+def _seconds(name: str, value: object) -> None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}")
 
 
 def _other(url: str, start: str) -> str | None:

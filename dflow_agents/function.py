@@ -19,8 +19,9 @@ from __future__ import annotations
 import dataclasses
 import inspect
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
+from .exchanges import asked, chat_request, completion_request, model_label
 from .messages import ChatMessage, ChatResponse, ToolSpec
 from .model import ChatModel, CompletionModel
 from .qwen import QWEN_DEFAULT_SYSTEM, parse_qwen_completion, render_qwen_prompt
@@ -64,10 +65,20 @@ class ModelConfig:
                     f"the template rendered a raw prompt, but {self.model!r} has no complete(); use a "
                     "raw-completion model (OpenAIChatModel(..., mode='raw')) or a chat template"
                 )
-            return await self.model.complete(prompt, **self.options)
+            model, text = self.model, prompt
+            return await asked(
+                model_label(model),
+                lambda: completion_request(text, self.options),
+                lambda: model.complete(text, **self.options),
+            )
         if not isinstance(self.model, ChatModel):
             raise TypeError(f"the template rendered messages, but {self.model!r} has no chat()")
-        return await self.model.chat(list(prompt), list(tools) or None, **self.options)
+        chat, messages, offered = self.model, list(prompt), list(tools) or None
+        return await asked(
+            model_label(chat),
+            lambda: chat_request(messages, offered, self.options),
+            lambda: chat.chat(messages, offered, **self.options),
+        )
 
 
 def _messages(value: Any) -> list[ChatMessage]:
@@ -76,9 +87,10 @@ def _messages(value: Any) -> list[ChatMessage]:
 
 def chat_formatter(inputs: Mapping[str, Any]) -> dict[str, Any]:
     """The default formatter: ``system`` + ``messages`` + ``input`` + ``next_step`` as one
-    conversation (``messages`` may be ``ChatMessage``s or their dicts), and ``tools``.
+    conversation (``messages`` may be ``ChatMessage``s or their dicts), ``tools``, and
+    ``tool_choice`` when one is given.
 
-    Returns ``{"messages": [...], "tools": [...]}``.
+    Returns ``{"messages": [...], "tools": [...]}`` (and ``"tool_choice"``).
     """
     messages: list[ChatMessage] = []
     if inputs.get("system"):
@@ -89,7 +101,10 @@ def chat_formatter(inputs: Mapping[str, Any]) -> dict[str, Any]:
             messages.append(ChatMessage.user(str(inputs[key])))
     if not messages:
         raise ValueError("the AI function got no conversation: give 'messages', 'input' or 'system'")
-    return {"messages": messages, "tools": list(inputs.get("tools") or ())}
+    variables: dict[str, Any] = {"messages": messages, "tools": list(inputs.get("tools") or ())}
+    if inputs.get("tool_choice") is not None:
+        variables["tool_choice"] = inputs["tool_choice"]
+    return variables
 
 
 def chat_template(variables: Mapping[str, Any]) -> list[ChatMessage]:
@@ -98,9 +113,15 @@ def chat_template(variables: Mapping[str, Any]) -> list[ChatMessage]:
 
 
 def qwen_template(variables: Mapping[str, Any]) -> str:
-    """The Qwen2.5 template: the conversation and its tools rendered as one ChatML prompt."""
+    """The Qwen2.5 template: the conversation and its tools rendered as one ChatML prompt
+    (``tool_choice`` shapes which tools it lists, see :func:`render_qwen_prompt`)."""
     system = variables.get("default_system", QWEN_DEFAULT_SYSTEM)
-    return render_qwen_prompt(_messages(variables["messages"]), variables.get("tools"), default_system=system)
+    return render_qwen_prompt(
+        _messages(variables["messages"]),
+        variables.get("tools"),
+        default_system=system,
+        tool_choice=variables.get("tool_choice"),
+    )
 
 
 def response_parser(response: ChatResponse) -> ChatResponse:
@@ -133,7 +154,7 @@ class AIFunction(Generic[R]):
     model: ModelPart
     template: PromptTemplate = chat_template
     formatter: InputFormatter = chat_formatter
-    parser: Callable[[ChatResponse], R] = response_parser  # type: ignore[assignment]
+    parser: Callable[[ChatResponse], R] = response_parser  # type: ignore[assignment]  # pyright: ignore[reportAssignmentType]
     tools: tuple[ToolSpec, ...] = ()
 
     def __post_init__(self) -> None:
@@ -172,14 +193,20 @@ class AIFunction(Generic[R]):
     async def __call__(self, inputs: Mapping[str, Any], **parts: Any) -> R:
         """Run the function on ``inputs``; keyword ``parts`` replace parts for this call only.
 
-        ``inputs["tools"]``, when given, replaces the function's tools for this call.
+        ``inputs["tools"]``, when given, replaces the function's tools for this call;
+        ``inputs["tool_choice"]`` goes to a chat model as the request's ``tool_choice`` (a
+        :class:`ModelConfig` model part) and shapes a Qwen prompt (see :func:`qwen_template`).
         """
         fn: AIFunction[Any] = self.with_parts(**parts) if parts else self
         tools = [_spec(t) for t in inputs["tools"]] if inputs.get("tools") is not None else list(fn.tools)
         variables = fn.formatter({**inputs, "tools": tools})
         prompt = fn.template(variables)
-        response = await fn.model(prompt, tools)
+        model = fn.model
+        choice = variables.get("tool_choice")
+        if choice is not None and isinstance(model, ModelConfig) and not isinstance(prompt, str):
+            model = dataclasses.replace(model, options={**model.options, "tool_choice": choice})
+        response = await model(prompt, tools)
         result = fn.parser(response)
         if inspect.isawaitable(result):
             result = await result
-        return result  # type: ignore[no-any-return]
+        return cast(R, result)

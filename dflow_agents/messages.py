@@ -17,6 +17,7 @@ __all__ = [
     "ChatMessage",
     "ChatResponse",
     "Role",
+    "SkippedModel",
     "ToolCall",
     "ToolSpec",
     "Usage",
@@ -106,8 +107,25 @@ class Usage(BaseModel):
         )
 
 
+class SkippedModel(BaseModel):
+    """A model that a :class:`~dflow_agents.ModelFallback` passed over for the next: which
+    (``model``), the failure's type (``error``) and what it said (``reason``)."""
+
+    model_config = _FROZEN
+
+    model: str
+    error: str
+    reason: str
+
+
 class ChatResponse(BaseModel):
-    """What a model answered: text, tool calls, token usage, why it stopped, which model."""
+    """What a model answered: text, tool calls, token usage, why it stopped, which model.
+
+    ``calls_from_text`` is True when the tool calls were read from what the model wrote in
+    its text rather than sent natively (see :func:`~dflow_agents.read_text_tool_calls`).
+    ``skipped``: the models a :class:`~dflow_agents.ModelFallback` asked before this one,
+    and why each did not answer.
+    """
 
     model_config = _FROZEN
 
@@ -116,6 +134,8 @@ class ChatResponse(BaseModel):
     usage: Usage = Field(default_factory=Usage)
     finish_reason: str | None = None
     model: str | None = None
+    calls_from_text: bool = False
+    skipped: list[SkippedModel] = Field(default_factory=list)
 
     def to_message(self) -> ChatMessage:
         """The assistant message to append to the conversation."""

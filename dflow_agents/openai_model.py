@@ -9,8 +9,9 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 from . import _guard
-from ._openai_wire import map_sdk_error, parse_chat_body, parse_completion_body
+from ._openai_wire import map_sdk_error, parse_chat_body, parse_completion_body, wire_tool_choice
 from .errors import ModelConfigError, ModelError
+from .exchanges import note_http
 from .messages import ChatMessage, ChatResponse, ToolSpec, to_openai_messages
 from .qwen import QWEN_DEFAULT_SYSTEM, QWEN_STOP, parse_qwen_completion, render_qwen_prompt
 
@@ -102,7 +103,7 @@ class OpenAIChatModel:
         self._model = model
         self._base_url = str(base_url).rstrip("/")
         self._api_key = api_key
-        self._mode = mode
+        self._mode: Literal["chat", "raw"] = mode
         self._timeout = float(timeout)
         self._options = dict(options or {})
         self._headers = dict(default_headers or {})
@@ -135,20 +136,28 @@ class OpenAIChatModel:
         tools: Sequence[ToolSpec] | None = None,
         **options: Any,
     ) -> ChatResponse:
-        """Answer ``messages``; the reply may call ``tools``. Raises ``ModelError`` subclasses."""
+        """Answer ``messages``; the reply may call ``tools``. Raises ``ModelError`` subclasses.
+
+        ``tool_choice`` (``"auto"``, ``"required"``, ``"none"`` or a tool's name) is sent with
+        the tools, ``"auto"`` unless said (some servers leave the tools out of the prompt
+        without it). In raw mode it shapes the prompt: ``"none"`` shows no tools, a name
+        only that tool, and ``"required"`` or a name tells the model to call.
+        """
         turn = sum(1 for m in messages if m.role == "assistant")
+        body = {**self._options, **options}
+        choice = body.pop("tool_choice", None)
         if self._mode == "raw":
-            prompt = render_qwen_prompt(messages, tools, default_system=self._default_system)
+            prompt = render_qwen_prompt(
+                messages, tools, default_system=self._default_system, tool_choice=choice
+            )
             reply = await self.complete(prompt, **options)
             parsed = parse_qwen_completion(reply.content, id_prefix=f"call_{turn}_")
             return reply.model_copy(update={"content": parsed.content, "tool_calls": parsed.tool_calls})
-        body = {**self._options, **options}
         if tools:
             body["tools"] = [t.to_openai() for t in tools]
+            body["tool_choice"] = wire_tool_choice(choice)
         text = await self._post("chat", to_openai_messages(messages), body)
-        return parse_chat_body(
-            text, endpoint=self._base_url, id_prefix=f"call_{turn}_", tools_sent=bool(tools)
-        )
+        return parse_chat_body(text, endpoint=self._base_url, id_prefix=f"call_{turn}_")
 
     async def complete(self, prompt: str, **options: Any) -> ChatResponse:
         """Continue a raw ``prompt`` on ``/completions``; the text is the ``content``.
@@ -157,6 +166,7 @@ class OpenAIChatModel:
         ChatML end markers.
         """
         body = {**_RAW_DEFAULTS, **self._options, **options}
+        body.pop("tool_choice", None)  # the prompt says what the model may call
         text = await self._post("raw", prompt, body)
         return parse_completion_body(text, endpoint=self._base_url)
 
@@ -207,12 +217,13 @@ class OpenAIChatModel:
         model = body.pop("model", self._model)
         timeout = body.pop("timeout", self._timeout)
         error: ModelError | None = None
+        text: str = ""
         try:
             if kind == "chat":
                 chat = await client.chat.completions.with_raw_response.create(
                     model=model, messages=payload, extra_body=body, timeout=timeout
                 )
-                text: str = chat.http_response.text
+                text = chat.http_response.text
             else:
                 raw = await client.completions.with_raw_response.create(
                     model=model, prompt=payload, extra_body=body, timeout=timeout
@@ -224,4 +235,7 @@ class OpenAIChatModel:
             # Raised outside the except block: the SDK exception holds the request and its
             # Authorization header, so it must not travel as our error's context.
             raise error
+        endpoint = "chat/completions" if kind == "chat" else "completions"
+        wire = {} if kind == "chat" else {"prompt": payload}  # (chat messages: in the noted request)
+        note_http(lambda: {"endpoint": endpoint, "model": model, **body, **wire}, text)
         return text

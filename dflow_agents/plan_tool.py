@@ -62,8 +62,12 @@ def _planning(
         step_notes: notes on the step: what was done or found (mark_step).
     """
     given = {
-        "plan_id": plan_id, "title": title, "steps": steps, "step_index": step_index,
-        "step_status": step_status, "step_notes": step_notes,
+        "plan_id": plan_id,
+        "title": title,
+        "steps": steps,
+        "step_index": step_index,
+        "step_status": step_status,
+        "step_notes": step_notes,
     }
     if plan_id is not None:
         check_plan_id(plan_id)  # refused now, before a step is made for it
@@ -82,8 +86,11 @@ def apply_call(book: PlanBook, call: ToolCall, *, plan_id: str | None = None) ->
     """Carry out a model's ``planning`` call on ``book`` in the step at hand (``plan_id``, when
     given, replaces the call's); what it did, or what was wrong, as the tool message."""
     if call.name != planning_tool.name:
-        return ChatMessage.tool(f"Error: there is no tool named {call.name[:64]!r} here; call 'planning'.",
-                                tool_call_id=call.id, name=call.name[:64])
+        return ChatMessage.tool(
+            f"Error: there is no tool named {call.name[:64]!r} here; call 'planning'.",
+            tool_call_id=call.id,
+            name=call.name[:64],
+        )
     if plan_id is not None and call.raw_arguments is None:
         call = call.model_copy(update={"arguments": {**call.arguments, "plan_id": plan_id}})
     kwargs = planning_tool.validate(call)

@@ -25,12 +25,19 @@ import hashlib
 import inspect
 import re
 import weakref
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, cast
 
 from dflow import ContextStack, DFlow, Pipeline, Run
 
+from ._ask import ask, fresh_call_ids, ids_in
 from ._plan_summary import Finalizer, note, results_text, summarise
+from ._planning_options import (
+    FINALIZE_PROMPT,
+    PLANNER_PROMPT,
+    PlanningOptions,
+    default_step_prompt,
+)
 from .agent import (
     RUNNING,
     Agent,
@@ -46,9 +53,11 @@ from .agent import (
     stop,
 )
 from .errors import ModelRetryableError
+from .fallback import as_model, model_call
 from .function import AIFunction
 from .messages import ChatMessage, ChatResponse, Usage
 from .model import ChatModel
+from .options import ModelCalls, check_tool_choice
 from .plan_tool import apply_call, planning_tool
 from .plans import (
     Plan,
@@ -57,44 +66,17 @@ from .plans import (
     PlanningResult,
     PlanStepStatus,
     StepResult,
-    default_plan,
     step_tag,
 )
 from .templates import PlanTemplate, PlanTemplates
-from .toolcall import _with_ids
 
-__all__ = ["FINALIZE_PROMPT", "PLANNER_PROMPT", "PlanningFlow", "default_step_prompt"]
-
-#: What the planner is told by default.
-PLANNER_PROMPT = (
-    "You are a planning assistant. Make a concise plan of clear, actionable steps for the user's "
-    "task: the key milestones, not small sub-steps, each one something a single agent can do. "
-    "Create it by calling the planning tool with the command 'create', a title and the steps."
-)
-
-#: What the finalizer is told by default.
-FINALIZE_PROMPT = (
-    "You are a planning assistant. A plan has been carried out for the user's request. From the "
-    "plan and the results of its steps, write the answer for the user: the outcome, what was "
-    "found or done, and what is still open."
-)
+__all__ = ["FINALIZE_PROMPT", "PLANNER_PROMPT", "PlanningFlow", "PlanningOptions", "default_step_prompt"]
 
 _KEY = re.compile(r"[A-Za-z0-9_-]{1,64}")
-
-StepPrompt = Callable[[str, Plan, int], "str | Awaitable[str]"]
 _flows: dict[str, weakref.ref[PlanningFlow]] = {}
 
-
-def default_step_prompt(request: str, plan: Plan, index: int) -> str:
-    """What an executor is told: the plan as it stands, the request, and the one step to do."""
-    _, text = step_tag(plan.steps[index])
-    return (
-        f"CURRENT PLAN STATUS:\n{plan.text()}\n"
-        f"THE USER'S REQUEST (for context):\n{request}\n\n"
-        f"YOUR CURRENT TASK:\nYou are now working on step {index}: \"{text}\"\n\n"
-        "Do only this step, with the tools you have. When it is done, answer with a short summary "
-        "of what you did and what you found."
-    )
+_DEFAULT_OPTIONS = PlanningOptions()
+_DEFAULT_CALLS = ModelCalls()
 
 
 class PlanningFlow:
@@ -113,16 +95,13 @@ class PlanningFlow:
             the ``planning`` tool.
         finalizer: a ``ChatModel``, an ``AIFunction`` (returning a ``ChatResponse`` or a
             ``str``), or ``fn(request, plan, steps) -> str`` (sync or async).
-        default_executor: the tag of the executor of untagged steps (default: the first).
-        descriptions: what each executor does, told to the planner so it tags the steps.
-        planner_prompt / finalize_prompt: the system prompts of those calls.
-        step_prompt: ``fn(request, plan, index) -> str`` (sync or async), the executor's task.
-        default_plan: ``fn(request) -> PlanDraft``, the plan when the planner makes none.
-        plan_attempts: planner replies before the default plan is used (a failed planning
-            call goes back to the planner as the observation).
-        model_attempts / model_retry_backoff: a planner or finalizer call that fails with a
-            retryable error (rate limit, timeout) is made again, on a store timer.
-        model_options: request options for a ``ChatModel`` (``temperature``...).
+        options: the default executor, the executors' descriptions, the prompts, the
+            default plan and the planner's attempts (:class:`PlanningOptions`).
+        model_calls: a planner or finalizer call that fails with a retryable error (rate
+            limit, timeout) is made again, on a store timer; request options for a
+            ``ChatModel``; the planner's ``tool_choice`` (``"planning"`` or ``"required"``
+            make it call the planning tool, where the server honours it) and whether it
+            reads calls written as text (:class:`ModelCalls`).
     """
 
     def __init__(
@@ -133,60 +112,41 @@ class PlanningFlow:
         *,
         planner: ChatModel | AIFunction[Any] | None = None,
         finalizer: ChatModel | AIFunction[Any] | Finalizer | None = None,
-        default_executor: str | None = None,
-        descriptions: Mapping[str, str] | None = None,
-        planner_prompt: str = PLANNER_PROMPT,
-        finalize_prompt: str = FINALIZE_PROMPT,
-        step_prompt: StepPrompt = default_step_prompt,
-        default_plan: Callable[[str], PlanDraft] = default_plan,
-        plan_attempts: int = 3,
-        model_attempts: int = 4,
-        model_retry_backoff: float = 1.0,
-        model_options: Mapping[str, Any] | None = None,
+        options: PlanningOptions = _DEFAULT_OPTIONS,
+        model_calls: ModelCalls = _DEFAULT_CALLS,
     ) -> None:
         self.name = check_name(name, "planning flow")
+        if not isinstance(options, PlanningOptions):
+            raise TypeError(f"options is a PlanningOptions(...), got {options!r:.80}")
+        if not isinstance(model_calls, ModelCalls):
+            raise TypeError(f"model_calls is a ModelCalls(...), got {model_calls!r:.80}")
         self.executors = _executors(executors)
-        if default_executor is not None and default_executor.lower() not in self.executors:
-            raise ValueError(
-                f"default_executor {default_executor!r} is not one of the executors' tags: "
-                f"{', '.join(self.executors)}"
-            )
-        self.default_executor = default_executor.lower() if default_executor else next(iter(self.executors))
-        self.descriptions = {k.lower(): str(v) for k, v in (descriptions or {}).items()}
-        unknown = sorted(set(self.descriptions) - set(self.executors))
-        if unknown:
-            raise ValueError(f"descriptions name executors that do not exist: {', '.join(unknown)}")
-        self.planner = planner if planner is not None else model
-        self.finalizer = finalizer if finalizer is not None else model
-        if self.planner is not None and not isinstance(self.planner, (ChatModel, AIFunction)):
-            raise TypeError(f"planner must be a ChatModel or an AIFunction, got {self.planner!r}")
-        if not (self.finalizer is None or callable(self.finalizer) or isinstance(self.finalizer, ChatModel)):
-            raise TypeError(
-                "finalizer must be a ChatModel, an AIFunction or fn(request, plan, steps), "
-                f"got {self.finalizer!r}"
-            )
-        for what, fn in (("step_prompt", step_prompt), ("default_plan", default_plan)):
-            if not callable(fn):
-                raise TypeError(f"{what} must be callable, got {fn!r}")
-        for what, n in (("plan_attempts", plan_attempts), ("model_attempts", model_attempts)):
-            if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-                raise ValueError(f"{what} must be an int >= 1, got {n!r}")
-        self.planner_prompt = planner_prompt
-        self.finalize_prompt = finalize_prompt
-        self.step_prompt = step_prompt
-        self.default_plan = default_plan
-        self.plan_attempts = plan_attempts
-        self.model_attempts = model_attempts
-        self.model_retry_backoff = float(model_retry_backoff)
-        self.model_options = dict(model_options or {})
+        self.default_executor = options.routed(self.executors)
+        self.planner = _planner(planner if planner is not None else model)
+        if not callable(model_calls.tool_choice):
+            check_tool_choice(model_calls.tool_choice, [planning_tool.name])
+        self.finalizer = _finalizer(finalizer if finalizer is not None else model)
+        self.options = options
+        self.model_calls = model_calls
         self._state_key = f"dflow_agents/planning/{name}"
-        share_once(_flows, self, name, f"dflow_agents.planning:{name}", "planning flow",
-                   "runs of either go to the second (give each its own name)", stacklevel=2)
+        share_once(
+            _flows,
+            self,
+            name,
+            f"dflow_agents.planning:{name}",
+            "planning flow",
+            "runs of either go to the second (give each its own name)",
+            stacklevel=2,
+        )
         entry = f"planning.{name}"
-        self.pipeline: Pipeline[PlanningResult] = (
+        self.pipeline: Pipeline[PlanningResult] = self._retrying(
             DFlow.from_call(entry).map(self._start).id("start").flat_map(self._plan).id("plan")
-            .retry(self.model_attempts, backoff=self.model_retry_backoff, on=ModelRetryableError)
         ).init(entry)
+
+    def _retrying(self, flow: DFlow[Any]) -> DFlow[Any]:
+        """``flow`` (a planner or finalizer call last) retried on a retryable model error."""
+        calls = self.model_calls
+        return flow.retry(calls.attempts, backoff=calls.retry_backoff, on=ModelRetryableError)
 
     def __repr__(self) -> str:
         return f"<PlanningFlow {self.name!r}: {', '.join(self.executors)}>"
@@ -207,7 +167,11 @@ class PlanningFlow:
         return await self.pipeline.acall(self._request(request, session), trace_id=trace_id)
 
     def run_template(
-        self, template: PlanTemplate, parameters: Mapping[str, str], *, session: str | None = None,
+        self,
+        template: PlanTemplate,
+        parameters: Mapping[str, str],
+        *,
+        session: str | None = None,
         trace_id: str | None = None,
     ) -> Run[PlanningResult]:
         """Run the plan of ``template`` filled with ``parameters`` (``ValueError`` when one is
@@ -215,8 +179,14 @@ class PlanningFlow:
         return self.run(template.fill(parameters), session=session, trace_id=trace_id)
 
     async def arun_template(
-        self, templates: PlanTemplates, name: str, parameters: Mapping[str, str], *,
-        version: int | None = None, session: str | None = None, trace_id: str | None = None,
+        self,
+        templates: PlanTemplates,
+        name: str,
+        parameters: Mapping[str, str],
+        *,
+        version: int | None = None,
+        session: str | None = None,
+        trace_id: str | None = None,
     ) -> Run[PlanningResult]:
         """Load template ``name`` (its latest version unless ``version``) from ``templates``
         and run its plan filled with ``parameters``."""
@@ -226,16 +196,21 @@ class PlanningFlow:
     def flow(self, request: str | PlanDraft, *, session: str | None = None) -> DFlow[PlanningResult]:
         """The planning flow to embed in another flow (in a ``flat_map``): its plan is kept
         in the caller's run."""
-        return (
-            DFlow.just(self._request(request, session)).map(self._start).id(f"{self.name}.start")
-            .flat_map(self._plan).id(f"{self.name}.plan")
-            .retry(self.model_attempts, backoff=self.model_retry_backoff, on=ModelRetryableError)
+        return self._retrying(
+            DFlow.just(self._request(request, session))
+            .map(self._start)
+            .id(f"{self.name}.start")
+            .flat_map(self._plan)
+            .id(f"{self.name}.plan")
         )
 
     def _request(self, request: str | PlanDraft, session: str | None) -> dict[str, Any]:
         if isinstance(request, PlanDraft):
-            return {"request": request.request or request.title, "session": check_session(session),
-                    "draft": request.model_dump(mode="json")}
+            return {
+                "request": request.request or request.title,
+                "session": check_session(session),
+                "draft": request.model_dump(mode="json"),
+            }
         if not isinstance(request, str):
             raise TypeError(
                 "a planning flow starts from a request (str) or a PlanDraft, "
@@ -257,10 +232,18 @@ class PlanningFlow:
             )
         plan_id = "plan_" + hashlib.sha256(ctx.idempotency_key.encode()).hexdigest()[:12]
         state: dict[str, Any] = {
-            "plan_id": plan_id, "request": request["request"],
+            "plan_id": plan_id,
+            "request": request["request"],
             "session": run_session(ctx, request.get("session")),
-            "status": RUNNING, "reason": "", "answer": "", "source": "model", "template": None, "attempt": 0,
-            "messages": [], "steps": [], "current": None,
+            "status": RUNNING,
+            "reason": "",
+            "answer": "",
+            "source": "model",
+            "template": None,
+            "attempt": 0,
+            "messages": [],
+            "steps": [],
+            "current": None,
             "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
         }
         if request.get("draft") is not None:
@@ -279,17 +262,18 @@ class PlanningFlow:
         state = dict(state)
         messages = load(state["messages"]) or self._planner_messages(state["request"])
         try:
-            response = await self._ask_planner(messages)
+            response = await self._ask_planner(messages, state["attempt"])
         except ModelRetryableError as exc:
-            if ctx.attempt + 1 < self.model_attempts:
+            if ctx.attempt + 1 < self.model_calls.attempts:
                 raise  # the plan step's retry policy calls again
-            why = f"the planner failed {self.model_attempts} times; last: {exc}"
+            why = f"the planner failed {self.model_calls.attempts} times; last: {exc}"
             return self._end(stop(state, AgentStatus.ERROR, why))
-        except Exception as exc:  # noqa: BLE001 - a failing planner ends the run as ERROR, with the reason
+        except Exception as exc:
             why = f"the planner failed: {type(exc).__name__}: {exc}"
             return self._end(stop(state, AgentStatus.ERROR, why))
         add_usage(state, response.usage)
-        calls = _with_ids(response.tool_calls, state["attempt"])
+        state["model_call"] = model_call(response)  # which model planned, and those skipped
+        calls = fresh_call_ids(response.tool_calls, state["attempt"], ids_in(messages))
         if not calls:
             state = self._fallback(book, state, "the planner did not call the planning tool")
             return await self._next(ctx, state)
@@ -297,43 +281,37 @@ class PlanningFlow:
         if book.get(state["plan_id"]) is not None:
             return await self._next(ctx, state)
         state["attempt"] += 1
-        if state["attempt"] >= self.plan_attempts:
-            why = f"the planner's calls failed {self.plan_attempts} times; last: {observations[-1].content}"
+        if state["attempt"] >= self.options.plan_attempts:
+            why = f"the planner's calls failed {self.options.plan_attempts} times; last: {observations[-1].content}"
             return await self._next(ctx, self._fallback(book, state, why))
         state["messages"] = dump([*messages, ChatMessage.assistant(response.content, calls), *observations])
-        return (
-            DFlow.just(state).flat_map(self._plan).id("plan")
-            .retry(self.model_attempts, backoff=self.model_retry_backoff, on=ModelRetryableError)
-        )
+        return self._retrying(DFlow.just(state).flat_map(self._plan).id("plan"))
 
     def _planner_messages(self, request: str) -> list[ChatMessage]:
-        system = self.planner_prompt
+        system = self.options.planner_prompt
         if len(self.executors) > 1:
-            lines = [f"[{k.upper()}]: {self.descriptions.get(k, 'the ' + a.name + ' agent')}"
-                     for k, a in self.executors.items()]
+            lines = [
+                f"[{k.upper()}]: {self.options.descriptions.get(k, 'the ' + a.name + ' agent')}"
+                for k, a in self.executors.items()
+            ]
             system += (
                 "\n\nEach step is carried out by one of these agents. Start a step's text with the tag of "
                 "the agent that should do it; a step without a tag goes to "
-                f"[{self.default_executor.upper()}].\n"
-                + "\n".join(lines)
+                f"[{self.default_executor.upper()}].\n" + "\n".join(lines)
             )
-        return [ChatMessage.system(system),
-                ChatMessage.user(f"Create a plan with clear steps to accomplish this task: {request}")]
+        return [
+            ChatMessage.system(system),
+            ChatMessage.user(f"Create a plan with clear steps to accomplish this task: {request}"),
+        ]
 
-    async def _ask_planner(self, messages: list[ChatMessage]) -> ChatResponse:
-        planner = self.planner
-        if isinstance(planner, AIFunction):
-            response = await planner({"messages": messages, "tools": [planning_tool.spec]})
-            if not isinstance(response, ChatResponse):
-                raise TypeError(
-                    f"the planner AI function returned {type(response).__name__}, not a ChatResponse"
-                )
-            return response
-        assert planner is not None
-        return await planner.chat(messages, [planning_tool.spec], **self.model_options)
+    async def _ask_planner(self, messages: list[ChatMessage], attempt: int) -> ChatResponse:
+        assert self.planner is not None
+        return await ask(
+            self.planner, messages, [planning_tool.spec], self.model_calls, turn=attempt, who="the planner"
+        )
 
     def _fallback(self, book: PlanBook, state: dict[str, Any], why: str) -> dict[str, Any]:
-        draft = self.default_plan(state["request"])
+        draft = self.options.default_plan(state["request"])
         if not isinstance(draft, PlanDraft):
             raise TypeError(f"default_plan returned {type(draft).__name__}, not a PlanDraft")
         book.create(state["plan_id"], draft.title, draft.steps)
@@ -357,13 +335,10 @@ class PlanningFlow:
             return self._end(stop(dict(state), AgentStatus.ERROR, why))
         index = plan.next_step()
         if index is None:
-            return (
-                DFlow.just(state).map(self._finalize).id("finalize")
-                .retry(self.model_attempts, backoff=self.model_retry_backoff, on=ModelRetryableError)
-            )
+            return self._retrying(DFlow.just(state).map(self._finalize).id("finalize"))
         key, agent = self._executor_for(plan.steps[index])
         plan = book.put(plan.with_step(index, PlanStepStatus.IN_PROGRESS))
-        prompt = self.step_prompt(state["request"], plan, index)
+        prompt = self.options.step_prompt(state["request"], plan, index)
         if inspect.isawaitable(prompt):
             prompt = await prompt
         if not isinstance(prompt, str):
@@ -372,8 +347,10 @@ class PlanningFlow:
         executor = DFlow.any(agent.flow(prompt, session=state["session"]), merge=False).id("executor")
         return (
             executor.on_error_return(_executor_failed)
-            .map(self._record).id("record")
-            .flat_map(self._next).id("next")
+            .map(self._record)
+            .id("record")
+            .flat_map(self._next)
+            .id("next")
         )
 
     def _record(self, ctx: ContextStack, outcome: Any) -> dict[str, Any]:
@@ -393,15 +370,26 @@ class PlanningFlow:
         else:
             said = f"{result.status.value}: {result.reason}" + (f". {result.answer}" if result.answer else "")
             book.put(plan.with_step(index, PlanStepStatus.BLOCKED, note(said)))
-        step = StepResult(index=index, step=plan.steps[index], executor=key, agent=self.executors[key].name,
-                          status=result.status, answer=result.answer, reason=result.reason)
+        step = StepResult(
+            index=index,
+            step=plan.steps[index],
+            executor=key,
+            agent=self.executors[key].name,
+            status=result.status,
+            answer=result.answer,
+            reason=result.reason,
+        )
         state["steps"] = [*state["steps"], step.model_dump(mode="json")]
         state["current"] = None
         if result.status is AgentStatus.TERMINATED:
-            stop(state, AgentStatus.TERMINATED,
-                  f"the plan was aborted at step {index} ({plan.steps[index]!r}): "
-                  f"the agent {step.agent!r} gave up: "
-                  f"{result.reason}", result.answer)
+            stop(
+                state,
+                AgentStatus.TERMINATED,
+                f"the plan was aborted at step {index} ({plan.steps[index]!r}): "
+                f"the agent {step.agent!r} gave up: "
+                f"{result.reason}",
+                result.answer,
+            )
         return state
 
     # -- the end -----------------------------------------------------------------------
@@ -415,11 +403,13 @@ class PlanningFlow:
         try:
             answer = await self._summary(state, plan, steps)
         except ModelRetryableError as exc:
-            if ctx.attempt + 1 < self.model_attempts:
+            if ctx.attempt + 1 < self.model_calls.attempts:
                 raise
             answer = results_text(steps)
-            state["reason"] = f"every step was run; the finalizer failed {self.model_attempts} times: {exc}"
-        except Exception as exc:  # noqa: BLE001 - the steps were run: their results are the answer
+            state["reason"] = (
+                f"every step was run; the finalizer failed {self.model_calls.attempts} times: {exc}"
+            )
+        except Exception as exc:
             answer = results_text(steps)
             state["reason"] = f"every step was run; the finalizer failed: {type(exc).__name__}: {exc}"
         else:
@@ -428,8 +418,14 @@ class PlanningFlow:
         return self._result(ctx, state)
 
     async def _summary(self, state: dict[str, Any], plan: Plan, steps: list[StepResult]) -> str:
-        answer, usage = await summarise(self.finalizer, prompt=self.finalize_prompt, options=self.model_options,
-                                        request=state["request"], plan=plan, steps=steps)
+        answer, usage = await summarise(
+            self.finalizer,
+            prompt=self.options.finalize_prompt,
+            options=self.model_calls.options,
+            request=state["request"],
+            plan=plan,
+            steps=steps,
+        )
         if usage is not None:
             add_usage(state, usage)
         return answer
@@ -440,12 +436,33 @@ class PlanningFlow:
     def _result(self, ctx: ContextStack, state: dict[str, Any]) -> PlanningResult:
         plan = PlanBook(ctx).get(state["plan_id"])
         return PlanningResult(
-            status=AgentStatus(state["status"]), answer=state["answer"], reason=state["reason"], plan=plan,
+            status=AgentStatus(state["status"]),
+            answer=state["answer"],
+            reason=state["reason"],
+            plan=plan,
             plan_text=plan.text() if plan is not None else "",
-            source=state["source"], template=state["template"],
+            source=state["source"],
+            template=state["template"],
             steps=[StepResult.model_validate(s) for s in state["steps"]],
-            usage=Usage.model_validate(state["usage"]), session=state["session"],
+            usage=Usage.model_validate(state["usage"]),
+            session=state["session"],
         )
+
+
+def _planner(planner: object) -> ChatModel | AIFunction[Any] | None:
+    planner = as_model(planner)
+    if planner is not None and not isinstance(planner, (ChatModel, AIFunction)):
+        raise TypeError(f"planner must be a ChatModel or an AIFunction, got {planner!r}")
+    return planner
+
+
+def _finalizer(finalizer: Any) -> ChatModel | AIFunction[Any] | Finalizer | None:
+    finalizer = as_model(finalizer)
+    if not (finalizer is None or callable(finalizer) or isinstance(finalizer, ChatModel)):
+        raise TypeError(
+            f"finalizer must be a ChatModel, an AIFunction or fn(request, plan, steps), got {finalizer!r}"
+        )
+    return cast("ChatModel | AIFunction[Any] | Finalizer | None", finalizer)
 
 
 def _executor_failed(error: BaseException) -> dict[str, str]:

@@ -53,7 +53,6 @@ _ACTIVE_KEY = "dflow_agents/plan-active"  # the id of the active plan
 _COMMANDS = ("create", "update", "list", "get", "set_active", "mark_step", "delete")
 
 
-
 class PlanningError(ValueError):
     """A planning command that cannot be carried out; the message says what to change."""
 
@@ -173,14 +172,15 @@ def step_tag(step: str) -> tuple[str | None, str]:
     found = _TAG.match(step)
     if found is None:
         return None, step
-    return found.group(1).lower(), step[found.end():]
+    return found.group(1).lower(), step[found.end() :]
 
 
 def default_plan(request: str) -> PlanDraft:
     """The plan used when the planner makes none: analyse, execute, verify."""
     title = f"Plan for: {request[:50]}{'...' if len(request) > 50 else ''}"
-    return PlanDraft(title=title, steps=["Analyze the request", "Execute the task", "Verify the results"],
-                     request=request)
+    return PlanDraft(
+        title=title, steps=["Analyze the request", "Execute the task", "Verify the results"], request=request
+    )
 
 
 def format_plan(plan: Plan) -> str:
@@ -237,7 +237,7 @@ def check_steps(steps: object) -> list[str]:
     if isinstance(steps, str) or not isinstance(steps, Sequence) or not steps:
         raise PlanningError(
             f"steps must be a non-empty list of texts, one per step, got {_shown(steps)}: "
-            "for example [\"Find the flights\", \"Book a hotel\"]"
+            'for example ["Find the flights", "Book a hotel"]'
         )
     if len(steps) > MAX_PLAN_STEPS:
         raise PlanningError(
@@ -280,7 +280,7 @@ class PlanBook:
 
     def ids(self) -> list[str]:
         """The ids of the run's plans, sorted."""
-        return sorted(k[len(_PLAN_KEY):] for k in self.ctx.keys() if k.startswith(_PLAN_KEY))  # noqa: SIM118
+        return sorted(k[len(_PLAN_KEY) :] for k in self.ctx.keys() if k.startswith(_PLAN_KEY))
 
     @property
     def active(self) -> str | None:
@@ -300,16 +300,22 @@ class PlanBook:
             if plan_id is None:
                 raise PlanningError(
                     f"the command '{command}' got no plan_id and no plan is active: give the plan_id"
-                    + (f" (the plans are: {', '.join(self.ids())})" if self.ids()
-                       else ", or create a plan first")
+                    + (
+                        f" (the plans are: {', '.join(self.ids())})"
+                        if self.ids()
+                        else ", or create a plan first"
+                    )
                 )
         plan = self.get(check_plan_id(plan_id))
         if plan is None:
             known = self.ids()
             raise PlanningError(
                 f"there is no plan with ID {plan_id!r}: "
-                + (f"the plans are: {', '.join(known)}" if known
-                   else "there are no plans yet, create one first")
+                + (
+                    f"the plans are: {', '.join(known)}"
+                    if known
+                    else "there are no plans yet, create one first"
+                )
             )
         return plan
 

@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     from fastapi import APIRouter, Request
 
 __all__ = [
+    "SESSION_KEY",
     "InMemoryJobBoard",
     "Job",
     "JobAnsweredError",
@@ -65,7 +66,6 @@ __all__ = [
     "PullingJobTool",
     "RedisJobBoard",
     "RouteHost",
-    "SESSION_KEY",
     "agent_routes",
     "answer_job",
     "job_routes",
@@ -125,12 +125,22 @@ class _Runner:
         self.board = board
         self.timeout = timeout
         self.call_type = f"{CALL_PREFIX}{name}"
-        share_once(_runners, self, name, f"dflow_agents.pulling:{name}", "pulling tool",
-                   "the jobs of both would go to the second one's board (give each its own name=)", stacklevel=4)
+        share_once(
+            _runners,
+            self,
+            name,
+            f"dflow_agents.pulling:{name}",
+            "pulling tool",
+            "the jobs of both would go to the second one's board (give each its own name=)",
+            stacklevel=4,
+        )
         # a run of it starts at its delay (one step, then none until the deadline); the
         # leading "_" keeps it out of what dflow serve lets clients start
         self.timer: Pipeline[None] = (
-            DFlow.delay(None, timeout).id(f"deadline:{name}").map(self._fire).id(f"fire:{name}")
+            DFlow.delay(None, timeout)
+            .id(f"deadline:{name}")
+            .map(self._fire)
+            .id(f"fire:{name}")
             .init(f"_dflow_agents.job-timer:{name}")
         )
 
@@ -145,14 +155,26 @@ class _Runner:
         session = ctx.get(SESSION_KEY)
         if not isinstance(session, str):
             # no client can ever answer: end the wait now rather than at the timeout
-            await _wake(call_type, ctx.trace_id, _error(
-                "the run has no session, so no client can pull its jobs: start it through dflow serve (POST /runs "
-                "or POST /agents/{name}/runs)"))
+            await _wake(
+                call_type,
+                ctx.trace_id,
+                _error(
+                    "the run has no session, so no client can pull its jobs: start it through dflow serve (POST /runs "
+                    "or POST /agents/{name}/runs)"
+                ),
+            )
             return
         now = time.time()
         job = Job(
-            id=job_id, tool=self.name, arguments=arguments, session=session, run=ctx.trace_id.split("/", 1)[0],
-            trace=ctx.trace_id, call_type=call_type, created=now, deadline=now + self.timeout,
+            id=job_id,
+            tool=self.name,
+            arguments=arguments,
+            session=session,
+            run=ctx.trace_id.split("/", 1)[0],
+            trace=ctx.trace_id,
+            call_type=call_type,
+            created=now,
+            deadline=now + self.timeout,
         )
         try:
             # the timer first, so that a job a client can see always has one
@@ -161,8 +183,10 @@ class _Runner:
                     await self.board.settle(job_id, "expired")
                 return
             await self.board.post(job)  # again after a crash: the board keeps the first
-        except Exception as exc:  # noqa: BLE001 - the board or the store is down: the model hears it now
-            if await _wake(call_type, ctx.trace_id, _error(f"the job could not be posted: {type(exc).__name__}: {exc}")):
+        except Exception as exc:
+            if await _wake(
+                call_type, ctx.trace_id, _error(f"the job could not be posted: {type(exc).__name__}: {exc}")
+            ):
                 with contextlib.suppress(Exception):
                     await self.board.settle(job_id, "expired")
 
@@ -176,8 +200,9 @@ class _Runner:
         except dflow.RunExistsError:
             store = dflow.current_runtime().store
             if SESSION_KEY in await store.get_data(trace):  # a client's run (dflow serve writes its session)
-                raise JobFailedError(f"its timer could not be started: a run {trace!r} exists that is not its "
-                                     "timer") from None
+                raise JobFailedError(
+                    f"its timer could not be started: a run {trace!r} exists that is not its timer"
+                ) from None
             info = await store.get_run(trace)
             return info is None or info.status.finished
 
@@ -216,7 +241,12 @@ async def _wake(call_type: str, trace_id: str, answer: str) -> bool:
 
 
 async def answer_job(
-    board: JobBoard, session: str, job_id: str, *, result: Any = None, error: str | None = None,
+    board: JobBoard,
+    session: str,
+    job_id: str,
+    *,
+    result: Any = None,
+    error: str | None = None,
     known: Job | None = None,
 ) -> Job:
     """Report job ``job_id`` for ``session``: its run resumes with ``result`` as the tool's
@@ -231,14 +261,18 @@ async def answer_job(
     if job is None:
         raise JobNotFoundError(f"no job {job_id!r} (never posted, or forgotten after its deadline)")
     if job.session != session:
-        raise JobForbiddenError(f"job {job_id!r} belongs to another session: this token cannot see or answer it")
+        raise JobForbiddenError(
+            f"job {job_id!r} belongs to another session: this token cannot see or answer it"
+        )
     expired = JobExpiredError(f"job {job_id!r} is past its deadline: the run went on without it (timed out)")
     if job.state == "answered":
         raise JobAnsweredError(f"job {job_id!r} was reported already; the first report stands")
     if job.state == "expired" or job.deadline <= time.time():
         raise expired
-    answer = json.dumps({"ok": False, "error": error} if error is not None else {"ok": True, "value": result},
-                        ensure_ascii=False)
+    answer = json.dumps(
+        {"ok": False, "error": error} if error is not None else {"ok": True, "value": result},
+        ensure_ascii=False,
+    )
     if not await _wake(job.call_type, job.trace, answer):  # the store resumes a wait once: who came first won
         if job.deadline <= time.time():
             raise expired
@@ -312,7 +346,11 @@ class PullingJobTool(Tool):
     ) -> None:
         if not isinstance(board, JobBoard):
             raise TypeError(f"board must be a JobBoard (InMemoryJobBoard, RedisJobBoard), got {board!r}")
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= _MAX_TIMEOUT:
+        if (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, (int, float))
+            or not 0 < timeout <= _MAX_TIMEOUT
+        ):
             raise ValueError(f"timeout is seconds > 0 and at most {_MAX_TIMEOUT:g}, got {timeout!r}")
         if not callable(signature):
             raise TypeError(f"signature is a function whose parameters describe the job, got {signature!r}")
@@ -320,7 +358,9 @@ class PullingJobTool(Tool):
         try:
             params = inspect.signature(signature, eval_str=True)
         except Exception as exc:
-            raise TypeError(f"pulling tool {tool_name!r}: cannot read the signature of {signature!r}: {exc}") from exc
+            raise TypeError(
+                f"pulling tool {tool_name!r}: cannot read the signature of {signature!r}: {exc}"
+            ) from exc
         runner = _Runner(tool_name, board, float(timeout))
 
         def job(**arguments: Any) -> DFlow[Any]:
@@ -339,14 +379,20 @@ class PullingJobTool(Tool):
 
 
 def pulling_tool(
-    board: JobBoard, *, timeout: float = 60.0, name: str | None = None, description: str | None = None,
+    board: JobBoard,
+    *,
+    timeout: float = 60.0,
+    name: str | None = None,
+    description: str | None = None,
     strict: bool = False,
 ) -> Callable[[Callable[..., Any]], PullingJobTool]:
     """``@pulling_tool(board, timeout=30)`` on a typed function whose signature and
     docstring describe the job: a :class:`PullingJobTool`."""
 
     def make(signature: Callable[..., Any]) -> PullingJobTool:
-        return PullingJobTool(signature, board, timeout=timeout, name=name, description=description, strict=strict)
+        return PullingJobTool(
+            signature, board, timeout=timeout, name=name, description=description, strict=strict
+        )
 
     return make
 
@@ -366,7 +412,9 @@ class RouteHost(Protocol):
         """The request's JSON body, bounded (413 / 415 / 400)."""
         ...
 
-    async def start_run(self, target: Pipeline[Any], param: Any, session: str, trace_id: str | None = None) -> Run[Any]:
+    async def start_run(
+        self, target: Pipeline[Any], param: Any, session: str, trace_id: str | None = None
+    ) -> Run[Any]:
         """Start a run of ``target`` in ``session``."""
         ...
 
@@ -380,8 +428,12 @@ class RouteHost(Protocol):
 
 
 def job_routes(
-    board: JobBoard, *, max_report_bytes: int = 1024 * 1024, max_wait: float = 60.0,
-    max_polls_per_session: int = 4, max_polls: int = 256,
+    board: JobBoard,
+    *,
+    max_report_bytes: int = 1024 * 1024,
+    max_wait: float = 60.0,
+    max_polls_per_session: int = 4,
+    max_polls: int = 256,
 ) -> Callable[[RouteHost], APIRouter]:
     """A route provider adding the job endpoints (the caller's session's jobs only):
 

@@ -9,6 +9,7 @@ its docstring and leaves text that merely mentions JSON alone.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from collections.abc import Iterator, Sequence
@@ -17,7 +18,15 @@ from typing import Any
 from . import _loose_json
 from .messages import ChatMessage, ChatResponse, ToolCall, ToolSpec
 
-__all__ = ["QWEN_DEFAULT_SYSTEM", "QWEN_STOP", "parse_qwen_completion", "render_qwen_prompt"]
+__all__ = [
+    "QWEN_DEFAULT_SYSTEM",
+    "QWEN_STOP",
+    "calls_as_text",
+    "parse_qwen_completion",
+    "read_text_tool_calls",
+    "render_qwen_prompt",
+    "tool_responses_text",
+]
 
 #: The system prompt Qwen2.5 uses when the conversation has none.
 QWEN_DEFAULT_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
@@ -41,6 +50,7 @@ def render_qwen_prompt(
     *,
     default_system: str | None = QWEN_DEFAULT_SYSTEM,
     add_generation_prompt: bool = True,
+    tool_choice: str | None = None,
 ) -> str:
     """Render a conversation as a Qwen2.5 ChatML prompt, ending with an open assistant turn.
 
@@ -48,37 +58,68 @@ def render_qwen_prompt(
     list and the ``<tool_call>`` instruction follow it in the same system turn. Assistant tool
     calls are written back as ``<tool_call>`` blocks, and consecutive tool results share one
     user turn, each wrapped in ``<tool_response>``.
+
+    ``tool_choice``: ``None`` or ``"auto"`` lists the tools; ``"none"`` lists none;
+    ``"required"`` adds that the model must call one; a tool's name lists that tool only and
+    says to call it (``ValueError`` for a name not among ``tools``).
     """
     msgs = list(messages)
     system = default_system
     if msgs and msgs[0].role == "system":
         system, msgs = msgs[0].content, msgs[1:]
-    out: list[str] = []
-    if tools:
-        listing = "".join("\n" + json.dumps(t.to_openai(), ensure_ascii=False) for t in tools)
-        head = f"{system}\n\n" if system is not None else ""
-        out.append(f"<|im_start|>system\n{head}{_TOOLS_INTRO}{listing}{_TOOLS_OUTRO}<|im_end|>\n")
-    elif system is not None:
-        out.append(f"<|im_start|>system\n{system}<|im_end|>\n")
-    for i, m in enumerate(msgs):
-        if m.role == "tool":
-            if i == 0 or msgs[i - 1].role != "tool":
-                out.append("<|im_start|>user")
-            out.append(f"\n<tool_response>\n{m.content}\n</tool_response>")
-            if i == len(msgs) - 1 or msgs[i + 1].role != "tool":
-                out.append("<|im_end|>\n")
-        elif m.role == "assistant" and m.tool_calls:
-            text = "<|im_start|>assistant" + (f"\n{m.content}" if m.content else "")
-            for c in m.tool_calls:
-                name = json.dumps(c.name, ensure_ascii=False)
-                args = json.dumps(c.arguments, ensure_ascii=False)
-                text += f'\n<tool_call>\n{{"name": {name}, "arguments": {args}}}\n</tool_call>'
-            out.append(text + "<|im_end|>\n")
+    shown, must = _chosen(tools or (), tool_choice)
+    out = [_system_turn(system, shown, must)]
+    for is_tool, group in itertools.groupby(msgs, key=lambda m: m.role == "tool"):
+        if is_tool:  # the results of one reply's calls: one user turn
+            out.append(f"<|im_start|>user\n{tool_responses_text([m.content for m in group])}<|im_end|>\n")
         else:
-            out.append(f"<|im_start|>{m.role}\n{m.content}<|im_end|>\n")
+            out += [
+                f"<|im_start|>{m.role}\n{calls_as_text(m.content, m.tool_calls)}<|im_end|>\n" for m in group
+            ]
     if add_generation_prompt:
         out.append("<|im_start|>assistant\n")
     return "".join(out)
+
+
+def _chosen(tools: Sequence[ToolSpec], choice: str | None) -> tuple[list[ToolSpec], str]:
+    """The tools to list for ``choice``, and the sentence telling the model to call."""
+    if not tools or choice in (None, "auto"):
+        return list(tools), ""
+    if choice == "none":
+        return [], ""
+    if choice == "required":
+        return list(tools), "\n\nYou must call one or more of these functions in this reply."
+    named = [t for t in tools if t.name == choice]
+    if not named:
+        offered = ", ".join(t.name for t in tools)
+        raise ValueError(f"tool_choice {choice!r} names no tool offered ({offered})")
+    return named, f"\n\nYou must call the function {choice} in this reply."
+
+
+def _system_turn(system: str | None, tools: Sequence[ToolSpec], must: str) -> str:
+    """The system turn: the system prompt, then the tools and how to call them."""
+    if tools:
+        listing = "".join("\n" + json.dumps(t.to_openai(), ensure_ascii=False) for t in tools)
+        head = f"{system}\n\n" if system is not None else ""
+        return f"<|im_start|>system\n{head}{_TOOLS_INTRO}{listing}{_TOOLS_OUTRO}{must}<|im_end|>\n"
+    return f"<|im_start|>system\n{system}<|im_end|>\n" if system is not None else ""
+
+
+def calls_as_text(content: str, calls: Sequence[ToolCall]) -> str:
+    """``content`` then each of ``calls`` as a ``<tool_call>`` block, one a line: a reply
+    with tool calls as a model without native calls writes it."""
+    parts = [content] if content else []
+    for c in calls:
+        name = json.dumps(c.name, ensure_ascii=False)
+        args = json.dumps(c.arguments, ensure_ascii=False)
+        parts.append(f'<tool_call>\n{{"name": {name}, "arguments": {args}}}\n</tool_call>')
+    return "\n".join(parts)
+
+
+def tool_responses_text(results: Sequence[str]) -> str:
+    """Tool results as ``<tool_response>`` blocks, in call order: the user turn that answers
+    a reply of ``<tool_call>`` blocks."""
+    return "\n".join(f"<tool_response>\n{r}\n</tool_response>" for r in results)
 
 
 _OPEN = re.compile(r"<\s*tool_call\s*>", re.IGNORECASE)
@@ -88,6 +129,7 @@ _FENCE_OPEN_AT_END = re.compile(r"```[\w+-]*\s*$")
 _NAME = re.compile(r"""["']name["']\s*:\s*["']([^"'\s]+)["']""")
 _BRACKET = re.compile(r"[{\[]")
 _MAX_FAILURES = 256
+_FENCED = re.compile(r"^```[\w+-]*[ \t]*\n?(.*?)\n?```$", re.DOTALL)
 
 
 def parse_qwen_completion(text: str, *, id_prefix: str = "call_") -> ChatResponse:
@@ -116,6 +158,54 @@ def parse_qwen_completion(text: str, *, id_prefix: str = "call_") -> ChatRespons
         for n, (name, args, raw) in enumerate(raw_calls)
     ]
     return ChatResponse(content=content, tool_calls=calls)
+
+
+def read_text_tool_calls(
+    response: ChatResponse, tools: Sequence[ToolSpec | str], *, id_prefix: str = "call_"
+) -> ChatResponse:
+    """``response`` with the tool calls its text holds, when it has no native ones.
+
+    Servers without a tool-call parser (llama.cpp's default chat format, many Ollama and
+    vLLM set-ups) return a call in the content: ``{"name": "multiply", "arguments": {...}}``,
+    the same in a code fence, a list of them, or ``<tool_call>`` tags. This reads them with
+    :func:`parse_qwen_completion`, with care for text that is an answer:
+
+    * calls in ``<tool_call>`` tags always count, whatever tool they name (a name not among
+      ``tools`` goes back to the model as an unknown tool, as a native call would);
+    * untagged JSON counts when it is a call object (a ``name`` and ``arguments``, or an
+      OpenAI ``{"function": ...}`` wrapper) or a list of them, and every call names one of
+      ``tools``; a call of another name counts only when the text is nothing but calls
+      (code fences and spaces aside), as a model that meant a call writes it;
+    * any other JSON (``{"name": "Ann", "age": 3}``, an object naming no tool inside prose)
+      stays the answer.
+
+    The content becomes the text before the first call and ``calls_from_text`` is set; a
+    response that has native calls, or no call in its text, comes back unchanged.
+    """
+    text = response.content
+    if response.tool_calls or not text.strip():
+        return response
+    parsed = parse_qwen_completion(text, id_prefix=id_prefix)
+    if not parsed.tool_calls:
+        return response
+    names = {t.name if isinstance(t, ToolSpec) else t for t in tools}
+    offered = all(c.name in names for c in parsed.tool_calls)
+    if not (offered or _OPEN.search(text) is not None or _only_calls(text)):
+        return response
+    return response.model_copy(
+        update={"content": parsed.content, "tool_calls": parsed.tool_calls, "calls_from_text": True}
+    )
+
+
+def _only_calls(text: str) -> bool:
+    """Whether ``text`` is one call object or a list of them and nothing else (a code fence
+    around it aside)."""
+    body = _FENCED.sub(r"\1", text.strip()).strip()
+    try:
+        value = _loose_json.loads(body)
+    except ValueError:
+        return False
+    return bool(_calls_in(value, need_arguments=True))
 
 
 _Call = tuple[str, dict[str, Any], str | None]

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from . import _loose_json
 from . import _react_lexer as lex
+from . import _react_tools as tools_text
 from .messages import ToolSpec
 from .tools import Tool
 
@@ -42,10 +43,13 @@ __all__ = [
     "render_react_scratchpad",
 ]
 
-#: The default prompt. Placeholders: ``{tools}`` (one entry per tool: name, description and
-#: JSON-schema input), ``{tool_names}`` (the names, comma-separated), ``{question}`` and
-#: ``{scratchpad}`` (the steps so far; empty at first). Only these four are replaced, in one
-#: pass, so other braces in a template (JSON examples) need no escaping.
+#: The default prompt. Placeholders: ``{tools}`` (one entry per tool: its signature,
+#: ``multiply(a: number, b: number): Multiply two numbers.``, and each argument's description
+#: on a line of its own), ``{tool_names}`` (the names, comma-separated), ``{example}`` (an
+#: example call of the first tool, with values), ``{question}`` and ``{scratchpad}`` (the
+#: steps so far; empty at first). Only these are replaced, in one pass, so other braces in a
+#: template (JSON examples) need no escaping; ``{example}`` and ``{tool_names}`` may be left
+#: out.
 REACT_TEMPLATE = """Answer the following question as best you can. You have access to the following tools:
 
 {tools}
@@ -55,11 +59,15 @@ Use the following format:
 Question: the input question you must answer
 Thought: you should always think about what to do
 Action: the action to take, exactly one of [{tool_names}]
-Action Input: the input to the action, as a JSON object
+Action Input: the input to the action: a JSON object with a value for each argument
 Observation: the result of the action
 ... (this Thought/Action/Action Input/Observation can repeat N times)
 Thought: I now know the final answer
 Final Answer: the final answer to the original input question
+
+For example, a call of a tool:
+Thought: I should use a tool.
+{example}
 
 Begin!
 
@@ -70,7 +78,7 @@ Thought:{scratchpad}"""
 REACT_STOP = ("\nObservation:",)
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
-_PLACEHOLDER = re.compile(r"\{(tools|tool_names|question|scratchpad)\}")
+_PLACEHOLDER = re.compile(r"\{(tools|tool_names|example|question|scratchpad)\}")
 _REQUIRED = ("{tools}", "{question}", "{scratchpad}")
 
 
@@ -171,12 +179,6 @@ def _spec(t: ToolSpec | Tool | str) -> ToolSpec:
     raise TypeError(f"a tool is a ToolSpec, a Tool or a name, got {type(t).__qualname__}")
 
 
-def _render_tool(spec: ToolSpec) -> str:
-    description = " ".join(spec.description.split())
-    head = f"{spec.name}: {description}" if description else spec.name
-    return f"{head}\n    Input: {json.dumps(spec.parameters, ensure_ascii=False)}"
-
-
 def render_react_scratchpad(steps: Sequence[ReActStep]) -> str:
     """The steps as the text after the prompt's last ``Thought:``, ending in ``Thought:`` again
     (empty for no steps). Actions are written in the canonical format whatever the model
@@ -208,8 +210,9 @@ def render_react_prompt(
         raise ValueError(f"the ReAct template lacks the placeholders {', '.join(missing)}")
     specs = [_spec(t) for t in tools]
     values = {
-        "tools": "\n".join(_render_tool(s) for s in specs) if specs else "(no tools)",
+        "tools": "\n".join(tools_text.render_tool(s) for s in specs) if specs else "(no tools)",
         "tool_names": ", ".join(s.name for s in specs),
+        "example": tools_text.example_call(specs) or "(no tools: write a Final Answer)",
         "question": question,
         "scratchpad": render_react_scratchpad(steps),
     }
@@ -266,11 +269,61 @@ def parse_react_output(
     * Tool names match exactly, then case-insensitively, and nothing else (no prefixes or
       substrings): an unknown name is a failure listing the tools.
     * JSON input is read loosely (single quotes, trailing commas...); a JSON object that
-      cannot be read is a failure. Plain text (up to the first blank line) or a quoted
+      cannot be read is a failure, and so is the tool's schema sent back as the input
+      (``{"a": {"type": "number", "description": ...}}``: what small models copy from a
+      prompt), saying what to send instead. Plain text (up to the first blank line) or a quoted
       string becomes ``{"input": text}``; an empty input, ``None`` or ``{}`` is ``{}``.
     """
-    names = [_spec(t).name for t in tools]
-    body = lex.unwrapped(text)
+    specs = [_spec(t) for t in tools]
+    names = [s.name for s in specs]
+    body, segments, notes = _without_made_up_parts(lex.unwrapped(text))
+    finals, actions = _finals_and_actions(segments, names)
+    if not actions and not finals:
+        return _no_labels(body, segments, names)
+    if finals and (not actions or finals[0][1] < actions[0][1]):
+        return _final(body, segments, finals[0])
+    _, start, end, content = actions[0]
+    notes += _ignored(len(actions), bool(finals))
+    stop = min([g[1] for g in actions[1:] + finals] + [len(body)])
+    raw_input = next((g[3] for g in segments if g[0] == "input" and end <= g[1] < stop), None)
+    said = _Said(lex.thought(body, segments, start), notes, body.strip())
+    return _action(content, raw_input, specs, said)
+
+
+def _finals_and_actions(
+    segments: list[lex.Segment], names: Sequence[str]
+) -> tuple[list[lex.Segment], list[lex.Segment]]:
+    """The ``Final Answer:`` labels and the ``Action:`` labels; "Action: None" or "Action:
+    Final Answer" beside a "Final Answer:" is no action."""
+    finals = [g for g in segments if g[0] == "final"]
+    words = _NO_ACTION | _FINAL_ACTION
+    actions = [
+        g
+        for g in segments
+        if g[0] == "action" and not (finals and _is_word(lex.first_line(g[3]), words, names))
+    ]
+    return finals, actions
+
+
+def _ignored(actions: int, finals: bool) -> list[str]:
+    """The notes on what was left out beside the first action."""
+    notes = []
+    if actions > 1:
+        notes.append(
+            f"Note: you wrote {actions} actions; only the first was run. "
+            "Write one Action at a time and wait for its Observation."
+        )
+    if finals:
+        notes.append(
+            "Note: your Final Answer was ignored because it came before this Observation; "
+            "answer once you have read it."
+        )
+    return notes
+
+
+def _without_made_up_parts(body: str) -> tuple[str, list[lex.Segment], list[str]]:
+    """``body`` and its labels, cut before a made-up ``Observation:`` or ``Question:``; the
+    notes saying what was cut."""
     segments = lex.segments(body)
     notes: list[str] = []
     cut = lex.cut_at(segments)
@@ -281,111 +334,115 @@ def parse_react_output(
                 "and wait for the real Observation."
             )
         body, segments = body[: segments[cut][1]], segments[:cut]
-    body = body.rstrip()
+    return body.rstrip(), segments, notes
 
-    # "Action: None" or "Action: Final Answer" beside a "Final Answer:" is no action
-    finals = [s for s in segments if s[0] == "final"]
-    actions = [
-        s
-        for s in segments
-        if s[0] == "action"
-        and not (finals and _is_word(lex.first_line(s[3]), _NO_ACTION | _FINAL_ACTION, names))
-    ]
 
-    if not actions and not finals:
-        thought = lex.thought(body, segments, len(body))
-        if any(s[0] == "input" for s in segments):
-            problem = 'you wrote "Action Input:" without an "Action:" line naming the tool.'
-        elif body.strip():
-            problem = 'your reply has neither an "Action:" line nor a "Final Answer:" line.'
-        else:
-            problem = "your reply was empty."
-        return ReActParseFailure(
-            message=f"Invalid format: {problem}\n{_format_help(names)}", text=body.strip(), thought=thought
-        )
+def _no_labels(body: str, segments: list[lex.Segment], names: Sequence[str]) -> ReActParseFailure:
+    thought = lex.thought(body, segments, len(body))
+    if any(g[0] == "input" for g in segments):
+        problem = 'you wrote "Action Input:" without an "Action:" line naming the tool.'
+    elif body.strip():
+        problem = 'your reply has neither an "Action:" line nor a "Final Answer:" line.'
+    else:
+        problem = "your reply was empty."
+    return ReActParseFailure(
+        message=f"Invalid format: {problem}\n{_format_help(names)}", text=body.strip(), thought=thought
+    )
 
-    if finals and (not actions or finals[0][1] < actions[0][1]):
-        _, start, _, content = finals[0]
-        thought = lex.thought(body, segments, start)
-        answer = lex.final_text(content)
-        if not answer:
-            return ReActParseFailure(
-                message='Invalid format: your "Final Answer:" was empty. Write the answer after it.',
-                text=body.strip(),
-                thought=thought,
-            )
-        return ReActFinalAnswer(answer=answer, thought=thought)
 
-    _, start, end, content = actions[0]
+def _final(
+    body: str, segments: list[lex.Segment], final: lex.Segment
+) -> ReActFinalAnswer | ReActParseFailure:
+    _, start, _, content = final
     thought = lex.thought(body, segments, start)
-    if len(actions) > 1:
-        notes.append(
-            f"Note: you wrote {len(actions)} actions; only the first was run. "
-            "Write one Action at a time and wait for its Observation."
+    answer = lex.final_text(content)
+    if not answer:
+        return ReActParseFailure(
+            message='Invalid format: your "Final Answer:" was empty. Write the answer after it.',
+            text=body.strip(),
+            thought=thought,
         )
-    if finals:
-        notes.append(
-            "Note: your Final Answer was ignored because it came before this Observation; "
-            "answer once you have read it."
-        )
-    stop = min([s[1] for s in actions[1:] + finals] + [len(body)])
-    raw_input = next((s[3] for s in segments if s[0] == "input" and end <= s[1] < stop), None)
-    return _action(content, raw_input, names, thought, notes, body.strip())
+    return ReActFinalAnswer(answer=answer, thought=thought)
 
 
-def _action(
-    content: str,
-    raw_input: str | None,
-    names: Sequence[str],
-    thought: str,
-    notes: list[str],
-    text: str,
-) -> ReActAction | ReActFinalAnswer | ReActParseFailure:
-    lines = [line for line in content.strip().split("\n") if line.strip()]
-    name = lex.clean_name(lines[0]) if lines else ""
+class _Said:
+    """What an action's reply said besides it: the thought, the notes, the whole text."""
 
-    def failure(message: str) -> ReActParseFailure:
-        return ReActParseFailure(message=message, text=text, thought=thought)
+    __slots__ = ("notes", "text", "thought")
 
+    def __init__(self, thought: str, notes: list[str], text: str) -> None:
+        self.thought, self.notes, self.text = thought, notes, text
+
+    def failure(self, message: str) -> ReActParseFailure:
+        return ReActParseFailure(message=message, text=self.text, thought=self.thought)
+
+
+def _tool_named(name: str, raw_input: str | None, names: Sequence[str]) -> tuple[list[str], str | None]:
+    """The tools ``name`` (an ``Action:`` line) means, and the input when the line holds it."""
     found = lex.matching(name, names)
     if not found and raw_input is None:
         call = _CALL_FORM.match(name)  # the ReAct paper's "Action: search[query]"
         if call and lex.matching(call.group(1), names):
-            found, raw_input = lex.matching(call.group(1), names), call.group(2)
+            return lex.matching(call.group(1), names), call.group(2)
     if not found:
         word = _WORD.match(name)  # "Action: search (for the weather)": its leading word
         if word:
             found = lex.matching(word.group(), names)
+    return found, raw_input
+
+
+def _action(
+    content: str, raw_input: str | None, specs: Sequence[ToolSpec], said: _Said
+) -> ReActAction | ReActFinalAnswer | ReActParseFailure:
+    names = [s.name for s in specs]
+    lines = [line for line in content.strip().split("\n") if line.strip()]
+    name = lex.clean_name(lines[0]) if lines else ""
+    found, raw_input = _tool_named(name, raw_input, names)
     if raw_input is None and len(lines) > 1:
         raw_input = "\n".join(lines[1:])  # "Action: search\n{...}": the input without its label
-    if not found and _is_word(name, _FINAL_ACTION, names):  # "Action: Final Answer" + the answer
+    if not found:
+        return _no_tool(name, raw_input, names, said)
+    if len(found) > 1:
+        return said.failure(
+            f'Invalid action: "{name}" matches several tools that differ only in case '
+            f"({', '.join(found)}). Write the tool's exact name."
+        )
+    spec = specs[names.index(found[0])]
+    tool_input = lex.read_input(raw_input) if raw_input is not None else {}
+    if isinstance(tool_input, str):
+        return said.failure(
+            f"Invalid action input for tool {spec.name}: {tool_input}. "
+            f"Write the input as a JSON object, e.g. Action Input: {tools_text.example_input(spec)}."
+        )
+    if tools_text.is_schema_shaped(tool_input, spec):
+        return said.failure(
+            f"Invalid action input for tool {spec.name}: you sent the description of its arguments "
+            "(their types and descriptions), not their values. Send a JSON object with a value for "
+            f"each argument, e.g. Action Input: {tools_text.example_input(spec)} for "
+            f"{tools_text.render_tool(spec).splitlines()[0]}"
+        )
+    return ReActAction(tool=spec.name, tool_input=tool_input, thought=said.thought, notes=said.notes)
+
+
+def _no_tool(
+    name: str, raw_input: str | None, names: Sequence[str], said: _Said
+) -> ReActFinalAnswer | ReActParseFailure:
+    """An ``Action:`` that names no tool: a final answer written as an action, or a failure."""
+    if _is_word(name, _FINAL_ACTION, names):  # "Action: Final Answer" + the answer
         answer = lex.final_text(lex.unfenced(raw_input or ""))
         decoded = _loose_json.decode_at(answer, 0) if answer[:1] in ("'", '"') else None
         if decoded is not None and isinstance(decoded[0], str):
             answer = decoded[0]
         if answer:
-            return ReActFinalAnswer(answer=answer, thought=thought, notes=notes)
-        return failure('Invalid format: to finish, write "Final Answer: <your answer>".')
-    if not found and _is_word(name, _NO_ACTION, names):
-        return failure(
+            return ReActFinalAnswer(answer=answer, thought=said.thought, notes=said.notes)
+        return said.failure('Invalid format: to finish, write "Final Answer: <your answer>".')
+    if _is_word(name, _NO_ACTION, names):
+        return said.failure(
             f'Invalid format: "Action:" must name a tool (one of: {_available(names)}); '
             'if you know the answer, write "Final Answer: <your answer>" instead.'
         )
-    if not found:
-        shown = name if len(name) <= 80 else name[:77] + "..."
-        return failure(
-            f'Invalid action: there is no tool named "{shown}". Available tools: {_available(names)}. '
-            'Write one of these names exactly after "Action:", or finish with "Final Answer: <your answer>".'
-        )
-    if len(found) > 1:
-        return failure(
-            f'Invalid action: "{name}" matches several tools that differ only in case '
-            f"({', '.join(found)}). Write the tool's exact name."
-        )
-    tool_input = lex.read_input(raw_input) if raw_input is not None else {}
-    if isinstance(tool_input, str):
-        return failure(
-            f"Invalid action input for tool {found[0]}: {tool_input}. "
-            'Write the input as a JSON object, e.g. Action Input: {"name": "value"}.'
-        )
-    return ReActAction(tool=found[0], tool_input=tool_input, thought=thought, notes=notes)
+    shown = name if len(name) <= 80 else name[:77] + "..."
+    return said.failure(
+        f'Invalid action: there is no tool named "{shown}". Available tools: {_available(names)}. '
+        'Write one of these names exactly after "Action:", or finish with "Final Answer: <your answer>".'
+    )

@@ -153,8 +153,13 @@ class PlanTemplate(BaseModel):
 
     @classmethod
     def from_plan(
-        cls, name: str, plan: Plan | PlanDraft, parameters: Mapping[str, str] | None = None, *,
-        request: str = "", description: str = "",
+        cls,
+        name: str,
+        plan: Plan | PlanDraft,
+        parameters: Mapping[str, str] | None = None,
+        *,
+        request: str = "",
+        description: str = "",
     ) -> PlanTemplate:
         """A template of ``plan``: each value of ``parameters`` found in its title and steps
         (and in ``request``) becomes that parameter's placeholder, e.g.
@@ -171,9 +176,11 @@ class PlanTemplate(BaseModel):
         # replaced in it, nor in a placeholder already written, so filling the template with
         # the same values gives the plan back.
         key_of = {_escape(v): k for k, v in sorted(values.items(), key=lambda kv: len(kv[1]))}
-        pattern = re.compile("|".join(
-            re.escape(v) for v in sorted(key_of, key=len, reverse=True)
-        )) if key_of else None
+        pattern = (
+            re.compile("|".join(re.escape(v) for v in sorted(key_of, key=len, reverse=True)))
+            if key_of
+            else None
+        )
 
         def template(text: str) -> str:
             out = _escape(text)
@@ -183,8 +190,13 @@ class PlanTemplate(BaseModel):
 
         if not request and isinstance(plan, PlanDraft):
             request = plan.request
-        return cls(name=name, title=template(plan.title), steps=[template(s) for s in plan.steps],
-                   request=template(request), description=description)
+        return cls(
+            name=name,
+            title=template(plan.title),
+            steps=[template(s) for s in plan.steps],
+            request=template(request),
+            description=description,
+        )
 
 
 def _check_name(name: object) -> str:
@@ -337,8 +349,12 @@ class RedisPlanTemplates:
     """
 
     def __init__(
-        self, url_or_client: str | aioredis.Redis, *, prefix: str = "dflow-plan-templates",
-        max_versions: int = _DEFAULT_MAX_VERSIONS, **options: Any,
+        self,
+        url_or_client: str | aioredis.Redis,
+        *,
+        prefix: str = "dflow-plan-templates",
+        max_versions: int = _DEFAULT_MAX_VERSIONS,
+        **options: Any,
     ) -> None:
         if not isinstance(prefix, str) or _NAME.fullmatch(prefix) is None:
             raise ValueError(f"prefix must be 1 to 64 letters, digits and _ . : @ -, got {prefix!r:.80}")

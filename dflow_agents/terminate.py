@@ -2,13 +2,51 @@
 
 from __future__ import annotations
 
-from typing import Literal
+import math
+from typing import Annotated, Any, Literal
+
+from pydantic import BeforeValidator
 
 from .tools import Tool, ToolResult
 
-__all__ = ["TERMINATE_DESCRIPTION", "TerminateStatus", "terminate", "terminate_tool"]
+__all__ = [
+    "FAILURE_WORDS",
+    "SUCCESS_WORDS",
+    "TERMINATE_DESCRIPTION",
+    "TerminateStatus",
+    "terminate",
+    "terminate_status",
+    "terminate_tool",
+]
 
 TerminateStatus = Literal["success", "failure"]
+
+#: What ``terminate`` takes for ``"success"`` (any case, spaces and end punctuation aside).
+SUCCESS_WORDS = frozenset(
+    {"success", "successful", "successfully", "succeeded", "succeed", "ok", "done", "complete", "completed"}
+)
+#: What ``terminate`` takes for ``"failure"``.
+FAILURE_WORDS = frozenset({"failure", "failed", "fail", "error", "unsuccessful", "incomplete", "aborted"})
+
+
+def terminate_status(value: Any) -> TerminateStatus | None:
+    """The status ``value`` means: ``"success"`` for one of :data:`SUCCESS_WORDS`,
+    ``"failure"`` for one of :data:`FAILURE_WORDS` (any case, spaces, quotes and end
+    punctuation aside: ``"Success"``, ``" success "``, ``"succeeded."``, ``"FAILED"``),
+    ``None`` for anything else."""
+    if not isinstance(value, str):
+        return None
+    word = " ".join(value.split()).strip(" .!'\"`").casefold()
+    if word in SUCCESS_WORDS:
+        return "success"
+    if word in FAILURE_WORDS:
+        return "failure"
+    return None
+
+
+def _lenient(value: Any) -> Any:
+    return terminate_status(value) or value  # anything else fails validation, and the model is told
+
 
 #: What the model is told about ``terminate`` by default.
 TERMINATE_DESCRIPTION = (
@@ -18,7 +56,9 @@ TERMINATE_DESCRIPTION = (
 )
 
 
-def _terminate(status: TerminateStatus, conclusion: str | None = None) -> ToolResult:
+def _terminate(
+    status: Annotated[TerminateStatus, BeforeValidator(_lenient)], conclusion: str | None = None
+) -> ToolResult:
     """Finish the interaction.
 
     Args:
@@ -37,11 +77,13 @@ def terminate_tool(*, name: str = "terminate", description: str = TERMINATE_DESC
     """A ``terminate`` tool: a required ``status`` (``"success"`` / ``"failure"``) and an
     optional ``conclusion``.
 
-    The arguments are validated like any tool's, so an agent reads the outcome from the
-    result's ``output["status"]`` (FINISHED on success, TERMINATED on failure); a call with
-    any other status fails validation and goes back to the model.
+    The status is read leniently (:func:`terminate_status`: ``"Success"``, ``"succeeded"``,
+    ``"failed"``...); the arguments are validated like any tool's, so an agent reads the
+    outcome from the result's ``output["status"]`` (FINISHED on success, TERMINATED on
+    failure), and a call with any other status fails validation and goes back to the model.
+    It runs at once, in the event loop's thread (no timeout).
     """
-    return Tool(_terminate, name=name, description=description)
+    return Tool(_terminate, name=name, description=description, timeout=math.inf)
 
 
 #: The default ``terminate`` tool.

@@ -14,13 +14,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import inspect
-import json
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from . import _guard
 from .messages import ChatMessage, ChatResponse, ToolCall, ToolSpec, Usage
+from .qwen import calls_as_text
 
 __all__ = [
     "FunctionModel",
@@ -158,11 +158,8 @@ def _with_ids(response: ChatResponse, turn: int, model: str) -> ChatResponse:
 
 def _as_completion(response: ChatResponse) -> ChatResponse:
     """A reply as the raw text a Qwen model would write (calls as ``<tool_call>`` blocks)."""
-    parts = [response.content] if response.content else []
-    for c in response.tool_calls:
-        body = json.dumps({"name": c.name, "arguments": c.arguments}, ensure_ascii=False)
-        parts.append(f"<tool_call>\n{body}\n</tool_call>")
-    return response.model_copy(update={"content": "\n".join(parts), "tool_calls": []})
+    text = calls_as_text(response.content, response.tool_calls)
+    return response.model_copy(update={"content": text, "tool_calls": []})
 
 
 def _shown(text: str) -> str:

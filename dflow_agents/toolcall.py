@@ -15,23 +15,31 @@ model keeps failing.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping, Sequence
+import logging
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic_core import to_jsonable_python
 
 from dflow import ContextStack, DFlow, Run
 
+from ._ask import ask, fresh_call_ids, ids_in
 from ._window import context_window, estimate_tokens
 from .agent import RUNNING, Agent, AgentResult, AgentStatus, add_usage, dump, load, stop
+from .compression import Window, compress, summarizer_for
 from .errors import ModelRetryableError
+from .exchanges import recording
+from .fallback import as_model, model_call
 from .function import AIFunction
-from .longterm import LongTermMemory, user_statements
+from .longterm import LongTermMemory
 from .loopguard import LoopGuard
 from .memory import ChatMemory
 from .messages import ChatMessage, ChatResponse, ToolCall, ToolSpec
 from .model import ChatModel
+from .options import AgentLimits, LongTermRecall, ModelCalls, check_tool_choice
+from .qwen import calls_as_text, tool_responses_text
 from .terminate import terminate as default_terminate
+from .terminate import terminate_status
 from .tools import Tool, ToolResult
 
 __all__ = ["DEFAULT_SYSTEM_PROMPT", "ToolCallAgent"]
@@ -45,7 +53,10 @@ DEFAULT_SYSTEM_PROMPT = (
 )
 
 
-_DEFAULT_GUARD = LoopGuard()
+log = logging.getLogger("dflow_agents.toolcall")
+
+_DEFAULT_LIMITS = AgentLimits()
+_DEFAULT_CALLS = ModelCalls()
 
 
 class ToolCallAgent(Agent):
@@ -55,107 +66,74 @@ class ToolCallAgent(Agent):
         name: names its pipeline (``agent.<name>``), its shared object and its keys in a
             run's data; unique per process.
         model: a ``ChatModel`` (native tool calls) or an ``AIFunction`` (any formatter,
-            template, model and parser: ``AIFunction.qwen(model)`` for raw completions).
+            template, model and parser: ``AIFunction.qwen(model)`` for raw completions); a
+            list of models is a :class:`ModelFallback` (the next answers a turn that one
+            cannot, for a timeout, a rate limit, a connection error or an open circuit).
         tools: the tools it may call; ``terminate`` is added first unless a tool of that
-            name is given.
+            name is given. An :class:`~dflow_agents.McpServer` among them offers its tools as
+            they are listed at each turn (a tool of ``tools`` wins over one of the same name).
         system_prompt: the system message; ``next_step_prompt``: a user message added at the
             end of every request (not kept in the conversation).
-        max_steps: turns before the run stops with ERROR.
         memory: where sessions' conversations are kept (declare it ``dflow.shared``).
-        longterm: the users' long-term facts (a :class:`LongTermMemory`): a run given
-            ``user=`` starts by recalling the facts most relevant to its task, which go in
-            every prompt after the system prompt, as one system message of at most
-            ``longterm_tokens`` tokens (the facts that fit, most relevant first).
-        snapshot_on: events at which a run's facts go to the user's long-term memory, once,
-            when the run ends: ``"finished"``, ``"terminated"``, ``"error"`` (the run ended
-            so), ``"tool:NAME"`` (the run called tool NAME). The facts are
-            ``snapshot_facts(messages)`` of the messages the run added (default
-            :func:`user_statements`: what the user said), stored with ``kind="snapshot"``;
-            those longer than the memory's ``max_chars`` are left out, and a write it
-            refuses is logged (the run still gives its result).
-        token_budget: tokens all model calls of a run may use (prompt and completion);
-            the run stops with ERROR before a request that would exceed it.
-        context_tokens: what of the conversation is sent: the task and the latest turns
-            within this many tokens (estimated); ``max_observation_chars`` cuts long tool
-            results (saying what was cut).
-        finish_on_text: a reply without tool calls is the answer (FINISHED); otherwise the
-            loop goes on until ``terminate``.
-        loop_guard: see :class:`LoopGuard`; ``None`` switches it off.
-        model_attempts: model calls per turn when the model fails with a retryable error
-            (rate limit, timeout, server error), waiting ``model_retry_backoff`` seconds,
-            doubling, or what the server asks (a store timer, not a sleep); then ERROR.
-        model_options: request options for a ``ChatModel`` (``temperature``...).
+        longterm: the users' long-term facts: a :class:`LongTermMemory`, or a
+            :class:`LongTermRecall` saying how many tokens of them go in a prompt and when a
+            run's facts are kept.
+        limits: turns, tokens, the loop guard, the default tool timeout, what is sent
+            (:class:`AgentLimits`).
+        model_calls: retries of a failing model call, request options, ``tool_choice``
+            (each turn's, or one for all), calls written as text (:class:`ModelCalls`).
     """
 
     def __init__(
         self,
         name: str,
-        model: ChatModel | AIFunction[Any],
-        tools: Sequence[Tool] = (),
+        model: ChatModel | AIFunction[Any] | Sequence[ChatModel],
+        tools: Sequence[Tool | Any] = (),
         *,
         system_prompt: str | None = DEFAULT_SYSTEM_PROMPT,
         next_step_prompt: str | None = None,
-        max_steps: int = 20,
         memory: ChatMemory | None = None,
-        longterm: LongTermMemory | None = None,
-        longterm_tokens: int = 1_000,
-        snapshot_on: Collection[str] = (),
-        snapshot_facts: Callable[[Sequence[ChatMessage]], Sequence[str]] = user_statements,
-        token_budget: int | None = None,
-        context_tokens: int = 32_000,
-        max_observation_chars: int | None = 8_000,
-        finish_on_text: bool = True,
-        loop_guard: LoopGuard | None = _DEFAULT_GUARD,
-        model_attempts: int = 4,
-        model_retry_backoff: float = 1.0,
-        model_options: Mapping[str, Any] | None = None,
+        longterm: LongTermMemory | LongTermRecall | None = None,
+        limits: AgentLimits = _DEFAULT_LIMITS,
+        model_calls: ModelCalls = _DEFAULT_CALLS,
     ) -> None:
-        if not isinstance(model, (ChatModel, AIFunction)):
+        model = as_model(model)
+        if not isinstance(model, (ChatModel, AIFunction)):  # pyright: ignore[reportGeneralTypeIssues]
             raise TypeError(f"model must be a ChatModel or an AIFunction, got {model!r}")
-        for t in tools:
-            if not isinstance(t, Tool):
-                raise TypeError(f"tools are Tool objects (made with @tool), got {t!r}")
-        names = [t.name for t in tools]
-        dup = sorted({n for n in names if names.count(n) > 1})
-        if dup:
-            raise ValueError(f"two tools named {dup[0]!r}: the model calls tools by name, so names must differ")
-        _positive("max_steps", max_steps)
-        _positive("context_tokens", context_tokens)
-        _positive("model_attempts", model_attempts)
-        if token_budget is not None:
-            _positive("token_budget", token_budget)
+        if not isinstance(limits, AgentLimits):
+            raise TypeError(f"limits is an AgentLimits(...), got {limits!r:.80}")
+        if not isinstance(model_calls, ModelCalls):
+            raise TypeError(f"model_calls is a ModelCalls(...), got {model_calls!r:.80}")
         self.model = model
-        self.tools: dict[str, Tool] = {t.name: t for t in tools}
-        if default_terminate.name not in self.tools:
-            self.tools = {default_terminate.name: default_terminate, **self.tools}
+        self.sources: list[Any] = [t for t in tools if _is_tool_source(t)]
+        self.tools: dict[str, Tool] = _tools_by_name([t for t in tools if not _is_tool_source(t)])
         self.specs: list[ToolSpec] = [t.spec for t in self.tools.values()]
+        if not callable(model_calls.tool_choice):
+            check_tool_choice(model_calls.tool_choice, self.tools)
         self.system_prompt = system_prompt
         self.next_step_prompt = next_step_prompt
-        self.max_steps = max_steps
-        self.token_budget = token_budget
-        self.context_tokens = context_tokens
-        self.max_observation_chars = max_observation_chars
-        self.finish_on_text = finish_on_text
-        self.loop_guard = loop_guard
-        self.model_attempts = model_attempts
-        self.model_retry_backoff = float(model_retry_backoff)
-        self.model_options = dict(model_options or {})
-        super().__init__(name, memory=memory, longterm=longterm, longterm_tokens=longterm_tokens,
-                         snapshot_on=snapshot_on, snapshot_facts=snapshot_facts)
+        self.limits = limits
+        self.model_calls = model_calls
+        self.loop_guard = limits.loop_guard
+        super().__init__(name, memory=memory, longterm=longterm)
 
     # -- running -----------------------------------------------------------------------
 
-    def run(self, query: str, *, session: str | None = None, user: str | None = None,
-            trace_id: str | None = None) -> Run:
+    def run(
+        self, query: str, *, session: str | None = None, user: str | None = None, trace_id: str | None = None
+    ) -> Run:
         """Start a run of the agent on ``query`` (in ``session``, whose memory it reads and
         extends; for ``user``, whose long-term facts it recalls); ``run.result()`` is the
         :class:`AgentResult`."""
         return self.pipeline.call(self._for_user(self._request(query, session), user), trace_id=trace_id)
 
-    async def arun(self, query: str, *, session: str | None = None, user: str | None = None,
-                   trace_id: str | None = None) -> Run:
+    async def arun(
+        self, query: str, *, session: str | None = None, user: str | None = None, trace_id: str | None = None
+    ) -> Run:
         """``run`` for async code."""
-        return await self.pipeline.acall(self._for_user(self._request(query, session), user), trace_id=trace_id)
+        return await self.pipeline.acall(
+            self._for_user(self._request(query, session), user), trace_id=trace_id
+        )
 
     def flow(self, query: str, *, session: str | None = None, user: str | None = None) -> DFlow[AgentResult]:
         """The agent as a flow to embed in another (in a ``flat_map``): it runs in the
@@ -166,8 +144,16 @@ class ToolCallAgent(Agent):
 
     def _new_state(self, ns: str, query: str, session: str | None, history: int) -> dict[str, Any]:
         state = super()._new_state(ns, query, session, history)
-        state.update(calls=[], content="", nudge=None, nudged=[],
-                     guard=LoopGuard.new_state() if self.loop_guard else None)
+        state.update(
+            calls=[],
+            calls_from_text=False,
+            model_call=None,
+            summary=None,
+            content="",
+            nudge=None,
+            nudged=[],
+            guard=LoopGuard.new_state() if self.loop_guard else None,
+        )
         return state
 
     async def _loop(self, ctx: ContextStack, value: Any) -> DFlow[Any]:
@@ -181,7 +167,9 @@ class ToolCallAgent(Agent):
         return DFlow.just(state).flat_map(self._act).id("act")
 
     def _retrying(self, flow: DFlow[Any]) -> DFlow[Any]:
-        return flow.retry(self.model_attempts, backoff=self.model_retry_backoff, on=ModelRetryableError)
+        return flow.retry(
+            self.model_calls.attempts, backoff=self.model_calls.retry_backoff, on=ModelRetryableError
+        )
 
     def _conversation(self, ctx: ContextStack, state: dict[str, Any]) -> list[ChatMessage]:
         """The session's history, the task, then every turn so far, from the run's data."""
@@ -197,17 +185,23 @@ class ToolCallAgent(Agent):
         return messages
 
     def _conversation_of_run(self, ctx: ContextStack, state: dict[str, Any]) -> list[ChatMessage]:
-        messages = self._conversation(ctx, state)[state["history"]:]
+        messages = self._conversation(ctx, state)[state["history"] :]
         last = state["step"]
         if ctx.get(f"{state['ns']}/think/{last}") is not None:  # the answer of the last turn
             messages += load(ctx.get(f"{state['ns']}/think/{last}"))
         return _answered([m for m in messages if not (m.role == "user" and m.name == "loop-guard")])
 
-    def _prompt(self, ctx: ContextStack, state: dict[str, Any]) -> list[ChatMessage]:
+    def _prompt(
+        self,
+        ctx: ContextStack,
+        state: dict[str, Any],
+        conversation: list[ChatMessage],
+        summary: ChatMessage | None = None,
+    ) -> list[ChatMessage]:
         """What the model is sent this turn: system prompt, the user's recalled facts, the
-        conversation that fits, the loop guard's prompt if it spoke, the next-step prompt."""
+        conversation that fits (the summary of its oldest turns, if any, right after the
+        task), the loop guard's prompt if it spoke, the next-step prompt."""
         ns, step = state["ns"], state["step"]
-        conversation = self._conversation(ctx, state)
         if state["nudge"]:  # the loop guard's prompt: kept in the conversation from now on
             nudge = ChatMessage(role="user", content=state["nudge"], name="loop-guard")
             ctx.put(f"{ns}/nudge/{step}", dump([nudge]))
@@ -217,61 +211,163 @@ class ToolCallAgent(Agent):
         system = [ChatMessage.system(self.system_prompt)] if self.system_prompt else []
         system += self._turns.read(ctx, f"{ns}/longterm")
         goal = ChatMessage.user(state["query"])
+        budget = self.limits.context_tokens - (self._turns.tokens(summary) if summary is not None else 0)
         window = context_window(
-            goal, system + conversation, self.context_tokens, count_tokens=self._turns.tokens,
-            max_observation_chars=self.max_observation_chars,
+            goal,
+            system + conversation,
+            max(1, budget),
+            count_tokens=self._turns.tokens,
+            max_observation_chars=self.limits.max_observation_chars,
         )
+        if summary is not None:  # pinned after the task, whatever the window left out
+            at = next(
+                (i for i, m in enumerate(window) if m.role == "user" and m.content == goal.content), None
+            )
+            window.insert(len(system) if at is None else at + 1, summary)
         if self.next_step_prompt:
             window.append(ChatMessage.user(self.next_step_prompt))
         return window
 
-    async def _ask(self, prompt: list[ChatMessage]) -> ChatResponse:
-        if isinstance(self.model, AIFunction):
-            response = await self.model({"messages": prompt, "tools": self.specs})
-            if not isinstance(response, ChatResponse):
-                raise TypeError(f"the AI function of {self!r} returned {type(response).__name__}, not a ChatResponse")
-            return response
-        return await self.model.chat(prompt, self.specs, **self.model_options)
-
     async def _think(self, ctx: ContextStack, state: dict[str, Any]) -> dict[str, Any]:
-        """Ask the model what to do next; record its reply (thought and calls). A
-        retryable model error is raised while attempts remain (the loop step's retry
-        policy calls again, on a store timer); then the run stops with ERROR."""
+        """Ask the model what to do next; record its reply (thought and calls), and what the
+        model was sent and said (``ModelCalls.recording``). A retryable model error is raised
+        while attempts remain (the loop step's retry policy calls again, on a store timer);
+        then the run stops with ERROR."""
         state = dict(state)
-        step = state["step"]
-        if step >= self.max_steps:
-            return stop(state, AgentStatus.ERROR, f"reached max_steps ({self.max_steps}) without finishing")
-        prompt = self._prompt(ctx, state)
-        if self.token_budget is not None:
-            used = state["usage"]["total_tokens"]
-            need = sum(estimate_tokens(m) for m in prompt)
-            if used + need > self.token_budget:
-                return stop(state, AgentStatus.ERROR,
-                            f"token budget of {self.token_budget} would be exceeded: {used} used, the next "
-                            f"request needs about {need}")
+        if state["step"] >= self.limits.max_steps:
+            why = f"reached max_steps ({self.limits.max_steps}) without finishing"
+            return stop(state, AgentStatus.ERROR, why)
+        key, keep = f"{state['ns']}/call/{state['step']}", self.model_calls.recording
+        with recording() as calls:
+            try:
+                return await self._reply(ctx, state)
+            finally:
+                if keep is not None and calls:
+                    ctx.put(key, keep.record(calls))
+
+    async def _reply(self, ctx: ContextStack, state: dict[str, Any]) -> dict[str, Any]:
+        """The turn's request (compressed when it would not fit), the model's reply, recorded."""
+        conversation = self._conversation(ctx, state)
+        shown, summary = await self._compressed(ctx, state, conversation)
+        prompt = self._prompt(ctx, state, shown, summary)
+        over = self._over_budget(state, prompt)
+        if over is not None:
+            return stop(state, AgentStatus.ERROR, over)
         try:
-            response = await self._ask(prompt)
+            specs = self.specs + await self._served_specs()
+            response = await ask(
+                self.model, prompt, specs, self.model_calls, turn=state["step"], who=repr(self)
+            )
         except ModelRetryableError as exc:
-            if ctx.attempt + 1 < self.model_attempts:
+            if ctx.attempt + 1 < self.model_calls.attempts:
                 raise  # the think step's retry policy calls again, when the server says
-            return stop(state, AgentStatus.ERROR, f"the model failed {self.model_attempts} times; last: {exc}")
-        except Exception as exc:  # noqa: BLE001 - a failing model ends the run as ERROR, with the reason
+            why = f"the model failed {self.model_calls.attempts} times; last: {exc}"
+            return stop(state, AgentStatus.ERROR, why)
+        except Exception as exc:
             return stop(state, AgentStatus.ERROR, f"the model call failed: {type(exc).__name__}: {exc}")
         add_usage(state, response.usage)
-        calls = _with_ids(response.tool_calls, step)
-        ctx.put(f"{state['ns']}/think/{step}", dump([ChatMessage.assistant(response.content, calls)]))
+        return self._record_reply(ctx, state, response, ids_in(conversation))
+
+    async def _served_specs(self) -> list[ToolSpec]:
+        """The specs of the tool sources' tools this turn; a source that cannot list its
+        tools now is left out of the turn (its calls say why)."""
+        specs: list[ToolSpec] = []
+        seen = set(self.tools)
+        for source in self.sources:
+            try:
+                served = await source.current_tools()
+            except Exception as exc:
+                log.warning("%r: the tools of %r are left out of this turn: %s", self, source, exc)
+                continue
+            for t in served:
+                if t.name not in seen:
+                    seen.add(t.name)
+                    specs.append(t.spec)
+        return specs
+
+    async def _served_tool(self, name: str) -> Tool | None:
+        for source in self.sources:
+            try:
+                found: Tool | None = await source.find_tool(name)
+            except Exception as exc:
+                log.warning("%r: cannot look up tool %r in %r: %s", self, name, source, exc)
+                continue
+            if found is not None:
+                return found
+        return None
+
+    async def _compressed(
+        self, ctx: ContextStack, state: dict[str, Any], conversation: list[ChatMessage]
+    ) -> tuple[list[ChatMessage], ChatMessage | None]:
+        """The conversation to send, its oldest turns replaced by their summary (made now when
+        it would not fit: ``AgentLimits.compression``), and the summary."""
+        policy = self.limits.compression
+        if policy is None:
+            return conversation, None
+        ns, head = state["ns"], state["history"] + 1
+        made = state.get("summary")
+        summary = self._turns.read(ctx, made["key"])[0] if made else None
+        through = made["through"] if made else head
+        fixed = [ChatMessage.system(self.system_prompt)] if self.system_prompt else []
+        fixed += self._turns.read(ctx, f"{ns}/longterm")
+        window = Window(
+            conversation,
+            head,
+            state["query"],
+            summary,
+            through,
+            sum(self._turns.tokens(m) for m in fixed),
+            self.limits.context_tokens,
+        )
+        new = await compress(policy, summarizer_for(policy, self.model), window, self._turns.tokens)
+        if new is not None:
+            key = f"{ns}/summary/{state['step']}"
+            ctx.put(key, dump([new.message]))
+            state["summary"] = {"key": key, "through": new.through}
+            add_usage(state, new.usage)
+            summary, through = new.message, new.through
+        if summary is None:
+            return conversation, None
+        return conversation[:head] + conversation[through:], summary
+
+    def _over_budget(self, state: dict[str, Any], prompt: Sequence[ChatMessage]) -> str | None:
+        """Why the next request may not be sent (the token budget), or ``None``."""
+        budget = self.limits.token_budget
+        if budget is None:
+            return None
+        used = state["usage"]["total_tokens"]
+        need = sum(estimate_tokens(m) for m in prompt)
+        if used + need <= budget:
+            return None
+        return f"token budget of {budget} would be exceeded: {used} used, the next request needs about {need}"
+
+    def _record_reply(
+        self, ctx: ContextStack, state: dict[str, Any], response: ChatResponse, taken: set[str]
+    ) -> dict[str, Any]:
+        """Keep the model's reply in the run and its calls in the state, each with an id the
+        conversation (``taken``) does not use yet; a reply without calls ends the run
+        (``finish_on_text``), and so does a spent budget."""
+        step = state["step"]
+        calls = fresh_call_ids(response.tool_calls, step, taken)
+        if response.calls_from_text:
+            # the turn stays in text: a server that did not read the call may drop tool messages
+            said = ChatMessage.assistant(calls_as_text(response.content, calls))
+        else:
+            said = ChatMessage.assistant(response.content, calls)
+        ctx.put(f"{state['ns']}/think/{step}", dump([said]))
         state["content"] = response.content
         state["calls"] = [c.model_dump(mode="json") for c in calls]
-        if not calls:
-            if self.finish_on_text:
-                state["step"] = step + 1
-                return stop(state, AgentStatus.FINISHED, "the model answered without calling a tool",
-                            answer=response.content)
-        elif self.token_budget is not None and state["usage"]["total_tokens"] > self.token_budget:
+        state["calls_from_text"] = response.calls_from_text
+        state["model_call"] = model_call(response)
+        budget, used = self.limits.token_budget, state["usage"]["total_tokens"]
+        if not calls and self.limits.finish_on_text:
             state["step"] = step + 1
-            return stop(state, AgentStatus.ERROR,
-                        f"token budget of {self.token_budget} exceeded: {state['usage']['total_tokens']} used; "
-                        f"the calls of the last reply were not run")
+            why = "the model answered without calling a tool"
+            return stop(state, AgentStatus.FINISHED, why, response.content)
+        if calls and budget is not None and used > budget:
+            state["step"] = step + 1
+            why = f"token budget of {budget} exceeded: {used} used; the calls of the last reply were not run"
+            return stop(state, AgentStatus.ERROR, why)
         ctx.put(f"{state['ns']}/state", state)
         return state
 
@@ -288,19 +384,20 @@ class ToolCallAgent(Agent):
         branches: list[DFlow[Any]] = []
         for call in state["calls"]:
             tool = self.tools.get(call["name"])
+            shown = f"tool {str(call['name'])[:100]}"  # (the step's id stays "tool": its key is the same)
             if tool is not None and tool.is_flow:
-                branches.append(DFlow.just(call).flat_map(self._flow_tool).id("tool"))
+                branches.append(DFlow.just(call).flat_map(self._flow_tool).id("tool").name(shown))
             else:
-                branches.append(DFlow.just(call).map(self._call_tool).id("tool"))
+                branches.append(DFlow.just(call).map(self._call_tool).id("tool").name(shown))
         calls = branches[0] if len(branches) == 1 else DFlow.zip(branches)
         return self._retrying(calls.flat_map(self._loop).id("loop"))
 
     async def _call_tool(self, call: dict[str, Any]) -> dict[str, Any]:
         """One tool call; every failure is a result the model reads."""
-        tool = self.tools.get(call["name"])
+        tool = self.tools.get(call["name"]) or await self._served_tool(str(call["name"]))
         if tool is None:
             return self._unknown(call).model_dump(mode="json")
-        result = await tool.run(ToolCall.model_validate(call))
+        result = await tool.run(ToolCall.model_validate(call), default_timeout=self.limits.tool_timeout)
         return result.model_dump(mode="json")
 
     def _flow_tool(self, call: dict[str, Any]) -> DFlow[Any]:
@@ -316,35 +413,46 @@ class ToolCallAgent(Agent):
         return ToolResult.failure(
             str(call["name"])[:64],
             f"Error: there is no tool named {str(call['name'])[:64]!r}. The tools are: {known}.",
-            error="UnknownTool", call_id=call["id"],
+            error="UnknownTool",
+            call_id=call["id"],
         )
 
     def _observe(self, ctx: ContextStack, results: Any) -> dict[str, Any]:
-        """The results, in call order, become the turn's observations; ``terminate`` and the
-        loop guard may end the loop."""
+        """The results, in call order, become the turn's observations (a repeated call's
+        with the loop guard's note); ``terminate`` and the loop guard may end the loop."""
         if not isinstance(results, list):  # a single call ran without a zip
             results = [results]
         ns = ctx.get(self._pointer)
         state = dict(ctx.get(f"{ns}/state"))
         step = state["step"]
-        messages: list[ChatMessage] = []
-        ended: dict[str, Any] | None = None
-        for call, raw in zip(state["calls"], results):
-            result = self._result(call, raw)
-            messages.append(result.to_message())
-            if result.name == default_terminate.name and result.ok and ended is None and isinstance(result.output, dict):
-                ended = result.output
+        outcomes = [self._result(call, raw) for call, raw in zip(state["calls"], results)]
+        observed = [r.observation for r in outcomes]
+        shown = [
+            f"{o}\n\n{note}" if note else o for o, note in zip(observed, self._reminders(state, observed))
+        ]
+        if state["calls_from_text"]:  # answered as the calls were made: in text
+            messages = [ChatMessage.user(tool_responses_text(shown))]
+        else:
+            messages = [r.to_message().model_copy(update={"content": o}) for r, o in zip(outcomes, shown)]
         ctx.put(f"{ns}/observe/{step}", dump(messages))
         state["step"] = step + 1
-        if ended is not None:
-            conclusion = str(ended.get("conclusion") or "")
-            if ended.get("status") == "success":
-                stop(state, AgentStatus.FINISHED, "terminate was called with status success", conclusion)
-            else:
-                stop(state, AgentStatus.TERMINATED, "terminate was called with status failure", conclusion)
+        ended = next((r.output for r in outcomes if _ends_the_run(r)), None)
+        if ended is None:
+            self._guard(state, observed)
+        elif terminate_status(ended.get("status")) == "success":
+            stop(state, AgentStatus.FINISHED, "terminate was called with status success", _conclusion(ended))
         else:
-            self._guard(state, [m.content for m in messages])
+            stop(
+                state, AgentStatus.TERMINATED, "terminate was called with status failure", _conclusion(ended)
+            )
         return state
+
+    def _reminders(self, state: dict[str, Any], observed: list[str]) -> list[str | None]:
+        """The loop guard's notes for the turn's repeated calls (the guard's state copied)."""
+        if self.loop_guard is None or state["guard"] is None:
+            return [None] * len(observed)
+        state["guard"] = LoopGuard.copied(state["guard"])
+        return self.loop_guard.reminders(state["guard"], state["step"], state["calls"], observed)
 
     def _result(self, call: dict[str, Any], raw: Any) -> ToolResult:
         if isinstance(raw, dict) and raw.get("__flow_value__", False) is not False:
@@ -352,8 +460,12 @@ class ToolCallAgent(Agent):
             return tool.result(raw["__flow_value__"], call_id=call["id"])
         if isinstance(raw, dict) and raw.get("__flow_error__") is not None:
             error = raw["__flow_error__"]
-            return ToolResult.failure(call["name"], f"Error: tool '{call['name']}' failed: {error}",
-                                      error="FlowError", call_id=call["id"])
+            return ToolResult.failure(
+                call["name"],
+                f"Error: tool '{call['name']}' failed: {error}",
+                error="FlowError",
+                call_id=call["id"],
+            )
         result = ToolResult.model_validate(raw)
         return result if result.call_id else result.model_copy(update={"call_id": call["id"]})
 
@@ -361,17 +473,32 @@ class ToolCallAgent(Agent):
         guard = self.loop_guard
         if guard is None or state["guard"] is None:
             return
-        counts = {**state["guard"], "calls": list(state["guard"]["calls"]), "obs": list(state["guard"]["obs"]),
-                  "texts": dict(state["guard"]["texts"])}
-        state["guard"] = counts
+        state["guard"] = counts = LoopGuard.copied(state["guard"])
         what = guard.observe(counts, state["content"], state["calls"], observations)
         if what is None:
             return
         prompt = guard.react(counts, what)
         if prompt is None:
-            stop(state, AgentStatus.ERROR, f"stopped by the loop guard: {what}, after a change-of-strategy prompt")
+            stop(
+                state,
+                AgentStatus.ERROR,
+                f"stopped by the loop guard: {what}, after a change-of-strategy prompt",
+            )
         else:
             state["nudge"] = prompt
+
+
+def _is_tool_source(obj: object) -> bool:
+    """Whether ``obj`` offers tools that are listed as the run goes (an ``McpServer``)."""
+    return not isinstance(obj, Tool) and callable(getattr(obj, "current_tools", None))
+
+
+def _ends_the_run(result: ToolResult) -> bool:
+    return result.name == default_terminate.name and result.ok and isinstance(result.output, dict)
+
+
+def _conclusion(output: dict[str, Any]) -> str:
+    return str(output.get("conclusion") or "")
 
 
 def _answered(messages: list[ChatMessage]) -> list[ChatMessage]:
@@ -392,7 +519,7 @@ def _answered(messages: list[ChatMessage]) -> list[ChatMessage]:
 def _flow_value(value: Any) -> dict[str, Any]:
     try:
         data = to_jsonable_python(value)
-    except Exception:  # noqa: BLE001 - shown as text instead
+    except Exception:
         data = str(value)
     return {"__flow_value__": data}
 
@@ -402,19 +529,17 @@ def _flow_failed(error: BaseException) -> dict[str, Any]:
     return {"__flow_error__": text if len(text) <= 500 else text[:500] + "..."}
 
 
-def _with_ids(calls: Sequence[ToolCall], step: int) -> list[ToolCall]:
-    """Calls with ids (a model that gives none, or the same one twice, gets ``call_<turn>_<n>``)."""
-    seen: set[str] = set()
-    out = []
-    for n, c in enumerate(calls):
-        if not c.id or c.id in seen:
-            c = c.model_copy(update={"id": f"call_{step}_{n}"})
-        seen.add(c.id)
-        out.append(c)
-    return out
-
-
-def _positive(name: str, value: object) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-
+def _tools_by_name(tools: Sequence[Tool]) -> dict[str, Tool]:
+    """The tools by name, ``terminate`` first unless one of them has its name; refuses what
+    is not a ``Tool`` and two tools of one name."""
+    for t in tools:
+        if not isinstance(t, Tool):
+            raise TypeError(f"tools are Tool objects (made with @tool), got {t!r}")
+    names = [t.name for t in tools]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ValueError(f"two tools named {dup[0]!r}: the model calls tools by name, so names must differ")
+    by_name = {t.name: t for t in tools}
+    if default_terminate.name not in by_name:
+        by_name = {default_terminate.name: default_terminate, **by_name}
+    return by_name

@@ -16,6 +16,7 @@ import asyncio
 import importlib
 import inspect
 import json
+import math
 import re
 import sys
 import typing
@@ -129,28 +130,19 @@ class Tool:
         if not callable(fn):
             raise TypeError(f"@tool needs a function, got {fn!r}")
         self.fn = fn
-        self.name: str = name or str(getattr(fn, "__name__", ""))
-        if not _NAME.match(self.name):
-            raise ValueError(
-                f"tool name {self.name!r} is not accepted by model APIs: use 1-64 letters, digits, "
-                "'_' or '-' (pass @tool(name=...))"
-            )
+        self.name: str = _checked_name(name or str(getattr(fn, "__name__", "")))
         summary, arg_docs = parse_docstring(inspect.getdoc(fn))
         self.description = description if description is not None else summary
         self.strict = bool(strict)
-        self._is_async = inspect.iscoroutinefunction(fn) or (  # an object with async __call__
-            not inspect.isroutine(fn) and inspect.iscoroutinefunction(type(fn).__call__)
-        )
+        self._is_async = _is_async(fn)
         signature = _signature(fn, self.name)
         self.is_flow = bool(flow) if flow is not None else _returns_flow(signature.return_annotation)
-        if timeout is not None and (not isinstance(timeout, (int, float)) or timeout <= 0):
-            raise ValueError(f"tool {self.name!r}: timeout must be a number of seconds > 0, got {timeout!r}")
+        self.timeout = _checked_timeout(self.name, timeout)
         if self.is_flow and (timeout is not None or in_thread or self._is_async):
             raise ValueError(
                 f"tool {self.name!r} is a flow tool (it returns a DFlow): build the flow in a plain def, "
                 "and put .timeout(seconds) / .in_thread() on the flow's own steps"
             )
-        self.timeout = float(timeout) if timeout is not None else None
         self.in_thread = bool(in_thread)
         self._params, self._args_model = _arguments_model(signature, self.name, arg_docs, self.strict)
         with warnings.catch_warnings():  # a default that is not JSON is left out of the schema
@@ -223,9 +215,17 @@ class Tool:
         return {p.name: getattr(validated, p.field) for p in self._params}
 
     async def run(
-        self, arguments: Mapping[str, Any] | ToolCall | None = None, *, call_id: str | None = None
+        self,
+        arguments: Mapping[str, Any] | ToolCall | None = None,
+        *,
+        call_id: str | None = None,
+        default_timeout: float | None = None,
     ) -> ToolResult:
-        """Validate ``arguments`` and call the tool; every failure becomes a failed result."""
+        """Validate ``arguments`` and call the tool; every failure becomes a failed result.
+
+        ``default_timeout`` (seconds) applies when the tool has no ``timeout`` of its own
+        (agents pass theirs, 10 s by default); a tool made with ``timeout=math.inf`` is never
+        abandoned."""
         if self.is_flow:
             raise TypeError(
                 f"tool {self.name!r} is a flow tool: embed tool.flow(arguments) in the agent's flow"
@@ -234,19 +234,21 @@ class Tool:
         kwargs = self.validate(arguments)
         if isinstance(kwargs, ToolResult):
             return kwargs.model_copy(update={"call_id": call_id})
+        timeout = self.timeout if self.timeout is not None else default_timeout
+        if timeout is not None and math.isinf(timeout):
+            timeout = None
         try:
-            value = await self._invoke(kwargs)
+            value = await self._invoke(kwargs, timeout)
             if inspect.isawaitable(value):  # a plain callable that returned a coroutine
                 value = await value
         except _TimedOut:
             return ToolResult.failure(
                 self.name,
-                f"Error: tool '{self.name}' did not finish within {self.timeout:g} seconds "
-                "and was abandoned.",
+                f"Error: tool '{self.name}' did not finish within {timeout:g} seconds and was abandoned.",
                 error="TimeoutError",
                 call_id=call_id,
             )
-        except Exception as exc:  # noqa: BLE001 - a tool's failure is an observation, never a crashed loop
+        except Exception as exc:
             return self._error(exc, call_id)
         return ToolResult.of(self.name, value, call_id=call_id)
 
@@ -264,7 +266,7 @@ class Tool:
             return kwargs.model_copy(update={"call_id": call_id})
         try:
             built = self.fn(**kwargs)
-        except Exception as exc:  # noqa: BLE001 - as in run()
+        except Exception as exc:
             return self._error(exc, call_id)
         if not isinstance(built, DFlow):
             return ToolResult.failure(
@@ -288,18 +290,18 @@ class Tool:
             call_id=call_id,
         )
 
-    async def _invoke(self, kwargs: dict[str, Any]) -> Any:
+    async def _invoke(self, kwargs: dict[str, Any], timeout: float | None) -> Any:
         if self._is_async:
             work: Any = self.fn(**kwargs)
-        elif self.in_thread or self.timeout is not None:
+        elif self.in_thread or timeout is not None:
             work = asyncio.to_thread(self.fn, **kwargs)
         else:
             return self.fn(**kwargs)
-        if self.timeout is None:
+        if timeout is None:
             return await work
         task = asyncio.ensure_future(work)
         try:
-            done, _ = await asyncio.wait({task}, timeout=self.timeout)
+            done, _ = await asyncio.wait({task}, timeout=timeout)
         except asyncio.CancelledError:  # the caller gave up (a step timeout): so does the tool
             task.cancel()
             raise
@@ -353,7 +355,10 @@ def tool(
         strict: send an OpenAI strict schema (closed objects, every field required, optional
             fields nullable) and refuse unknown arguments.
         timeout: seconds before the call is abandoned with a failed result; a sync tool with
-            a timeout runs in a thread.
+            a timeout runs in a thread. ``None``: the caller's default (an agent's
+            ``AgentLimits.tool_timeout``, 10 s unless set; none for ``tool.run`` alone);
+            ``math.inf``: never abandoned, a sync tool then runs in the event loop's thread
+            unless ``in_thread``.
         flow: force (or deny) flow-tool mode; by default a return annotation ``DFlow[...]``
             makes a flow tool.
         in_thread: run a blocking sync function in a thread.
@@ -387,6 +392,31 @@ def _lookup(module: str, qualname: str, *, load: bool = False) -> Any:
     for part in qualname.split("."):
         obj = getattr(obj, part, None)
     return obj
+
+
+def _checked_name(name: str) -> str:
+    if not _NAME.match(name):
+        raise ValueError(
+            f"tool name {name!r} is not accepted by model APIs: use 1-64 letters, digits, "
+            "'_' or '-' (pass @tool(name=...))"
+        )
+    return name
+
+
+def _checked_timeout(name: str, timeout: object) -> float | None:
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise ValueError(f"tool {name!r}: timeout must be a number of seconds > 0, got {timeout!r}")
+    return float(timeout)
+
+
+def _is_async(fn: Callable[..., Any]) -> bool:
+    """Whether calling ``fn`` gives a coroutine (an ``async def``, or an object whose
+    ``__call__`` is one)."""
+    if inspect.iscoroutinefunction(fn):
+        return True
+    return not inspect.isroutine(fn) and inspect.iscoroutinefunction(type(fn).__call__)
 
 
 def _signature(fn: Callable[..., Any], name: str) -> inspect.Signature:

@@ -13,7 +13,7 @@ import os
 
 import dflow
 from dflow import DFlow
-from dflow_agents import ToolCallAgent, tool
+from dflow_agents import AgentLimits, ToolCallAgent, tool
 from dflow_agents.testing import ScriptedModel, call, reply
 
 
@@ -38,15 +38,32 @@ def model() -> object:
         from dflow_agents import OpenAIChatModel
 
         return dflow.shared(OpenAIChatModel(), "example-model")
-    return ScriptedModel([  # what a model would answer, turn by turn
-        reply("Let me look up both cities.", calls=[call("weather", city="Paris"), call("weather", city="Oslo")]),
-        reply(calls=[call("convert", celsius=24)]),
-        reply(calls=[call("terminate", status="success",
-                          conclusion="Paris is sunny at 24 °C (75.2 °F); Oslo has rain at 11 °C.")]),
-    ])
+    return ScriptedModel(
+        [  # what a model would answer, turn by turn
+            reply(
+                "Let me look up both cities.",
+                calls=[call("weather", city="Paris"), call("weather", city="Oslo")],
+            ),
+            reply(calls=[call("convert", celsius=24)]),
+            reply(
+                calls=[
+                    call(
+                        "terminate",
+                        status="success",
+                        conclusion="Paris is sunny at 24 °C (75.2 °F); Oslo has rain at 11 °C.",
+                    )
+                ]
+            ),
+        ]
+    )
 
 
-agent = ToolCallAgent("weather-agent", model(), [weather, convert], max_steps=8)  # type: ignore[arg-type]
+agent = ToolCallAgent(
+    "weather-agent",
+    model(),  # type: ignore[arg-type]
+    [weather, convert],
+    limits=AgentLimits(max_steps=8),
+)
 
 if __name__ == "__main__":
     DFlow.global_init_for_test()  # local mode: the in-memory store and transport

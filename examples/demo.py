@@ -35,7 +35,9 @@ def gather_sources(question: str) -> DFlow[list[str]]:
     def source(name: str) -> DFlow[str]:
         return (
             DFlow.just(name)
-            .map(fetch).id("fetch").retry(3, backoff=0.01)
+            .map(fetch)
+            .id("fetch")
+            .retry(3, backoff=0.01)
             .on_error_return(lambda e: f"(skipped: {e})")
         )
 
@@ -57,12 +59,19 @@ def agent_loop(state: dict[str, Any]) -> DFlow[dict[str, Any]]:
 def build() -> Any:
     return (
         DFlow.from_call("question")
-        .flat_map(gather_sources).id("research")
-        .map(lambda notes: {"turn": 0, "notes": notes}).id("start-agent")
-        .flat_map(agent_loop).id("agent")
+        .flat_map(gather_sources)
+        .id("research")
+        .map(lambda notes: {"turn": 0, "notes": notes})
+        .id("start-agent")
+        .flat_map(agent_loop)
+        .id("agent")
         .flat_map(lambda s: DFlow.from_call("approve").map(lambda ok: {**s, "approved": ok}).id("record"))
         .id("await-approval")
-        .map(lambda s: f"answer after {s['turn']} turns from {len(s['notes'])} sources, approved={s['approved']}")
+        .map(
+            lambda s: (
+                f"answer after {s['turn']} turns from {len(s['notes'])} sources, approved={s['approved']}"
+            )
+        )
         .id("answer")
         .init("research-agent")
     )

@@ -28,9 +28,12 @@ async def small_model(prompt: str) -> str:
 def answer() -> Any:
     return (
         DFlow.from_call("ask")
-        .map(big_model).id("big-model").timeout(0.2)
+        .map(big_model)
+        .id("big-model")
+        .timeout(0.2)
         .fallback(lambda prompt: DFlow.just(prompt).map(small_model).id("small-model"))
-        .map(lambda text: text.capitalize()).id("reply")
+        .map(lambda text: text.capitalize())
+        .id("reply")
         .init("fallback-model")
     )
 
@@ -43,6 +46,7 @@ def book(what: str) -> Any:
         if what == "hotel":
             raise LookupError("no rooms left")
         return {**trip, what: f"{what}-{trip['who']}"}
+
     return do
 
 
@@ -50,15 +54,21 @@ def cancel(what: str) -> Any:
     def undo(ctx: ContextStack, trip: dict[str, Any]) -> None:
         # a real service would take ctx.idempotency_key, so that a retry undoes nothing twice
         undone.append(f"cancelled {trip[what]}")
+
     return undo
 
 
 def trip() -> Any:
     return (
         DFlow.from_call("book")
-        .map(book("flight")).id("flight").compensate(cancel("flight"))
-        .map(book("car")).id("car").compensate(cancel("car"))
-        .map(book("hotel")).id("hotel")
+        .map(book("flight"))
+        .id("flight")
+        .compensate(cancel("flight"))
+        .map(book("car"))
+        .id("car")
+        .compensate(cancel("car"))
+        .map(book("hotel"))
+        .id("hotel")
         .init("trip-saga")
     )
 

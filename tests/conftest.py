@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -35,3 +36,34 @@ def api(url: str) -> Iterator[httpx.Client]:
 
     with httpx.Client(base_url=url, timeout=30) as client:
         yield client
+
+
+TESTS = Path(__file__).resolve().parent
+#: besides ``tests/integration/``: the tests on real worker processes kept with the tests of their
+#: capability, and the console in a real browser
+ON_PROCESSES = ("*_workers.py", "test_console_browser.py")
+#: the project's tools run over the whole tree: type checkers, linters, the docs site, the wheel
+CHECKS = ("test_types.py", "test_lint.py", "test_docs.py", "test_packaging.py")
+
+
+#: fixtures whose tests run one after another on one process of ``make test`` (``--dist
+#: loadgroup``): each starts a Redis Cluster of its own and kills or stops its nodes under load,
+#: which two of them at once, or beside each other's load, make a matter of the machine's speed
+ONE_AT_A_TIME = {"fresh_redis_cluster": "redis-cluster-faults"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark what ``make test-fast`` leaves out (``-m "not integration and not checks and not
+    slow"``): the tests under ``tests/integration/`` and those of ``ON_PROCESSES`` are
+    ``integration`` tests, those of ``CHECKS`` are ``checks``; and group the tests of
+    ``ONE_AT_A_TIME``."""
+    for item in items:
+        path = item.path
+        if TESTS / "integration" in path.parents or any(path.match(p) for p in ON_PROCESSES):
+            item.add_marker(pytest.mark.integration)
+        elif path.parent == TESTS and path.name in CHECKS:
+            item.add_marker(pytest.mark.checks)
+        for fixture, group in ONE_AT_A_TIME.items():
+            if fixture in getattr(item, "fixturenames", ()):
+                item.add_marker(pytest.mark.xdist_group(group))

@@ -64,8 +64,12 @@ tokens: dict[str, str] = {}
 
 def tool_calls(trace_id: str) -> list[dict[str, Any]]:
     """The tool calls the shopper made (each its own step), in no particular order."""
-    return [s.input for steps in runs_of(trace_id) for s in steps
-            if s.status is StepStatus.DONE and s.key.startswith("tool>")]
+    return [
+        s.input
+        for steps in runs_of(trace_id)
+        for s in steps
+        if s.status is StepStatus.DONE and s.key.startswith("tool>")
+    ]
 
 
 def test_a_chat_plans_runs_every_tool_and_the_plugin_does_the_pulled_jobs_over_http(here: Local) -> None:
@@ -75,7 +79,11 @@ def test_a_chat_plans_runs_every_tool_and_the_plugin_does_the_pulled_jobs_over_h
     result = out.result
     assert result["status"] == "finished", result["reason"]
     assert result["source"] == "model" and result["plan"]["steps"] == PLAN_STEPS
-    assert [(s["index"], s["status"]) for s in result["steps"]] == [(0, "finished"), (1, "finished"), (2, "finished")]
+    assert [(s["index"], s["status"]) for s in result["steps"]] == [
+        (0, "finished"),
+        (1, "finished"),
+        (2, "finished"),
+    ]
     assert "Progress: 3/3 steps completed (100.0%)" in result["plan_text"]
 
     calls = Counter(c["name"] for c in tool_calls(out.trace_id))
@@ -87,9 +95,15 @@ def test_a_chat_plans_runs_every_tool_and_the_plugin_does_the_pulled_jobs_over_h
     jobs = [(j["tool"], j["http"]) for j in out.jobs]
     assert jobs == [("fetch_page", 200)] * 3 + [("ask_user", 200)]
     assert [j["arguments"]["url"] for j in out.jobs[:3]] == [here.shop.url.rstrip("/") + p for p in PAGES]
-    assert here.shop.paths()[before:] == PAGES, "the plug-in fetched each page once; nothing else reached the shop"
+    assert here.shop.paths()[before:] == PAGES, (
+        "the plug-in fetched each page once; nothing else reached the shop"
+    )
     ask = out.jobs[3]
-    assert ask["arguments"]["choices"] == [FIRST_LOOK, SECOND_LOOK, "Linen shirt, Beige chinos and White canvas sneakers"]
+    assert ask["arguments"]["choices"] == [
+        FIRST_LOOK,
+        SECOND_LOOK,
+        "Linen shirt, Beige chinos and White canvas sneakers",
+    ]
     assert ask["report"] == {"result": FIRST_LOOK}
     token = {"Authorization": f"Bearer {_token(here, out)}"}
     states = {httpx.get(f"{here.api}/jobs/{j['id']}", headers=token).json()["state"] for j in out.jobs}
@@ -98,10 +112,16 @@ def test_a_chat_plans_runs_every_tool_and_the_plugin_does_the_pulled_jobs_over_h
     # what each step found, and the answer
     notes = [s["answer"] for s in result["steps"]]
     assert "Striped T-shirt [striped-tee] 19 EUR" in notes[0] and "[beige-chinos]" in notes[0]
-    assert notes[1].endswith("The Striped T-shirt is made of organic cotton jersey; it comes in sizes XS to XXL.")
-    assert notes[2].startswith("Now wearing: Striped T-shirt (top), Beige chinos (bottom), White canvas sneakers (shoes)")
+    assert notes[1].endswith(
+        "The Striped T-shirt is made of organic cotton jersey; it comes in sizes XS to XXL."
+    )
+    assert notes[2].startswith(
+        "Now wearing: Striped T-shirt (top), Beige chinos (bottom), White canvas sneakers (shoes)"
+    )
     assert result["answer"].startswith(notes[2]) and notes[1] in result["answer"]
-    assert any(s["status"] == "done" and s["key"].startswith("finalize") for s in out.steps), "the events were followed"
+    assert any(s["status"] == "done" and s["key"].startswith("finalize") for s in out.steps), (
+        "the events were followed"
+    )
 
 
 def _token(here: Local, out: Outcome) -> str:
@@ -117,11 +137,16 @@ def test_the_users_choice_decides_the_outfit_tried_on(here: Local) -> None:
 
     out = chat(here, choose=second)
     assert out.result["status"] == "finished"
-    assert asked == [("Which outfit would you like to try on?",
-                      [FIRST_LOOK, SECOND_LOOK, "Linen shirt, Beige chinos and White canvas sneakers"])]
+    assert asked == [
+        (
+            "Which outfit would you like to try on?",
+            [FIRST_LOOK, SECOND_LOOK, "Linen shirt, Beige chinos and White canvas sneakers"],
+        )
+    ]
     assert out.result["steps"][2]["answer"].startswith(
         "Now wearing: Striped T-shirt (top), Straight jeans (bottom), White canvas sneakers (shoes). Total 123 EUR. "
-        f"That is the {SECOND_LOOK} (you chose it)")
+        f"That is the {SECOND_LOOK} (you chose it)"
+    )
     chuan = [c for c in tool_calls(out.trace_id) if c["name"] == "chuan"]
     assert [c["arguments"] for c in chuan] == [{"outfit": "striped-tee+straight-jeans+canvas-sneakers"}]
 
@@ -158,7 +183,10 @@ def test_the_tools_answer_bad_arguments_with_what_to_fix() -> None:
     four = app.ask.validate({"question": "Which?", "choices": ["a", "b", "c", "d"]})
     assert not isinstance(four, dict) and "choices: List should have at most 3 items" in four.observation
     dapei = asyncio.run(app.dapei.run({"items": ["linen-shirt", "ballgown"]}))
-    assert not dapei.ok and "there is no item 'ballgown' in the catalogue; its ids are: linen-shirt" in dapei.observation
+    assert (
+        not dapei.ok
+        and "there is no item 'ballgown' in the catalogue; its ids are: linen-shirt" in dapei.observation
+    )
     tops = asyncio.run(app.dapei.run({"items": ["linen-shirt", "striped-tee"]}))
     assert not tops.ok and "an outfit needs at least one top and one bottom" in tops.observation
     chuan = asyncio.run(app.chuan.run({"outfit": " + "}))
@@ -189,15 +217,29 @@ class FakeOpenAI:
                 message: dict[str, Any] = {"role": "assistant", "content": reply.content}
                 if reply.tool_calls:
                     message["tool_calls"] = [
-                        {"id": f"call_{len(fake.asked)}_{n}", "type": "function",
-                         "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
-                        for n, c in enumerate(reply.tool_calls)]
-                data = json.dumps({
-                    "id": "chatcmpl-1", "object": "chat.completion", "created": 1700000000, "model": body["model"],
-                    "choices": [{"index": 0, "message": message,
-                                 "finish_reason": "tool_calls" if reply.tool_calls else "stop"}],
-                    "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
-                }).encode()
+                        {
+                            "id": f"call_{len(fake.asked)}_{n}",
+                            "type": "function",
+                            "function": {"name": c.name, "arguments": json.dumps(c.arguments)},
+                        }
+                        for n, c in enumerate(reply.tool_calls)
+                    ]
+                data = json.dumps(
+                    {
+                        "id": "chatcmpl-1",
+                        "object": "chat.completion",
+                        "created": 1700000000,
+                        "model": body["model"],
+                        "choices": [
+                            {
+                                "index": 0,
+                                "message": message,
+                                "finish_reason": "tool_calls" if reply.tool_calls else "stop",
+                            }
+                        ],
+                        "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+                    }
+                ).encode()
                 self.send_response(200)
                 self.send_header("content-type", "application/json")
                 self.send_header("content-length", str(len(data)))
@@ -217,20 +259,36 @@ class FakeOpenAI:
 
 
 def _message(m: dict[str, Any]) -> ChatMessage:
-    calls = [ToolCall(id=c["id"], name=c["function"]["name"], arguments=json.loads(c["function"]["arguments"]))
-             for c in m.get("tool_calls") or ()]
-    return ChatMessage(role=m["role"], content=m.get("content") or "", tool_calls=calls,
-                       tool_call_id=m.get("tool_call_id"), name=m.get("name"))
+    calls = [
+        ToolCall(id=c["id"], name=c["function"]["name"], arguments=json.loads(c["function"]["arguments"]))
+        for c in m.get("tool_calls") or ()
+    ]
+    return ChatMessage(
+        role=m["role"],
+        content=m.get("content") or "",
+        tool_calls=calls,
+        tool_call_id=m.get("tool_call_id"),
+        name=m.get("name"),
+    )
 
 
-NO_REDIS = "import sys; sys.modules.update(redis=None, kafka=None); import runpy; " \
-           "runpy.run_module('examples.assistant', run_name='__main__', alter_sys=True)"
+NO_REDIS = (
+    "import sys; sys.modules.update(redis=None, kafka=None); import runpy; "
+    "runpy.run_module('examples.assistant', run_name='__main__', alter_sys=True)"
+)
 
 
 def demo(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
-    return subprocess.run([sys.executable, "-c", NO_REDIS, "--ask", "first"], check=False, cwd=ROOT, capture_output=True,
-                          text=True, timeout=60, env={**clean, "DFLOW_AGENTS_BLOCK_NETWORK": "1", **env})
+    return subprocess.run(
+        [sys.executable, "-c", NO_REDIS, "--ask", "first"],
+        check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**clean, "DFLOW_AGENTS_BLOCK_NETWORK": "1", **env},
+    )
 
 
 @pytest.mark.timeout(90)
@@ -239,7 +297,10 @@ def test_the_demo_from_the_command_line_needs_no_redis() -> None:
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     out = done.stdout
     assert "model: FunctionModel('brain', name='scripted-assistant')" in out
-    assert "Progress: 3/3 steps completed (100.0%)" in out and "asked: Which outfit would you like to try on?" in out
+    assert (
+        "Progress: 3/3 steps completed (100.0%)" in out
+        and "asked: Which outfit would you like to try on?" in out
+    )
     assert "FINISHED: Now wearing: Striped T-shirt (top), Beige chinos (bottom)" in out
 
 
@@ -253,6 +314,8 @@ def test_the_demo_with_a_real_model_is_the_same_path_but_for_the_model() -> None
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert f"model: OpenAIChatModel(model='qwen-plus', base_url='{fake.url}', mode='chat')" in done.stdout
     assert "FINISHED: Now wearing: Striped T-shirt (top), Beige chinos (bottom)" in done.stdout
-    offered = Counter("planner" if "planning" in t else "shopper" if "search" in t else "plain" for t in fake.asked)
+    offered = Counter(
+        "planner" if "planning" in t else "shopper" if "search" in t else "plain" for t in fake.asked
+    )
     # the planner once; the shopper's turns (2 + 2 + 4); research (3 levels), validation, summary, finalizer
     assert offered == {"planner": 1, "shopper": 8, "plain": 6}

@@ -44,13 +44,15 @@ def _leftovers(runtime: dflow.Runtime, trace_id: str) -> dict[str, Any]:
     return {
         "live": [t for t in mine if not store._runs[t].status.finished],
         "leased": [t for t in store._leased if t in mine],
-        "timers": [m for _, _, m in store._timers if m.trace_id in mine],
-        "outbox": [m for _, m in store._outbox.values() if m.trace_id in mine],
+        "timers": store._timers.of(mine),
+        "outbox": store._outbox.of(mine),
     }
 
 
 def test_cancel_while_a_step_runs(local: dflow.Runtime) -> None:
-    run = DFlow.direct_run(1, lambda x: DFlow.just(x).map(slow_step).id("slow").map(lambda v: v * 10).id("after"))
+    run = DFlow.direct_run(
+        1, lambda x: DFlow.just(x).map(slow_step).id("slow").map(lambda v: v * 10).id("after")
+    )
     assert STARTED.wait(5)
     info = run.cancel("changed my mind")
     assert info.status is RunStatus.CANCELLED
@@ -66,9 +68,14 @@ def test_cancel_while_a_step_runs(local: dflow.Runtime) -> None:
 
 
 def test_cancel_while_waiting_for_a_call(local: dflow.Runtime) -> None:
-    pipeline = DFlow.from_call("order").map(lambda x: x).id("got").flat_map(
-        lambda x: DFlow.from_call("approve")
-    ).id("wait-approval").init("cancel-while-waiting")
+    pipeline = (
+        DFlow.from_call("order")
+        .map(lambda x: x)
+        .id("got")
+        .flat_map(lambda x: DFlow.from_call("approve"))
+        .id("wait-approval")
+        .init("cancel-while-waiting")
+    )
     run = pipeline.call({"id": 1})
     deadline = time.monotonic() + 5
     while run.info().waiting_for != "approve":
@@ -84,12 +91,16 @@ def test_cancel_while_waiting_for_a_call(local: dflow.Runtime) -> None:
 
 def test_cancel_with_branches_in_flight(local: dflow.Runtime) -> None:
     def build(x: int) -> DFlow[Any]:
-        return DFlow.zip(
-            DFlow.just(x).map(slow_step).id("slow"),
-            DFlow.delay(x, 30).map(lambda v: v).id("late"),
-            DFlow.just(x).flat_map(lambda v: DFlow.from_call("never")).id("waits"),
-            DFlow.zip(DFlow.delay(1, 30), DFlow.delay(2, 30)),
-        ).map(lambda rs: rs).id("joined")
+        return (
+            DFlow.zip(
+                DFlow.just(x).map(slow_step).id("slow"),
+                DFlow.delay(x, 30).map(lambda v: v).id("late"),
+                DFlow.just(x).flat_map(lambda v: DFlow.from_call("never")).id("waits"),
+                DFlow.zip(DFlow.delay(1, 30), DFlow.delay(2, 30)),
+            )
+            .map(lambda rs: rs)
+            .id("joined")
+        )
 
     run = DFlow.direct_run(1, build)
     assert STARTED.wait(5)
@@ -119,9 +130,13 @@ def test_cancel_of_a_finished_run_changes_nothing(local: dflow.Runtime) -> None:
 def test_events_are_the_step_records_in_order_until_the_run_ends(local: dflow.Runtime) -> None:
     def build(x: int) -> DFlow[int]:
         return (
-            DFlow.just(x).map(lambda v: v + 1).id("a")
-            .flat_map(lambda v: DFlow.delay(v, 0.05)).id("pause")
-            .map(lambda v: v * 2).id("b")
+            DFlow.just(x)
+            .map(lambda v: v + 1)
+            .id("a")
+            .flat_map(lambda v: DFlow.delay(v, 0.05))
+            .id("pause")
+            .map(lambda v: v * 2)
+            .id("b")
         )
 
     run = DFlow.direct_run(1, build)
@@ -141,8 +156,9 @@ def wait_for_gate(v: int) -> int:
 
 def test_events_stream_while_the_run_goes_on(local: dflow.Runtime) -> None:
     GATE.clear()
-    run = DFlow.direct_run(1, lambda x: DFlow.just(x).map(lambda v: v).id("first").map(wait_for_gate)
-                           .id("second").in_thread())
+    run = DFlow.direct_run(
+        1, lambda x: DFlow.just(x).map(lambda v: v).id("first").map(wait_for_gate).id("second").in_thread()
+    )
     keys = []
     for e in run.events(timeout=10):
         keys.append(e.key)

@@ -46,15 +46,23 @@ def _outcome(error: BaseException) -> str:
 
 def test_a_step_circuit_opens_fails_fast_probes_once_and_closes() -> None:
     name, dep = _name(), Dependency()
-    pipeline = (DFlow.from_call(name).map(dep).id("dep").circuit(name, failures=3, window=30, cool_down=0.4)
-                .on_error_return(_outcome).init(f"circuit-{name}"))
+    pipeline = (
+        DFlow.from_call(name)
+        .map(dep)
+        .id("dep")
+        .circuit(name, failures=3, window=30, cool_down=0.4)
+        .on_error_return(_outcome)
+        .init(f"circuit-{name}")
+    )
 
     assert [pipeline.call(i).result(10) for i in range(3)] == ["ConnectionError"] * 3
     assert Circuit(name).state().state == "open"
     failing_fast = [pipeline.call(i) for i in range(10)]
     assert dflow.gather(failing_fast, timeout=10) == ["CircuitOpenError"] * 10
     assert dep.calls == 3, "an open circuit does not call the dependency"
-    assert dep.threads and not any(t.startswith("dflow-runtime") for t in dep.threads), "a sync step runs in a thread"
+    assert dep.threads and not any(t.startswith("dflow-runtime") for t in dep.threads), (
+        "a sync step runs in a thread"
+    )
 
     dep.down, dep.hold = False, threading.Event()  # the probe will wait in the dependency
     time.sleep(max(0.0, Circuit(name).state().retry_at - time.time()) + 0.02)
@@ -73,8 +81,14 @@ def test_a_step_circuit_opens_fails_fast_probes_once_and_closes() -> None:
 
 def test_a_failed_probe_opens_the_circuit_again() -> None:
     name, dep = _name(), Dependency()
-    pipeline = (DFlow.from_call(name).map(dep).id("dep").circuit(name, failures=1, cool_down=0.2)
-                .on_error_return(_outcome).init(f"circuit-reopen-{name}"))
+    pipeline = (
+        DFlow.from_call(name)
+        .map(dep)
+        .id("dep")
+        .circuit(name, failures=1, cool_down=0.2)
+        .on_error_return(_outcome)
+        .init(f"circuit-reopen-{name}")
+    )
     assert pipeline.call(1).result(10) == "ConnectionError"
     opened = Circuit(name).state()
     time.sleep(0.25)
@@ -94,11 +108,14 @@ def test_the_open_error_says_which_circuit_and_when() -> None:
         seen.append(error)
         return "fallback"
 
-    flow = DFlow.from_call(name).map(dep).id("dep").circuit(name, failures=1, cool_down=5).on_error_return(keep)
+    flow = (
+        DFlow.from_call(name).map(dep).id("dep").circuit(name, failures=1, cool_down=5).on_error_return(keep)
+    )
     pipeline = flow.init(f"circuit-error-{name}")
     with pytest.raises(dflow.RunFailedError, match="ConnectionError"):
         DFlow.from_call(f"{name}-raw").map(dep).id("dep").circuit(name, failures=1, cool_down=5).init(
-            f"circuit-error-raw-{name}").call(0).result(10)
+            f"circuit-error-raw-{name}"
+        ).call(0).result(10)
     before = time.time()
     assert pipeline.call(1).result(10) == "fallback"
     error = seen[0]
@@ -117,7 +134,13 @@ def test_a_retried_step_waits_out_the_cool_down_and_becomes_the_probe() -> None:
             raise ConnectionError("not yet")
         return v
 
-    flow = DFlow.from_call(name).map(flaky).id("flaky").circuit(name, failures=2, cool_down=0.3).retry(4, backoff=0.01)
+    flow = (
+        DFlow.from_call(name)
+        .map(flaky)
+        .id("flaky")
+        .circuit(name, failures=2, cool_down=0.3)
+        .retry(4, backoff=0.01)
+    )
     assert flow.init(f"circuit-retry-{name}").call(7).result(10) == 7
     assert len(calls) == 3, "the third attempt failed fast: the dependency was not called"
     assert calls[2] - calls[1] >= 0.29, "the retry waited for the cool-down (the error's retry_after)"
@@ -130,8 +153,14 @@ def test_only_the_failures_it_is_told_about_count_and_only_within_the_window() -
     def bad_input(v: int) -> int:
         raise ValueError("a bad argument is no outage")
 
-    pipeline = (DFlow.from_call(name).map(bad_input).id("f").circuit(name, failures=2, on=ConnectionError)
-                .on_error_return(_outcome).init(f"circuit-on-{name}"))
+    pipeline = (
+        DFlow.from_call(name)
+        .map(bad_input)
+        .id("f")
+        .circuit(name, failures=2, on=ConnectionError)
+        .on_error_return(_outcome)
+        .init(f"circuit-on-{name}")
+    )
     assert [pipeline.call(i).result(10) for i in range(4)] == ["ValueError"] * 4
     assert Circuit(name).state().failures == 0
 
@@ -199,7 +228,10 @@ def test_a_flow_built_at_run_time_may_carry_a_circuit() -> None:
         (lambda: DFlow.just(1).map(str).id("s").circuit("c", failures=0), "failures= is how many"),
         (lambda: DFlow.just(1).map(str).id("s").circuit("c", window=0), "window= is a number of seconds > 0"),
         (lambda: DFlow.just(1).map(str).id("s").circuit("c", cool_down=float("nan")), "cool_down="),
-        (lambda: DFlow.just(1).map(str).id("s").circuit("c", on=(ValueError, 3)), "on= takes exception classes"),  # type: ignore[arg-type]
+        (
+            lambda: DFlow.just(1).map(str).id("s").circuit("c", on=(ValueError, 3)),
+            "on= takes exception classes",
+        ),  # type: ignore[arg-type]
         (lambda: DFlow.just(1).map(str).id("s").circuit("two words"), "a space"),
     ],
 )

@@ -26,14 +26,14 @@ import pytest
 
 import dflow
 from dflow import Circuit, CircuitOpenError, DFlow, RunFailedError
-from dflow._memstate import MemoryStateBackend
 from dflow.cli import main
+from dflow.memory.state import MemoryStateBackend
 from dflow.metrics import Metrics
 from dflow.runtime import Runtime
 from dflow.shared_state import KNOWN_FOR, CircuitConfig, Outcome
 
 if TYPE_CHECKING:
-    from tests.integration.workers import Cluster
+    from tests.support.workers import Cluster
 
 REDIS_URL = "redis://127.0.0.1:6379/13"
 GUARDED, HEALTHY = "cv-dep", "cv-ok"  #: the circuits of the worker's flows
@@ -50,9 +50,14 @@ def fell_back(error: BaseException) -> str:
 
 
 # the worker's flows: a circuit that opens after 2 failures for 300 s, and one left closed
-guarded = (DFlow.from_call("cv-guarded").map(dependency).id("dep").circuit(GUARDED, failures=2, window=30,
-                                                                            cool_down=300)
-           .on_error_return(fell_back).init("cv-guarded"))
+guarded = (
+    DFlow.from_call("cv-guarded")
+    .map(dependency)
+    .id("dep")
+    .circuit(GUARDED, failures=2, window=30, cool_down=300)
+    .on_error_return(fell_back)
+    .init("cv-guarded")
+)
 healthy = DFlow.from_call("cv-healthy").map(dependency).id("dep").circuit(HEALTHY).init("cv-healthy")
 
 
@@ -76,8 +81,14 @@ def test_known_circuits_and_their_metrics_in_local_mode(local: Runtime) -> None:
     local.add_observer(Metrics(registry=registry, lag_interval=0.05))
     name, other = _name(), _name()
     breaker = Circuit(name, failures=2, window=30, cool_down=1.5)
-    pipeline = (DFlow.from_call(name).map(dependency).id("dep").circuit(name, failures=2, window=30, cool_down=1.5)
-                .on_error_return(fell_back).init(f"cv-{name}"))
+    pipeline = (
+        DFlow.from_call(name)
+        .map(dependency)
+        .id("dep")
+        .circuit(name, failures=2, window=30, cool_down=1.5)
+        .on_error_return(fell_back)
+        .init(f"cv-{name}")
+    )
 
     def state() -> float | None:
         return registry.get_sample_value("dflow_circuit_state", {"circuit": name})
@@ -112,7 +123,7 @@ def test_known_circuits_and_their_metrics_in_local_mode(local: Runtime) -> None:
 
 
 def test_the_memory_backend_lists_the_circuits_used_last_for_a_day(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("dflow._memstate.KNOWN_CIRCUITS", 3)
+    monkeypatch.setattr("dflow.memory.state.KNOWN_CIRCUITS", 3)
     clock = [1000.0]
     backend = MemoryStateBackend(clock=lambda: clock[0])
     loop = asyncio.new_event_loop()
@@ -135,15 +146,17 @@ def test_the_memory_backend_lists_the_circuits_used_last_for_a_day(monkeypatch: 
     loop.close()
 
 
-def test_dflow_circuits_says_what_is_wrong(monkeypatch: pytest.MonkeyPatch,
-                                           capsys: pytest.CaptureFixture[str]) -> None:
+def test_dflow_circuits_says_what_is_wrong(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     pytest.importorskip("redis")
     monkeypatch.delenv("DFLOW_STORE", raising=False)
     assert main(["circuits"]) == 2
     assert "dflow circuits: --store is required (or set DFLOW_STORE)" in capsys.readouterr().err
     assert main(["circuits", "--store", "redis://127.0.0.1:1/0"]) == 2  # nothing listens there
     assert "dflow circuits: cannot read the circuits of redis://127.0.0.1:1/0: cannot reach Redis" in (
-        capsys.readouterr().err)
+        capsys.readouterr().err
+    )
 
 
 # -- Redis -----------------------------------------------------------------------------
@@ -154,7 +167,7 @@ def _redis() -> Any:
     r = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2, decode_responses=True)
     try:
         r.ping()
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         if os.environ.get("CI"):
             pytest.fail(f"Redis at {REDIS_URL} is not available: {exc}")
         pytest.skip(f"Redis at {REDIS_URL} is not available: {exc}")
@@ -174,12 +187,13 @@ def redis_prefix() -> Iterator[tuple[Any, str]]:
 
 
 def test_the_redis_backend_lists_circuits_bounded_under_hash_tagged_keys(
-        redis_prefix: tuple[Any, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    redis_prefix: tuple[Any, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     from dflow.adapters.redis import RedisStore
     from dflow.shared_state import backend_for
 
     r, prefix = redis_prefix
-    monkeypatch.setattr("dflow.adapters.redis._state.KNOWN_CIRCUITS", 3)
+    monkeypatch.setattr("dflow.adapters.redis.state.KNOWN_CIRCUITS", 3)
     loop = asyncio.new_event_loop()
     store = RedisStore(REDIS_URL, prefix=prefix)
     try:
@@ -207,7 +221,7 @@ def test_the_redis_backend_lists_circuits_bounded_under_hash_tagged_keys(
 def worker() -> Iterator[tuple[Cluster, str]]:
     """One ``dflow worker`` process running this module's flows on Redis db 13, and the URL
     of the metrics it serves; this process its client."""
-    from tests.integration.workers import Cluster
+    from tests.support.workers import Cluster
 
     r = _redis()
     prefix = f"t{uuid.uuid4().hex[:10]}"
@@ -228,10 +242,16 @@ def worker() -> Iterator[tuple[Cluster, str]]:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    from tests.integration.workers import ROOT
+    from tests.support.workers import ROOT
 
-    return subprocess.run([sys.executable, "-m", "dflow.cli", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return subprocess.run(
+        [sys.executable, "-m", "dflow.cli", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
 
 
 def _metrics(url: str) -> str:
@@ -246,12 +266,16 @@ def _main(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
     return code, capsys.readouterr().out
 
 
+@pytest.mark.integration  # worker processes
 def test_dflow_circuits_inspect_and_worker_metrics_show_an_open_circuit(
-        worker: tuple[Cluster, str], capsys: pytest.CaptureFixture[str]) -> None:
+    worker: tuple[Cluster, str], capsys: pytest.CaptureFixture[str]
+) -> None:
     cluster, metrics_url = worker
     store = cluster.store_url
     assert _main(capsys, "circuits", "--store", store) == (
-        0, "no circuit breaker was used with this store within the last day\n")
+        0,
+        "no circuit breaker was used with this store within the last day\n",
+    )
 
     failed = [guarded.call("fail") for _ in range(2)]
     assert dflow.gather(failed, timeout=30) == ["ConnectionError"] * 2
@@ -265,7 +289,9 @@ def test_dflow_circuits_inspect_and_worker_metrics_show_an_open_circuit(
     assert table.returncode == 0, table.stderr
     lines = table.stdout.splitlines()
     assert lines[0].split() == ["CIRCUIT", "STATE", "FAILURES", "OPENED", "PROBE"]
-    row = re.fullmatch(r"cv-dep\s+open\s+0/2 in 30s\s+\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\s+may go in (\d+\.\d)s", lines[1])
+    row = re.fullmatch(
+        r"cv-dep\s+open\s+0/2 in 30s\s+\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\s+may go in (\d+\.\d)s", lines[1]
+    )
     assert row is not None, table.stdout
     assert 250 < float(row.group(1)) <= 300
     assert re.fullmatch(r"cv-ok\s+closed\s+1/5 in 30s\s+-\s+-", lines[2]), table.stdout
@@ -285,8 +311,11 @@ def test_dflow_circuits_inspect_and_worker_metrics_show_an_open_circuit(
     assert code == 0
     assert "dflow.errors.CircuitOpenError: circuit 'cv-dep' is open" in tree
     assert "\ncircuits that failed steps fast (the call was refused, the dependency not called):\n" in tree
-    note = re.search(r"^  cv-dep: 1 step refused while open; now open \(a probe may go in (\d+\.\d)s\)$", tree,
-                     re.MULTILINE)
+    note = re.search(
+        r"^  cv-dep: 1 step refused while open; now open \(a probe may go in (\d+\.\d)s\)$",
+        tree,
+        re.MULTILINE,
+    )
     assert note is not None, tree
     assert 250 < float(note.group(1)) <= 300
     code, plain = _main(capsys, "inspect", failed[0].trace_id, "--store", store)
@@ -303,5 +332,7 @@ def test_dflow_circuits_inspect_and_worker_metrics_show_an_open_circuit(
     assert f'dflow_circuit_fast_failures_total{{circuit="{GUARDED}"}} 1.0' in text
     assert f'dflow_circuit_fast_failures_total{{circuit="{HEALTHY}"}}' not in text
     with pytest.raises(CircuitOpenError):
-        Circuit(GUARDED, failures=2, window=30, cool_down=300).call(dependency, "x")  # refused here, not there
+        Circuit(GUARDED, failures=2, window=30, cool_down=300).call(
+            dependency, "x"
+        )  # refused here, not there
     assert f'dflow_circuit_fast_failures_total{{circuit="{GUARDED}"}} 1.0' in _metrics(metrics_url)

@@ -4,8 +4,8 @@ foreign credentials), the runs list (counts, filters, cursor pages), a run's pag
 tree with branches and flat_map flows, one step's values, the live stream), the actions
 (cancel, answer a ``from_call``, re-run from a step) and what each refuses (no login, no
 anti-forgery token, another origin), bad input to every endpoint (unknown runs, malformed
-JSON, huge bodies, traversal in static paths), hostile stored text rendered inert, an
-agent's conversation, and the open console of a server without an admin token."""
+JSON, huge bodies, traversal in static paths), hostile stored text rendered inert,
+stored text of any size shown cut (an error, an agent's message), an agent's conversation, and the open console of a server without an admin token."""
 
 from __future__ import annotations
 
@@ -24,10 +24,11 @@ from dflow import DFlow, Run
 from dflow.context import RunInfo, RunStatus
 from dflow.memory import MemoryStore
 from dflow.server import Server, ServerThread, create_app
-from dflow.server.console_auth import ConsoleAuth
-from dflow.server.console_html import head_html, tree_html
-from dflow.server.console_tree import RunTree
-from dflow.server.console_views import ConsoleView
+from dflow.server.console.auth import ConsoleAuth
+from dflow.server.console.html import head_html
+from dflow.server.console.tree import RunTree
+from dflow.server.console.tree_html import tree_html
+from dflow.server.console.views import ConsoleView
 from dflow_agents.testing import ScriptedModel, call, reply
 from dflow_agents.toolcall import ToolCallAgent
 from dflow_agents.tools import tool
@@ -43,17 +44,36 @@ def _answer_flow(question: Any) -> DFlow[Any]:
 
 
 ask = (
-    DFlow.from_call("con-ask").map(lambda q: f"Q: {q}").id("question")
-    .flat_map(_answer_flow).id("wait")
-    .map(lambda a: {"answered": a}).id("done")
+    DFlow.from_call("con-ask")
+    .map(lambda q: f"Q: {q}")
+    .id("question")
+    .flat_map(_answer_flow)
+    .id("wait")
+    .map(lambda a: {"answered": a})
+    .id("done")
     .init("con-ask")
 )
-twice = DFlow.from_call("con-twice").map(lambda x: x + 1).id("inc").map(lambda x: x * 2).id("dbl").init("con-twice")
+twice = (
+    DFlow.from_call("con-twice")
+    .map(lambda x: x + 1)
+    .id("inc")
+    .map(lambda x: x * 2)
+    .id("dbl")
+    .init("con-twice")
+)
 forked = (
     DFlow.from_call("con-fork")
-    .flat_map(lambda x: DFlow.zip([DFlow.just(x).map(lambda v: v * 10).id("tens"),
-                                   DFlow.from_call("con-branch").map(lambda v: v).id("given")])).id("fork")
-    .map(lambda pair: sum(pair)).id("total")
+    .flat_map(
+        lambda x: DFlow.zip(
+            [
+                DFlow.just(x).map(lambda v: v * 10).id("tens"),
+                DFlow.from_call("con-branch").map(lambda v: v).id("given"),
+            ]
+        )
+    )
+    .id("fork")
+    .map(lambda pair: sum(pair))
+    .id("total")
     .init("con-fork")
 )
 
@@ -63,9 +83,12 @@ def _boom(value: Any) -> Any:
 
 
 hostile = (
-    DFlow.from_call("con-hostile").map(lambda x: f"<img src=x onerror=alert(1)> {x}").id("shout")
+    DFlow.from_call("con-hostile")
+    .map(lambda x: f"<img src=x onerror=alert(1)> {x}")
+    .id("shout")
     .name(f"<b>{HOSTILE}</b>")
-    .map(_boom).id("boom")
+    .map(_boom)
+    .id("boom")
     .init("con-hostile")
 )
 
@@ -121,11 +144,17 @@ def waiting_ask(question: str = "why?") -> Run[Any]:
 
 def test_the_console_needs_a_login_and_the_cookie_is_a_credential_not_the_token(anon: httpx.Client) -> None:
     r = anon.get("/console/?status=waiting")
-    assert r.status_code == 303 and r.headers["location"] == "/console/login?next=%2Fconsole%2F%3Fstatus%3Dwaiting"
+    assert (
+        r.status_code == 303
+        and r.headers["location"] == "/console/login?next=%2Fconsole%2F%3Fstatus%3Dwaiting"
+    )
     assert anon.get("/console/api/runs").status_code == 401
     form = anon.get("/console/login?next=/console/runs/x")
     assert form.status_code == 200 and 'name="token"' in form.text and 'value="/console/runs/x"' in form.text
-    assert "Content-Security-Policy" in form.headers and "script-src 'self'" in form.headers["content-security-policy"]
+    assert (
+        "Content-Security-Policy" in form.headers
+        and "script-src 'self'" in form.headers["content-security-policy"]
+    )
     bad = anon.post("/console/login", data={"token": ADMIN + "x", "next": "/console/"})
     assert bad.status_code == 401 and "is not the admin token" in bad.text and "set-cookie" not in bad.headers
     r = anon.post("/console/login", data={"token": ADMIN, "next": "https://evil.example/"})
@@ -147,12 +176,21 @@ def test_forged_expired_and_foreign_credentials_are_refused(url: str) -> None:
     fresh = mine.login(ADMIN)
     assert fresh is not None and mine.verify(fresh) is not None
     expired = mine.login(ADMIN, now=time.time() - 9 * 3600)
-    foreign = ConsoleAuth("another-admin-token-0123456789abcdef0123").login("another-admin-token-0123456789abcdef0123")
+    foreign = ConsoleAuth("another-admin-token-0123456789abcdef0123").login(
+        "another-admin-token-0123456789abcdef0123"
+    )
     body, _, mac = fresh.rpartition(".")
     tampered = body[:-1] + ("A" if body[-1] != "A" else "B") + "." + mac
     longer = fresh.replace(fresh.split(".")[1], str(int(fresh.split(".")[1]) + 3600), 1)
-    for what, value in {"expired": expired, "foreign": foreign, "tampered": tampered, "extended": longer,
-                        "garbage": "c1.x.y.z", "empty": "", "huge": "c1." + "A" * 5000}.items():
+    for what, value in {
+        "expired": expired,
+        "foreign": foreign,
+        "tampered": tampered,
+        "extended": longer,
+        "garbage": "c1.x.y.z",
+        "empty": "",
+        "huge": "c1." + "A" * 5000,
+    }.items():
         with httpx.Client(base_url=url, cookies={"dflow_console": value or ""}) as c:
             assert c.get("/console/").status_code == 303, what
             assert c.get("/console/api/runs").status_code == 401, what
@@ -165,10 +203,17 @@ def test_forged_expired_and_foreign_credentials_are_refused(url: str) -> None:
 
 def test_login_refuses_bad_forms(anon: httpx.Client) -> None:
     assert anon.post("/console/login", json={"token": ADMIN}).status_code == 415
-    big = anon.post("/console/login", content=b"token=" + b"a" * 10_000,
-                    headers={"Content-Type": "application/x-www-form-urlencoded"})
+    big = anon.post(
+        "/console/login",
+        content=b"token=" + b"a" * 10_000,
+        headers={"Content-Type": "application/x-www-form-urlencoded"},
+    )
     assert big.status_code == 413
-    bad = anon.post("/console/login", content=b"\xff\xfe=\xff", headers={"Content-Type": "application/x-www-form-urlencoded"})
+    bad = anon.post(
+        "/console/login",
+        content=b"\xff\xfe=\xff",
+        headers={"Content-Type": "application/x-www-form-urlencoded"},
+    )
     assert bad.status_code == 400
     cross = anon.post("/console/login", data={"token": ADMIN}, headers={"Origin": "http://evil.example"})
     assert cross.status_code == 403 and "set-cookie" not in cross.headers
@@ -185,7 +230,15 @@ def test_the_runs_list_shows_counts_filters_and_pages(browser: httpx.Client) -> 
     assert page.status_code == 200 and waiting.trace_id in page.text and done[-1].trace_id in page.text
     assert f'href="/console/runs/{waiting.trace_id}"' in page.text
     listed = browser.get("/console/api/runs", params={"pipeline": "con-twice", "limit": 2}).json()
-    assert set(listed["counts"]) == {"running", "sleeping", "waiting", "done", "failed", "cancelled", "compensated"}
+    assert set(listed["counts"]) == {
+        "running",
+        "sleeping",
+        "waiting",
+        "done",
+        "failed",
+        "cancelled",
+        "compensated",
+    }
     assert listed["counts"]["done"] >= 5 and all(r["pipeline"] == "con-twice" for r in listed["runs"])
     seen: list[str] = []
     cursor = None
@@ -207,6 +260,84 @@ def test_the_runs_list_shows_counts_filters_and_pages(browser: httpx.Client) -> 
     waits = browser.get("/console/api/runs", params={"status": "waiting", "pipeline": "con-ask"}).json()
     row = next(r for r in waits["runs"] if r["trace_id"] == waiting.trace_id)
     assert row["waiting_for"] == "con-answer" and row["finished"] is False
+
+
+sleeper = (
+    DFlow.from_call("con-sleep")
+    .map(lambda x: x)
+    .id("before")
+    .flat_map(lambda x: DFlow.delay(x, 600))
+    .id("nap")
+    .init("con-sleep")
+)
+
+
+def test_the_runs_list_notes_errors_wake_times_and_waits_and_goes_to_a_run_by_its_id(
+    browser: httpx.Client,
+) -> None:
+    failed = hostile.call("listed")
+    with pytest.raises(dflow.RunFailedError):
+        failed.result(10)
+    napping = sleeper.call(1)
+    wait_for(napping, "sleeping")
+    waiting = waiting_ask("noted?")
+    page = browser.get("/console/", params={"limit": 200}).text
+
+    def note(run: Run[Any]) -> str:
+        row = re.search(rf'<tr class="run-row" data-trace="{run.trace_id}">(.*?)</tr>', page, re.S)
+        assert row is not None, run.trace_id
+        return re.findall(r"<td[^>]*>(.*?)</td>", row.group(1), re.S)[-1]
+
+    assert note(failed).startswith("ValueError: &lt;script&gt;") and note(failed).endswith("&gt; listed")
+    assert re.fullmatch(r"wakes in (599|600)s \(\d\d:\d\d:\d\d UTC\)", note(napping)), note(napping)
+    assert note(waiting) == "waiting for con-answer"
+    head = browser.get(f"/console/api/runs/{napping.trace_id}/tree").json()["head"]
+    assert "<dt>Wakes</dt><dd>in " in head
+    assert 'data-refresh="5"' in page  # the first page refreshes itself; a later one does not
+    gone = browser.get("/console/", params={"run": waiting.trace_id}, follow_redirects=False)
+    assert gone.status_code == 303 and gone.headers["location"] == f"/console/runs/{waiting.trace_id}"
+    missing = browser.get("/console/", params={"run": "no-such-run"})
+    assert missing.status_code == 200 and "No run &#x27;no-such-run&#x27; in this store" in missing.text
+    odd = browser.get("/console/", params={"run": "<b>x</b>"})
+    assert odd.status_code == 200 and "<b>x</b>" not in odd.text
+    napping.cancel()
+    waiting.cancel()
+
+
+fanned = (
+    DFlow.from_call("con-fan")
+    .flat_map(
+        lambda x: DFlow.zip(
+            [DFlow.just(x).map(lambda v: v * 10).id("tens"), DFlow.just(x).map(lambda v: v).id("ones")]
+        )
+    )
+    .id("fan")
+    .map(lambda pair: sum(pair))
+    .id("sum")
+    .init("con-fan")
+)
+
+
+def test_a_run_page_draws_its_steps_and_its_branches_steps_on_a_timeline(browser: httpx.Client) -> None:
+    run = fanned.call(3)
+    assert run.result(10) == 33
+    parts = browser.get(f"/console/api/runs/{run.trace_id}/tree").json()
+    svg = parts["timeline"]
+    assert svg.startswith('<svg class="timeline"') and "style=" not in svg  # (no inline style: the CSP)
+    bars = re.findall(r'<g class="bar st-(\w+)" data-run="([^"]+)" data-seq="(\d+)">', svg)
+    steps = [s for s in run.context().steps if s.status is not dflow.StepStatus.ENTRY]
+    mine = [(st, seq) for st, r, seq in bars if r == run.trace_id]
+    assert mine == [(s.status.value, str(s.seq)) for s in steps], svg
+    assert any(r != run.trace_id for _, r, _ in bars), "the branches' steps are on it too"
+    xs = [float(x) for x in re.findall(r'<rect x="([\d.]+)"', svg)]
+    assert xs == sorted(xs) and all(180 <= x <= 1000 for x in xs), (
+        "in order of their start, within the drawing"
+    )
+    page = browser.get(f"/console/runs/{run.trace_id}").text
+    assert '<div id="timeline"><svg class="timeline"' in page
+    waiting = waiting_ask("no step yet?")
+    assert "<rect" in browser.get(f"/console/api/runs/{waiting.trace_id}/tree").json()["timeline"]
+    waiting.cancel()
 
 
 def test_the_runs_list_refuses_bad_filters(browser: httpx.Client) -> None:
@@ -235,7 +366,7 @@ def test_a_run_page_draws_branches_side_by_side_and_flat_map_flows_nested(browse
     assert f'href="/console/runs/{run.trace_id}/' in html  # each branch links to its own page
     assert '<ol class="flow nested">' in html  # the zip sits inside the flat_map's flow
     assert ">tens<" in html and ">con-branch<" in html and "waiting for call &#x27;con-branch&#x27;" in html
-    assert 'class="answer" data-run="' + run.trace_id + '/' in html  # the branch's wait can be answered
+    assert 'class="answer" data-run="' + run.trace_id + "/" in html  # the branch's wait can be answered
     branch = browser.get(f"/console/runs/{run.trace_id}/2-0")  # a branch's own page (an id with a /)
     assert branch.status_code == 200 and "Branch of" in branch.text
 
@@ -250,8 +381,15 @@ def _flaky(ctx: Any, value: Any) -> Any:
     return value
 
 
-flaky = (DFlow.from_call("con-flaky").map(_flaky).id("shaky").retry(3, backoff=0.01, jitter=False)
-         .flat_map(lambda v: DFlow.delay(v, 30)).id("later").init("con-flaky"))
+flaky = (
+    DFlow.from_call("con-flaky")
+    .map(_flaky)
+    .id("shaky")
+    .retry(3, backoff=0.01, jitter=False)
+    .flat_map(lambda v: DFlow.delay(v, 30))
+    .id("later")
+    .init("con-flaky")
+)
 
 
 def test_retries_and_a_sleeping_run_are_drawn(browser: httpx.Client) -> None:
@@ -261,10 +399,16 @@ def test_retries_and_a_sleeping_run_are_drawn(browser: httpx.Client) -> None:
         assert time.monotonic() < deadline, html  # (a retry's backoff sleeps too: wait for the delay)
         time.sleep(0.02)
     assert run.status().value == "sleeping"
-    nodes = re.findall(r'<li class="step st-(\w+)"><button[^>]*><span class="nm">([^<]*)</span><span class="badge '
-                       r'[^>]*>[^<]*</span><span class="meta">([^<]*)</span>', html)
-    attempts = [(status, meta.split(" · ")[1] if "attempt" in meta else "") for status, name, meta in nodes
-                if name == "shaky"]
+    nodes = re.findall(
+        r'<li class="step st-(\w+)"><button[^>]*><span class="nm">([^<]*)</span><span class="badge '
+        r'[^>]*>[^<]*</span><span class="meta">([^<]*)</span>',
+        html,
+    )
+    attempts = [
+        (status, meta.split(" · ")[1] if "attempt" in meta else "")
+        for status, name, meta in nodes
+        if name == "shaky"
+    ]
     assert attempts == [("retrying", ""), ("retrying", "attempt 2"), ("done", "attempt 3")], nodes
     assert "ConnectionError: try 1 failed" in html and "sleeping until its timer fires" in html
     run.cancel()
@@ -273,8 +417,15 @@ def test_retries_and_a_sleeping_run_are_drawn(browser: httpx.Client) -> None:
 def test_a_parked_run_says_why_in_its_header_and_its_tree() -> None:
     """(A run is parked when no worker knows its next step: drawn from the state the store
     gives, as a ``RunInfo``.)"""
-    info = RunInfo("parked-run", RunStatus.RUNNING, 3, time.time() - 5, time.time(), pipeline="p",
-                   extra={"parked": "no worker knows step 'resize>store' <yet>", "park_count": 4})
+    info = RunInfo(
+        "parked-run",
+        RunStatus.RUNNING,
+        3,
+        time.time() - 5,
+        time.time(),
+        pipeline="p",
+        extra={"parked": "no worker knows step 'resize>store' <yet>", "park_count": 4},
+    )
     head = head_html(info, "parked-run", "p")
     assert "Parked" in head and "4× — no worker knows step &#x27;resize&gt;store&#x27; &lt;yet&gt;" in head
     tree = RunTree(MemoryStore(), "parked-run")
@@ -286,20 +437,33 @@ def test_a_step_shows_its_input_output_and_error(browser: httpx.Client) -> None:
     run = twice.call(20)
     assert run.result(10) == 42
     step = browser.get(f"/console/api/runs/{run.trace_id}/steps/2").json()
-    assert step["name"] == "dbl" and step["status"] == "done" and step["input"] == "21" and step["output"] == "42"
+    assert (
+        step["name"] == "dbl"
+        and step["status"] == "done"
+        and step["input"] == "21"
+        and step["output"] == "42"
+    )
     assert step["duration"] >= 0 and step["worker"] and step["error"] is None
     failed = hostile.call("x")
     with pytest.raises(dflow.RunFailedError):
         failed.result(10)
     err = browser.get(f"/console/api/runs/{failed.trace_id}/steps/2").json()
-    assert err["status"] == "failed" and err["error"]["type"] == "ValueError" and HOSTILE in err["error"]["message"]
+    assert (
+        err["status"] == "failed"
+        and err["error"]["type"] == "ValueError"
+        and HOSTILE in err["error"]["message"]
+    )
     assert "Traceback" in err["error"]["traceback"]
-    for path, status in ((f"/console/api/runs/{run.trace_id}/steps/99", 404),
-                         (f"/console/api/runs/{run.trace_id}/steps/-1", 404),
-                         (f"/console/api/runs/{run.trace_id}/steps/1e3", 404),
-                         ("/console/api/runs/no-such-run/steps/1", 404),
-                         ("/console/api/runs/bad%20id!/steps/1", 404),
-                         ("/console/api/runs/no-such-run/tree", 404)):
+    head = browser.get(f"/console/api/runs/{failed.trace_id}/tree").json()["head"]
+    assert 'at step <code title="boom">boom</code>' in head  # the step's id; its key on hover
+    for path, status in (
+        (f"/console/api/runs/{run.trace_id}/steps/99", 404),
+        (f"/console/api/runs/{run.trace_id}/steps/-1", 404),
+        (f"/console/api/runs/{run.trace_id}/steps/1e3", 404),
+        ("/console/api/runs/no-such-run/steps/1", 404),
+        ("/console/api/runs/bad%20id!/steps/1", 404),
+        ("/console/api/runs/no-such-run/tree", 404),
+    ):
         r = browser.get(path)
         assert r.status_code == status and r.json()["detail"], (path, r.text)
     page = browser.get("/console/runs/no-such-run")
@@ -321,34 +485,55 @@ def test_hostile_stored_text_renders_inert(browser: httpx.Client) -> None:
     failed = hostile.call(HOSTILE)
     with pytest.raises(dflow.RunFailedError):
         failed.result(10)
-    for text in (browser.get(f"/console/runs/{failed.trace_id}").text,
-                 browser.get(f"/console/api/runs/{failed.trace_id}/tree").json()["tree"],
-                 browser.get("/console/").text):
+    for text in (
+        browser.get(f"/console/runs/{failed.trace_id}").text,
+        browser.get(f"/console/api/runs/{failed.trace_id}/tree").json()["tree"],
+        browser.get("/console/").text,
+    ):
         assert "<script>alert" not in text and "<img src=x" not in text and "<b><script" not in text
     page = browser.get(f"/console/runs/{failed.trace_id}").text
     assert "&lt;b&gt;&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;&lt;/b&gt;" in page  # the step's name
     assert "&lt;img src=x onerror=alert(1)&gt;" in page  # its output
-    assert "ValueError" in page and "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt; failed" in page  # the error
+    assert (
+        "ValueError" in page and "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt; failed" in page
+    )  # the error
     assert re.findall(r"<script[^>]*>", page) == ['<script src="/console/static/console.js" defer>']
 
 
 def test_an_agent_run_shows_its_conversation(browser: httpx.Client) -> None:
-    model = ScriptedModel([
-        reply(f"I will look both up {HOSTILE}", calls=[call("lookup", city="Oslo"), call("lookup", city="Bergen")]),
-        reply(calls=[call("terminate", status="success", conclusion="both have parks")]),
-    ])
+    model = ScriptedModel(
+        [
+            reply(
+                f"I will look both up {HOSTILE}",
+                calls=[call("lookup", city="Oslo"), call("lookup", city="Bergen")],
+            ),
+            reply(calls=[call("terminate", status="success", conclusion="both have parks")]),
+        ]
+    )
     agent = ToolCallAgent("con-agent", model, [lookup])
     assert isinstance(agent, ConsoleView)  # an agent supplies its runs' conversations
     run = agent.run("parks in Oslo and Bergen?")
     assert run.result(10).answer == "both have parks"
     conv = browser.get(f"/console/api/runs/{run.trace_id}/tree").json()["conversation"]
     assert "Conversation · con-agent" in conv and "<script>" not in conv
-    order = ["parks in Oslo and Bergen?", "I will look both up &lt;script&gt;", "lookup", "&quot;Oslo&quot;",
-             "&quot;Bergen&quot;", "Oslo has 3 parks &lt;i&gt;", "Bergen has 3 parks", "terminate",
-             "both have parks"]
+    assert conv.count('<div class="msg other"><div class="who">model call</div>') == 2  # one per turn
+    conv = re.sub(r'<div class="msg other">.*?(?=<div class="msg |</div></section>)', "", conv, flags=re.S)
+    order = [
+        "parks in Oslo and Bergen?",
+        "I will look both up &lt;script&gt;",
+        "lookup",
+        "&quot;Oslo&quot;",
+        "&quot;Bergen&quot;",
+        "Oslo has 3 parks &lt;i&gt;",
+        "Bergen has 3 parks",
+        "terminate",
+        "both have parks",
+    ]
     at = [conv.find(piece) for piece in order]
     assert -1 not in at and at == sorted(at), dict(zip(order, at))
     assert conv.count('class="msg tool"') == 3 and conv.count('class="msg assistant"') == 2
+    tree = browser.get(f"/console/api/runs/{run.trace_id}/tree").json()["tree"]
+    assert tree.count('<span class="nm">tool lookup</span>') == 2, "each call's step shows its tool"
     plain = browser.get(f"/console/api/runs/{twice.call(1).trace_id}/tree").json()
     assert plain["conversation"] == ""  # not an agent's run: no conversation
 
@@ -363,7 +548,12 @@ class _FussyView:
 
 
 fussy = dflow.shared(_FussyView(), "con-fussy-view")
-fussed = DFlow.from_call("con-fussed").map(lambda ctx, x: ctx.put("con-view/boom", 1)).id("mark").init("con-fussed")
+fussed = (
+    DFlow.from_call("con-fussed")
+    .map(lambda ctx, x: ctx.put("con-view/boom", 1))
+    .id("mark")
+    .init("con-fussed")
+)
 
 
 def test_a_failing_view_is_reported_on_the_page_which_still_shows(browser: httpx.Client) -> None:
@@ -372,13 +562,18 @@ def test_a_failing_view_is_reported_on_the_page_which_still_shows(browser: httpx
     run.result(10)
     page = browser.get(f"/console/runs/{run.trace_id}")
     assert page.status_code == 200 and ">mark<" in page.text
-    assert "This view failed: RuntimeError: cannot read &lt;script&gt;" in page.text and "<script>alert" not in page.text
+    assert (
+        "This view failed: RuntimeError: cannot read &lt;script&gt;" in page.text
+        and "<script>alert" not in page.text
+    )
 
 
 # -- actions ------------------------------------------------------------------------------------------
 
 
-def test_actions_without_login_token_or_origin_are_refused_and_change_nothing(url: str, browser: httpx.Client) -> None:
+def test_actions_without_login_token_or_origin_are_refused_and_change_nothing(
+    url: str, browser: httpx.Client
+) -> None:
     run = waiting_ask("guarded?")
     body = {"call_type": "con-answer", "payload": 1}
     csrf = browser.headers["X-DFlow-CSRF"]
@@ -390,8 +585,18 @@ def test_actions_without_login_token_or_origin_are_refused_and_change_nothing(ur
         ("no login", {}, {"X-DFlow-CSRF": csrf}, 401),
         ("no token", {"dflow_console": cookie}, {}, 403),
         ("wrong token", {"dflow_console": cookie}, {"X-DFlow-CSRF": csrf[:-2] + "xx"}, 403),
-        ("other origin", {"dflow_console": cookie}, {"X-DFlow-CSRF": csrf, "Origin": "http://evil.example"}, 403),
-        ("cross-site", {"dflow_console": cookie}, {"X-DFlow-CSRF": csrf, "Sec-Fetch-Site": "cross-site"}, 403),
+        (
+            "other origin",
+            {"dflow_console": cookie},
+            {"X-DFlow-CSRF": csrf, "Origin": "http://evil.example"},
+            403,
+        ),
+        (
+            "cross-site",
+            {"dflow_console": cookie},
+            {"X-DFlow-CSRF": csrf, "Sec-Fetch-Site": "cross-site"},
+            403,
+        ),
         ("another login's token", {"dflow_console": cookie}, {"X-DFlow-CSRF": auth.csrf(other)}, 403),
     ]
     for what, cookies, headers, status in cases:
@@ -411,16 +616,32 @@ def test_answering_a_call_resumes_the_run_and_bad_answers_change_nothing(browser
     path = f"/console/api/runs/{run.trace_id}/answer"
     bad: list[tuple[dict[str, Any], int, str]] = [
         ({"content": b"{not json", "headers": {"Content-Type": "application/json"}}, 400, "not JSON"),
-        ({"content": b"payload=1", "headers": {"Content-Type": "application/x-www-form-urlencoded"}}, 415, "JSON"),
-        ({"content": b'{"call_type": "con-answer", "payload": "' + b"a" * 2_000_000 + b'"}',
-          "headers": {"Content-Type": "application/json"}}, 413, "limit"),
+        (
+            {"content": b"payload=1", "headers": {"Content-Type": "application/x-www-form-urlencoded"}},
+            415,
+            "JSON",
+        ),
+        (
+            {
+                "content": b'{"call_type": "con-answer", "payload": "' + b"a" * 2_000_000 + b'"}',
+                "headers": {"Content-Type": "application/json"},
+            },
+            413,
+            "limit",
+        ),
         ({"json": {"payload": 1}}, 422, "call_type"),
         ({"json": {"call_type": "con-answer", "payload": 1, "extra": 2}}, 422, "extra"),
         ({"json": {"call_type": "something-else", "payload": 1}}, 409, "something-else"),
         ({"json": {"call_type": "con-answer", "payload": 1, "run": "elsewhere"}}, 422, "not this run"),
         ({"json": {"call_type": "con-job:7", "payload": 1}}, 403, "their own route"),
-        ({"content": b'{"call_type": "con-answer", "payload": NaN}', "headers": {"Content-Type": "application/json"}},
-         400, "NaN"),
+        (
+            {
+                "content": b'{"call_type": "con-answer", "payload": NaN}',
+                "headers": {"Content-Type": "application/json"},
+            },
+            400,
+            "NaN",
+        ),
     ]
     for kwargs, status, words in bad:
         r = browser.post(path, **kwargs)
@@ -438,14 +659,20 @@ def test_answering_a_branch_wait_resumes_the_join(browser: httpx.Client) -> None
     run = forked.call(3)
     wait_for(run, "waiting")
     deadline = time.monotonic() + 10
-    while (found := re.search(r'data-run="([^"]+)" data-call="con-branch"',
-                              browser.get(f"/console/api/runs/{run.trace_id}/tree").json()["waits"])) is None:
+    while (
+        found := re.search(
+            r'data-run="([^"]+)" data-call="con-branch"',
+            browser.get(f"/console/api/runs/{run.trace_id}/tree").json()["waits"],
+        )
+    ) is None:
         assert time.monotonic() < deadline
         time.sleep(0.02)
     branch = found.group(1)
     assert branch.startswith(run.trace_id + "/")
-    r = browser.post(f"/console/api/runs/{run.trace_id}/answer",
-                     json={"call_type": "con-branch", "payload": 5, "run": branch})
+    r = browser.post(
+        f"/console/api/runs/{run.trace_id}/answer",
+        json={"call_type": "con-branch", "payload": 5, "run": branch},
+    )
     assert r.status_code == 202, r.text
     assert run.result(10) == 35
 
@@ -456,12 +683,17 @@ def test_cancel_and_rerun(browser: httpx.Client) -> None:
     assert r.status_code == 409 and "still waiting" in r.json()["detail"] and run.status().value == "waiting"
     r = browser.post(f"/console/api/runs/{run.trace_id}/cancel", json={"reason": "from a test"})
     assert r.status_code == 200 and r.json()["status"] == "cancelled"
-    assert browser.post(f"/console/api/runs/{run.trace_id}/cancel", json={"reason": "x" * 2000}).status_code == 422
+    assert (
+        browser.post(f"/console/api/runs/{run.trace_id}/cancel", json={"reason": "x" * 2000}).status_code
+        == 422
+    )
     assert browser.post("/console/api/runs/no-such-run/cancel").status_code == 404
     done = twice.call(5)
     assert done.result(10) == 12
     for payload, status in (({"seq": "2"}, 422), ({"seq": -1}, 422), ({}, 422), ({"seq": 99}, 409)):
-        assert browser.post(f"/console/api/runs/{done.trace_id}/rerun", json=payload).status_code == status, payload
+        assert browser.post(f"/console/api/runs/{done.trace_id}/rerun", json=payload).status_code == status, (
+            payload
+        )
     r = browser.post(f"/console/api/runs/{done.trace_id}/rerun", json={"seq": 2})
     assert r.status_code == 201, r.text
     again = Run(r.json()["trace_id"])
@@ -473,22 +705,43 @@ def test_cancel_and_rerun(browser: httpx.Client) -> None:
 # -- the live stream ------------------------------------------------------------------------------------
 
 
+GATE = threading.Event()  # the step of ``gated`` runs until a test opens it
+
+
+def _held(x: int) -> int:
+    GATE.wait(20)
+    return x + 1
+
+
+gated = (
+    DFlow.from_call("con-gated")
+    .map(_held)
+    .id("held")
+    .in_thread()
+    .map(lambda x: x * 2)
+    .id("after")
+    .init("con-gated")
+)
+
+
 def test_the_stream_sends_the_page_each_time_the_run_moves_then_ends(url: str, browser: httpx.Client) -> None:
-    run = waiting_ask("live?")
+    GATE.clear()
+    run = gated.call(1)
+    wait_for(run, "running")
 
-    def answer_later() -> None:
+    def open_later() -> None:
         time.sleep(0.4)
-        dflow.DFlow.call("con-answer", "live!", run.trace_id)
+        GATE.set()
 
-    t = threading.Thread(target=answer_later)
+    t = threading.Thread(target=open_later)
     t.start()
     t0 = time.monotonic()
     events = stream_events(browser, f"/console/api/runs/{run.trace_id}/stream")
     t.join()
-    assert time.monotonic() - t0 >= 0.35  # it stayed open while the run waited
+    assert time.monotonic() - t0 >= 0.35  # it stayed open while the step ran
     states = [data for event, data in events if event == "state"]
-    assert states[0]["status"] == "waiting" and "con-answer" in states[0]["waits"]
-    assert states[-1]["status"] == "done" and states[-1]["waits"] == "" and "live!" in states[-1]["tree"]
+    assert states[0]["status"] == "running" and "running the next step" in states[0]["tree"]
+    assert states[-1]["status"] == "done" and "after" in states[-1]["tree"] and run.result(5) == 4
     assert events[-1] == ("end", {"trace_id": run.trace_id, "status": "done"})
     # a finished run's stream: its state, then the end
     again = stream_events(browser, f"/console/api/runs/{run.trace_id}/stream")
@@ -498,24 +751,48 @@ def test_the_stream_sends_the_page_each_time_the_run_moves_then_ends(url: str, b
     assert browser.get("/console/api/runs/no-such-run/stream").status_code == 404
 
 
+def test_the_stream_of_a_run_that_waits_lets_go_and_the_page_reads_its_tree(browser: httpx.Client) -> None:
+    """A browser keeps six connections to a host: a page per waiting run must not hold one."""
+    run = waiting_ask("idle?")
+    t0 = time.monotonic()
+    events = stream_events(browser, f"/console/api/runs/{run.trace_id}/stream")
+    assert time.monotonic() - t0 < 2, "the stream of a waiting run ends at once"
+    assert [e for e, _ in events] == ["state", "idle"]
+    assert events[0][1]["status"] == "waiting" and "con-answer" in events[0][1]["waits"]
+    assert events[1][1] == {"trace_id": run.trace_id, "status": "waiting"}
+    tree = browser.get(f"/console/api/runs/{run.trace_id}/tree").json()  # what the page reads then
+    assert tree["status"] == "waiting" and tree["tree"] == events[0][1]["tree"]
+    dflow.DFlow.call("con-answer", "now", run.trace_id)
+    assert run.result(5) == {"answered": "now"}
+    assert [e for e, _ in stream_events(browser, f"/console/api/runs/{run.trace_id}/stream")] == [
+        "state",
+        "end",
+    ]
+
+
 def test_streams_are_capped_per_login(url: str, browser: httpx.Client) -> None:
-    run = waiting_ask("many tabs")
+    GATE.clear()
+    run = gated.call(1)
+    wait_for(run, "running")
     path = f"/console/api/runs/{run.trace_id}/stream"
-    with httpx.Client(base_url=url, cookies=browser.cookies, timeout=30) as c:
-        opened = [c.stream("GET", path) for _ in range(8)]
-        responses = [s.__enter__() for s in opened]
-        try:
-            assert all(r.status_code == 200 for r in responses)
-            r = c.get(path)
-            assert r.status_code == 429 and "too many" in r.json()["detail"]
-        finally:
-            for s in opened:
-                s.__exit__(None, None, None)
-        deadline = time.monotonic() + 10
-        while _open_after_close(c, path) == 429:  # the server counts a stream closed once it notices
-            assert time.monotonic() < deadline, "closed streams are still counted as open"
-            time.sleep(0.05)
-    run.cancel()
+    try:
+        with httpx.Client(base_url=url, cookies=browser.cookies, timeout=30) as c:
+            opened = [c.stream("GET", path) for _ in range(8)]
+            responses = [s.__enter__() for s in opened]
+            try:
+                assert all(r.status_code == 200 for r in responses)
+                r = c.get(path)
+                assert r.status_code == 429 and "too many" in r.json()["detail"]
+            finally:
+                for s in opened:
+                    s.__exit__(None, None, None)
+            deadline = time.monotonic() + 10
+            while _open_after_close(c, path) == 429:  # the server counts a stream closed once it notices
+                assert time.monotonic() < deadline, "closed streams are still counted as open"
+                time.sleep(0.05)
+    finally:
+        GATE.set()
+    assert run.result(10) == 4
 
 
 def _open_after_close(c: httpx.Client, path: str) -> int:
@@ -529,14 +806,26 @@ def _open_after_close(c: httpx.Client, path: str) -> int:
 def test_static_files_come_from_an_allow_list_only(url: str) -> None:
     with httpx.Client(base_url=url) as c:
         css, js = c.get("/console/static/console.css"), c.get("/console/static/console.js")
-        assert css.status_code == 200 and css.headers["content-type"].startswith("text/css") and ".node" in css.text
+        assert (
+            css.status_code == 200
+            and css.headers["content-type"].startswith("text/css")
+            and ".node" in css.text
+        )
         assert js.status_code == 200 and js.headers["content-type"].startswith("text/javascript")
         assert js.headers["x-content-type-options"] == "nosniff"
-    for path in ("/console/static/../app.py", "/console/static/%2e%2e/app.py", "/console/static/..%2fapp.py",
-                 "/console/static/%2e%2e%2f%2e%2e%2fpyproject.toml", "/console/static//etc/passwd",
-                 "/console/static/%2fetc%2fpasswd", "/console/static/console.js%00.css", "/console/static/__init__.py",
-                 "/console/static/console_static/console.js", "/console/static/C:%5cwindows%5cwin.ini",
-                 "/console/static/....//....//app.py"):
+    for path in (
+        "/console/static/../app.py",
+        "/console/static/%2e%2e/app.py",
+        "/console/static/..%2fapp.py",
+        "/console/static/%2e%2e%2f%2e%2e%2fpyproject.toml",
+        "/console/static//etc/passwd",
+        "/console/static/%2fetc%2fpasswd",
+        "/console/static/console.js%00.css",
+        "/console/static/__init__.py",
+        "/console/static/console_static/console.js",
+        "/console/static/C:%5cwindows%5cwin.ini",
+        "/console/static/....//....//app.py",
+    ):
         status, body = raw_request(url, f"GET {path} HTTP/1.1")
         assert status == 404, (path, status, body[:200])
         assert "import" not in body and "root:" not in body and "[project]" not in body
@@ -548,14 +837,16 @@ def test_the_packaged_static_files_are_listed_as_package_data() -> None:
     except ImportError:  # Python 3.10
         tomllib = pytest.importorskip("tomli")
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    globs = config["tool"]["setuptools"]["package-data"]["dflow.server"]
-    static = ROOT / "dflow" / "server" / "console_static"
+    globs = config["tool"]["setuptools"]["package-data"]["dflow.server.console"]
+    static = ROOT / "dflow" / "server" / "console" / "static"
     files = {p.name for p in static.iterdir() if p.is_file()}
-    covered = {p.name for g in globs for p in (ROOT / "dflow" / "server").glob(g)}
+    covered = {p.name for g in globs for p in (ROOT / "dflow" / "server" / "console").glob(g)}
     assert files and files == covered, f"static files not shipped in the wheel: {sorted(files - covered)}"
 
 
-def test_a_server_without_an_admin_token_has_an_open_console_that_still_guards_writes(runtime: dflow.Runtime) -> None:
+def test_a_server_without_an_admin_token_has_an_open_console_that_still_guards_writes(
+    runtime: dflow.Runtime,
+) -> None:
     with ServerThread(create_app()) as base, httpx.Client(base_url=base, timeout=30) as c:
         run = waiting_ask("open?")
         page = c.get(f"/console/runs/{run.trace_id}")
@@ -564,7 +855,10 @@ def test_a_server_without_an_admin_token_has_an_open_console_that_still_guards_w
         path = f"/console/api/runs/{run.trace_id}/cancel"
         assert c.post(path, json={}).status_code == 403  # no page token
         csrf = csrf_of(c)
-        assert c.post(path, json={}, headers={"X-DFlow-CSRF": csrf, "Origin": "http://evil.example"}).status_code == 403
+        assert (
+            c.post(path, json={}, headers={"X-DFlow-CSRF": csrf, "Origin": "http://evil.example"}).status_code
+            == 403
+        )
         assert c.get("/console/", headers={"Host": "evil.example"}).status_code == 421  # DNS rebinding
         assert run.status().value == "waiting"
         r = c.post(path, json={}, headers={"X-DFlow-CSRF": csrf})
@@ -574,3 +868,87 @@ def test_a_server_without_an_admin_token_has_an_open_console_that_still_guards_w
 def test_the_console_can_be_left_out(runtime: dflow.Runtime) -> None:
     with ServerThread(create_app(admin_token=ADMIN, console=False)) as base, httpx.Client(base_url=base) as c:
         assert c.get("/console/").status_code == 404 and c.get("/health").status_code == 200
+
+
+# Input the console must refuse cleanly, and stored text of any size (an error message, an agent's
+# message) shown cut in every page and every live update.
+LONG_NAME = "rv-" + "p" * 1200  # a pipeline's name is any str (by default its head key, which may be long)
+
+named_long = DFlow.from_call("rv-long").map(lambda x: x + 1).id("inc").init(LONG_NAME)
+steps = DFlow.from_call("rv-steps").map(lambda x: x * 2).id("dbl").init("rv-steps")
+
+
+def _shout(value: Any) -> Any:
+    raise ValueError("z" * 300_000)
+
+
+loud = DFlow.from_call("rv-loud").map(_shout).id("shout").init("rv-loud")
+chatty = (
+    DFlow.from_call("rv-chatty").map(lambda ctx, x: ctx.put("rv-chatty/said", x)).id("say").init("rv-chatty")
+)
+
+
+class _ChattyView:
+    """A console view whose runs hold one very long message."""
+
+    def console_conversation(self, data: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+        if "rv-chatty/said" not in data:
+            return None
+        return [{"role": "user", "content": "hello"}, {"role": "tool", "content": "y" * 2_000_000}]
+
+
+chatty_view = dflow.shared(_ChattyView(), "rv-chatty-view")
+
+
+def test_digits_that_int_does_not_read_are_refused_not_a_500(browser: httpx.Client) -> None:
+    run = steps.call(4)
+    assert run.result(10) == 8
+    for path in (
+        "/console/api/runs?limit=%C2%B2",
+        "/console/?limit=%C2%B2",
+        "/console/api/runs?limit=%D9%A3",
+        f"/console/api/runs/{run.trace_id}/steps/%C2%B2",
+        f"/console/api/runs/{run.trace_id}/steps/%D9%A1",
+    ):
+        r = browser.get(path)
+        assert r.status_code in (404, 422), (path, r.status_code, r.text[:200])
+        assert "number" in r.text, r.text[:200]
+    assert browser.get(f"/console/api/runs/{run.trace_id}/steps/1").json()["output"] == "8"
+
+
+def test_every_pipeline_the_runs_list_offers_can_be_filtered_by(browser: httpx.Client) -> None:
+    run = named_long.call(1)
+    assert run.result(10) == 2
+    page = browser.get("/console/")
+    assert page.status_code == 200 and f'<option value="{LONG_NAME}">' in page.text  # offered...
+    listed = browser.get("/console/api/runs", params={"pipeline": LONG_NAME})  # ...and it filters
+    assert listed.status_code == 200, listed.text[:300]
+    assert [r["trace_id"] for r in listed.json()["runs"]] == [run.trace_id]
+    assert listed.json()["counts"]["done"] == 1
+    html = browser.get("/console/", params={"pipeline": LONG_NAME})
+    assert html.status_code == 200 and run.trace_id in html.text
+    huge = browser.get("/console/api/runs", params={"pipeline": "q" * 16_385})
+    assert huge.status_code == 422 and "over the limit" in huge.text  # still bounded
+
+
+def test_a_huge_error_message_is_shown_cut_not_whole(browser: httpx.Client) -> None:
+    run = loud.call(1)
+    with pytest.raises(dflow.RunFailedError):
+        run.result(10)
+    page = browser.get(f"/console/runs/{run.trace_id}")
+    assert page.status_code == 200 and "ValueError" in page.text and "z" * 1000 in page.text
+    assert len(page.text) < 100_000, len(page.text)
+    assert "more characters" in page.text
+    parts = browser.get(f"/console/api/runs/{run.trace_id}/tree").text
+    assert len(parts) < 100_000, len(parts)
+    step = browser.get(f"/console/api/runs/{run.trace_id}/steps/1").json()
+    assert step["error"]["type"] == "ValueError" and step["error"]["message"].startswith("z" * 1000)
+    assert len(step["error"]["message"]) < 30_000, len(step["error"]["message"])
+
+
+def test_a_huge_conversation_message_is_shown_cut_not_whole(browser: httpx.Client) -> None:
+    run = chatty.call("hi")
+    run.result(10)
+    conv = browser.get(f"/console/api/runs/{run.trace_id}/tree").json()["conversation"]
+    assert "hello" in conv and "y" * 1000 in conv and "more characters" in conv
+    assert len(conv) < 100_000, len(conv)

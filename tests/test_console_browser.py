@@ -38,14 +38,28 @@ def _second(first: Any) -> DFlow[Any]:
 
 
 two_calls = (
-    DFlow.from_call("cb-two").map(lambda q: f"asked {q}").id("question")
-    .flat_map(lambda q: DFlow.from_call("cb-first")).id("first")
-    .flat_map(_second).id("second")
+    DFlow.from_call("cb-two")
+    .map(lambda q: f"asked {q}")
+    .id("question")
+    .flat_map(lambda q: DFlow.from_call("cb-first"))
+    .id("first")
+    .flat_map(_second)
+    .id("second")
     .init("cb-two")
 )
-counted = DFlow.from_call("cb-count").map(lambda x: x + 1).id("inc").map(lambda x: x * 3).id("triple").init("cb-count")
+counted = (
+    DFlow.from_call("cb-count")
+    .map(lambda x: x + 1)
+    .id("inc")
+    .map(lambda x: x * 3)
+    .id("triple")
+    .init("cb-count")
+)
 shouting = (
-    DFlow.from_call("cb-shout").map(lambda x: HOSTILE).id("shout").name("<script>alert('name')</script>")
+    DFlow.from_call("cb-shout")
+    .map(lambda x: HOSTILE)
+    .id("shout")
+    .name("<script>alert('name')</script>")
     .init("cb-shout")
 )
 
@@ -152,13 +166,28 @@ def test_the_runs_list_shows_a_run_started_by_the_test(page: Any, tmp_path: Path
     run.cancel()
 
 
-def test_a_run_page_follows_the_run_live_and_answers_its_call(page: Any, dialogs: Dialogs, tmp_path: Path) -> None:
+def test_the_runs_list_shows_new_runs_without_a_reload_and_goes_to_a_run_by_its_id(page: Any) -> None:
+    expect(page.locator("h1")).to_contain_text("Runs")
+    run = two_calls.call("arrives later")
+    wait_status(run, "waiting")
+    row = page.locator(f'tr[data-trace="{run.trace_id}"]')
+    expect(row).to_contain_text("waiting for cb-first", timeout=12_000)  # the list refreshes itself
+    expect(page.locator("#live")).to_contain_text("refreshed")
+    page.fill("input[name=run]", run.trace_id)
+    page.click("form.goto button")
+    expect(page.locator("#head h1")).to_have_text(run.trace_id)
+    run.cancel()
+
+
+def test_a_run_page_follows_the_run_live_and_answers_its_call(
+    page: Any, dialogs: Dialogs, tmp_path: Path
+) -> None:
     run = two_calls.call("live?")
     wait_status(run, "waiting")
     page.goto(f"/console/runs/{run.trace_id}")
     tree = page.locator("#tree")
     expect(tree.locator(".node .nm", has_text=re.compile(r"^question$"))).to_be_visible()
-    expect(page.locator("#live")).to_have_text("live")
+    expect(page.locator("#live")).to_have_text("waiting · checked every 3 s")  # (its stream let go)
     expect(page.locator("form.answer h2")).to_contain_text("cb-first")
     page.screenshot(path=str(tmp_path / "waiting.png"), full_page=True)
     # the run advances elsewhere: the page shows it without a reload
@@ -183,6 +212,36 @@ def test_a_run_page_follows_the_run_live_and_answers_its_call(page: Any, dialogs
     expect(page.locator("form.answer")).to_have_count(0)  # nothing waits any more
     expect(page.locator("#head .outcome")).to_contain_text('"<b>2</b>"')  # shown as text
     page.screenshot(path=str(tmp_path / "done.png"), full_page=True)
+
+
+def test_pages_of_many_waiting_runs_leave_the_browser_room_for_more(session: Any, tmp_path: Path) -> None:
+    """A browser opens six connections to a host: the pages of waiting runs must not keep them."""
+    runs = [two_calls.call(f"tab {i}") for i in range(8)]
+    for run in runs:
+        wait_status(run, "waiting")
+    pages = []
+    try:
+        for run in runs:
+            p = session.new_page()
+            p.set_default_timeout(8000)
+            p.goto(f"/console/runs/{run.trace_id}")
+            expect(p.locator("#head h1")).to_have_text(run.trace_id)
+            pages.append(p)
+        for p in pages:
+            expect(p.locator("#live")).to_contain_text("checked every")
+        listing = session.new_page()
+        listing.set_default_timeout(8000)
+        listing.goto("/console/")
+        expect(listing.locator(f'tr[data-trace="{runs[-1].trace_id}"]')).to_contain_text("waiting")
+        listing.screenshot(path=str(tmp_path / "runs-beside-8-pages.png"), full_page=True)
+        pages.append(listing)
+        DFlow.call("cb-first", "moved", runs[0].trace_id)  # a page looking every 3 s sees it
+        expect(pages[0].locator("form.answer h2")).to_contain_text("cb-second")
+    finally:
+        for p in pages:
+            p.close()
+        for run in runs:
+            run.cancel()
 
 
 def test_cancelling_from_the_page_cancels_the_run(page: Any, dialogs: Dialogs, tmp_path: Path) -> None:
@@ -227,10 +286,17 @@ def test_an_action_without_the_login_or_the_page_token_is_refused(page: Any, chr
     run.cancel()
 
 
-def test_a_step_panel_shows_values_and_reruns_a_finished_run(page: Any, dialogs: Dialogs, tmp_path: Path) -> None:
+def test_a_step_panel_shows_values_and_reruns_a_finished_run(
+    page: Any, dialogs: Dialogs, tmp_path: Path
+) -> None:
     run = counted.call(4)
     assert run.result(10) == 15
     page.goto(f"/console/runs/{run.trace_id}")
+    bars = page.locator("#timeline svg g.bar")
+    expect(bars).to_have_count(2)  # inc and triple, drawn (the page's CSP allows no inline style)
+    assert bars.nth(1).bounding_box()["width"] > 100, "the timeline spans the card"
+    bars.nth(0).locator("text").click()  # a bar (its label or its rect) opens its step too
+    expect(page.locator("#detail h2")).to_have_text("inc")
     page.click('#tree .node[data-seq="2"]')
     panel = page.locator("#detail")
     expect(panel.locator("h2")).to_have_text("triple")

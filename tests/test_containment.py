@@ -88,8 +88,12 @@ def test_base_exception_is_retried_by_the_policy_and_caught_by_a_handler() -> No
     assert attempts == [0, 1, 2]
     handled = DFlow.direct_run(
         1,
-        lambda x: DFlow.just(x).map(_sync_raiser("keyboard-interrupt")).id("boom")
-        .on_error_return(lambda e: f"handled {type(e).__name__}"),
+        lambda x: (
+            DFlow.just(x)
+            .map(_sync_raiser("keyboard-interrupt"))
+            .id("boom")
+            .on_error_return(lambda e: f"handled {type(e).__name__}")
+        ),
     )
     assert handled.result(5) == "handled KeyboardInterrupt"
 
@@ -101,8 +105,12 @@ def test_on_init_raising_a_base_exception_fails_the_wait_not_the_runtime() -> No
 
     r = DFlow.direct_run(
         1,
-        lambda _: DFlow.from_call("job", on_init=on_init).map(lambda v: v).id("use")
-        .on_error_return(lambda e: e.error["type"]),
+        lambda _: (
+            DFlow.from_call("job", on_init=on_init)
+            .map(lambda v: v)
+            .id("use")
+            .on_error_return(lambda e: e.error["type"])
+        ),
     )
     assert r.result(5) == "KeyboardInterrupt"
 

@@ -1,4 +1,5 @@
-"""The in-memory store and transport pass the contracts every adapter must pass."""
+"""The in-memory store, its shared state and its transport pass the contracts every adapter
+must pass."""
 
 from __future__ import annotations
 
@@ -7,25 +8,86 @@ from collections.abc import Callable
 import pytest
 
 from dflow import MemoryBroker, MemoryStore, MemoryTransport, Store, Transport
-from dflow.testing import FusedStoreContract, StoreContract, TransportContract
+from dflow.memory.state import MemoryStateBackend
+from dflow.shared_state import StateBackend
+from dflow.store import RunReader
+from dflow.testing import (
+    FakeClock,
+    FusedStoreContract,
+    RunReaderContract,
+    RunWriterContract,
+    StateBackendContract,
+    StoreContract,
+    TransportContract,
+)
 
 
-class TestMemoryStore(StoreContract):
+class OnFakeClock:
+    """A suite whose stores are on a ``FakeClock``: time passes when a test lets it, at once."""
+
+    def now(self, store: Store) -> float:
+        assert isinstance(store, MemoryStore)
+        return store.clock.time()
+
+    async def pass_time(self, store: Store, seconds: float) -> None:
+        assert isinstance(store, MemoryStore) and isinstance(store.clock, FakeClock)
+        await store.clock.advance(seconds)
+
+
+class TestMemoryStore(OnFakeClock, StoreContract):
+    """The in-memory store on a fake clock: leases, timers and expiry without sleeping."""
+
+    @pytest.fixture
+    def make_store(self) -> Callable[..., Store]:
+        return lambda **opts: MemoryStore(clock=FakeClock(), **opts)
+
+
+class TestMemoryStoreOnTheSystemClock(RunWriterContract):
+    """The write side on the system's clock too, as local mode runs it."""
+
     @pytest.fixture
     def make_store(self) -> Callable[..., Store]:
         return lambda **opts: MemoryStore(**opts)
 
 
-class TestFusedMemoryStore(FusedStoreContract):
+class PollingMemoryStore(MemoryStore):
+    """The in-memory store with the read side's polling defaults of ``watch_steps`` and
+    ``wait_many``, as a store that does not override them has."""
+
+    watch_steps = RunReader.watch_steps
+    wait_many = RunReader.wait_many
+
+
+class TestTheReadSideDefaults(RunReaderContract):
+    """What a store that implements only the abstract reads gets for watching and waiting."""
+
+    @pytest.fixture
+    def make_store(self) -> Callable[..., Store]:
+        return lambda **opts: PollingMemoryStore(**opts)
+
+
+class TestFusedMemoryStore(OnFakeClock, FusedStoreContract):
     """Local mode's store: it puts step messages on its transport itself."""
 
     @pytest.fixture
     def make_fused(self) -> Callable[..., tuple[Store, Transport]]:
         def make(**opts: float) -> tuple[Store, Transport]:
             transport = MemoryTransport()
-            return MemoryStore(transport=transport, **opts), transport
+            return MemoryStore(transport=transport, clock=FakeClock(), **opts), transport
 
         return make
+
+
+class TestMemoryStateBackend(StateBackendContract):
+    """The shared state of local mode, on a fake clock: time passes when the test says."""
+
+    @pytest.fixture
+    def make_backend(self) -> Callable[[], StateBackend]:
+        return lambda: MemoryStore(clock=FakeClock()).shared_state
+
+    async def pass_time(self, backend: StateBackend, seconds: float) -> None:
+        assert isinstance(backend, MemoryStateBackend) and isinstance(backend.clock, FakeClock)
+        await backend.clock.advance(seconds)
 
 
 class TestMemoryTransport(TransportContract):

@@ -11,8 +11,8 @@ import pytest
 
 import dflow
 from dflow import BuildError, DFlow, PayloadRejectedError, UnknownStepError
-from dflow._durable import ChainCodec
-from dflow.flow import compile_flow
+from dflow.model.chains import ChainCodec
+from dflow.model.nodes import compile_flow
 
 KEY = "k" * 32  # a signing key is at least 32 bytes
 OTHER = "o" * 32
@@ -93,7 +93,9 @@ def test_a_registered_branch_keeps_its_static_reference_inside_a_run_time_chain(
 
 def test_a_flow_needing_code_a_worker_lacks_is_unknown_there() -> None:
     payload = pickle.dumps(compile_flow(DFlow.just(1).id("j")))
-    payload = payload.replace(b"dflow._model", b"dflow._nope_")  # same length: the pickle stays well-formed
+    payload = payload.replace(
+        b"dflow.model.nodes", b"dflow.model.nope_"
+    )  # same length: the pickle stays well-formed
     blob = hmac.new(KEY.encode(), payload, hashlib.sha256).digest() + payload
     ref = "h:" + hashlib.sha256(payload).hexdigest()
     with pytest.raises(UnknownStepError, match="needs code this worker does not have"):
@@ -120,7 +122,9 @@ def test_shared_objects_travel_by_name() -> None:
 def test_a_secret_is_required_and_long_enough() -> None:
     with pytest.raises(dflow.ConfigurationError, match="DFLOW_SECRET"):
         ChainCodec(None)
-    with pytest.raises(dflow.ConfigurationError, match="DFLOW_SECRET is 1 bytes; a signing key needs at least 32"):
+    with pytest.raises(
+        dflow.ConfigurationError, match="DFLOW_SECRET is 1 bytes; a signing key needs at least 32"
+    ):
         ChainCodec("x")
     with pytest.raises(dflow.ConfigurationError, match="key 2 of DFLOW_SECRET is 5 bytes"):
         ChainCodec(f"{KEY},short")
@@ -172,7 +176,9 @@ def test_local_mode_refuses_what_a_worker_could_not_load() -> None:
     with pytest.raises(dflow.RunFailedError, match="variable 'client' captured by the function of map"):
         r.result(5)
     client = Client()
-    with pytest.raises(BuildError, match="variable 'client' captured by the function of flat_map.*test_durable"):
+    with pytest.raises(
+        BuildError, match="variable 'client' captured by the function of flat_map.*test_durable"
+    ):
         DFlow.direct_run(1, lambda x: DFlow.just(client.get(x)))
 
 
@@ -195,7 +201,7 @@ def _old_format(chain: object) -> bytes:
 
     import cloudpickle
 
-    from dflow.flow import Chain
+    from dflow.model.nodes import Chain
 
     class Old(cloudpickle.Pickler):
         def reducer_override(self, obj: object) -> object:
@@ -212,7 +218,12 @@ def _old_format(chain: object) -> bytes:
 
 def test_flows_stored_by_an_earlier_version_still_load() -> None:
     offset = 3
-    flow = DFlow.zip([DFlow.just(i).map(lambda v: v + offset).id("b") for i in range(2)]).id("z").map(sum).id("s")
+    flow = (
+        DFlow.zip([DFlow.just(i).map(lambda v: v + offset).id("b") for i in range(2)])
+        .id("z")
+        .map(sum)
+        .id("s")
+    )
     payload = _old_format(compile_flow(flow))
     blob = hmac.new(KEY.encode(), payload, hashlib.sha256).digest() + payload
     ref = "h:" + hashlib.sha256(payload).hexdigest()
@@ -233,10 +244,17 @@ def test_chains_of_one_shape_are_pickled_once_and_their_consumed_head_is_left_ou
     other = codec.ref(compile_flow(DFlow.just(1).map(inc).id("inc").map(inc).id("more")))
     assert other[0] != first[0]
     # branch heads are not consumed when their parent is stored: they stay in the blob
-    a = codec.ref(compile_flow(DFlow.just(0).map(inc).id("x").flat_map(lambda v: DFlow.zip(
-        DFlow.just(1).map(inc).id("b"))).id("fm")))
+    a = codec.ref(
+        compile_flow(
+            DFlow.just(0)
+            .map(inc)
+            .id("x")
+            .flat_map(lambda v: DFlow.zip(DFlow.just(1).map(inc).id("b")))
+            .id("fm")
+        )
+    )
     zipped = [compile_flow(DFlow.zip(DFlow.just(v).map(inc).id("b"), DFlow.just(0)).id("z")) for v in (1, 2)]
-    r1, b1 = codec.ref(zipped[0])
+    r1, _b1 = codec.ref(zipped[0])
     r2, b2 = codec.ref(zipped[1])
     assert r1 != r2 and a[0] not in (r1, r2)
     loaded = ChainCodec(KEY).load(r2, b2)

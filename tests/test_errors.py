@@ -75,10 +75,26 @@ def test_no_runtime_configured() -> None:
         DFlow.direct_run(1, lambda x: DFlow.just(x))
 
 
+def test_a_model_without_an_installed_runtime_says_what_to_do(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The model reaches the runtime through its port; with none installed (the runtime
+    package installs one when imported) a start says so instead of failing obscurely."""
+    from dflow.model import running
+
+    pipeline = DFlow.just(1).id("port").init("errors-port")
+    monkeypatch.setattr(running, "_runner", None)
+    with pytest.raises(ConfigurationError, match="no dflow runtime is installed to run flows: import dflow"):
+        pipeline.call()
+    with pytest.raises(ConfigurationError, match="no dflow runtime is installed"):
+        DFlow.just(1).map(abs).id("guarded").circuit("errors-port")
+
+
 @pytest.mark.usefixtures("local")
 class TestRunTimeErrors:
     def test_non_serialisable_result_fails_the_run_and_nothing_else(self) -> None:
-        good = [DFlow.direct_run(i, lambda x: DFlow.delay(x, 0.05).map(lambda v: v + 1).id("inc")) for i in range(20)]
+        good = [
+            DFlow.direct_run(i, lambda x: DFlow.delay(x, 0.05).map(lambda v: v + 1).id("inc"))
+            for i in range(20)
+        ]
         bad = DFlow.direct_run(1, lambda x: DFlow.just(x).map(lambda v: object()).id("make-object"))
         with pytest.raises(RunFailedError) as info:
             bad.result(5)
@@ -103,7 +119,9 @@ class TestRunTimeErrors:
             made.append("tuple_keys")
             return {(x, x): 1}
 
-        r = DFlow.direct_run(1, lambda x: DFlow.just(x).map(tuple_keys).id("pairs").map(lambda v: v).id("next"))
+        r = DFlow.direct_run(
+            1, lambda x: DFlow.just(x).map(tuple_keys).id("pairs").map(lambda v: v).id("next")
+        )
         with pytest.raises(RunFailedError) as info:
             r.result(5)
         assert info.value.error["step"] == "pairs>next", "the producing step is blamed, not the next"
@@ -126,7 +144,9 @@ class TestRunTimeErrors:
         with pytest.raises(RunFailedError) as info:
             r.result(5)
         msg = info.value.error["message"]
-        assert "the integer 1180591620717411303424 is outside msgpack's 64-bit range (-2**63 .. 2**64-1)" in msg
+        assert (
+            "the integer 1180591620717411303424 is outside msgpack's 64-bit range (-2**63 .. 2**64-1)" in msg
+        )
         assert "pass it as a string" in msg and "use msgpack data" not in msg.lower()
 
     def test_non_serialisable_parameter_is_refused_before_the_run_starts(self) -> None:
@@ -136,7 +156,9 @@ class TestRunTimeErrors:
 
     def test_unknown_entry(self) -> None:
         p = DFlow.from_call("start").map(len).id("len").init("sizes")
-        with pytest.raises(UnknownEntryError, match="pipeline 'sizes' has no entry 'begin'; its entries: 'start'"):
+        with pytest.raises(
+            UnknownEntryError, match="pipeline 'sizes' has no entry 'begin'; its entries: 'start'"
+        ):
             p.entry("begin")
 
     def test_call_to_a_finished_or_unknown_run(self) -> None:
@@ -149,7 +171,9 @@ class TestRunTimeErrors:
         assert DFlow.direct_run(2, lambda x: DFlow.just(x)).result(5) == 2
 
     def test_call_before_the_run_reaches_from_call(self) -> None:
-        r = DFlow.direct_run(1, lambda x: DFlow.delay(x, 0.3).flat_map(lambda v: DFlow.from_call("late")).id("fm"))
+        r = DFlow.direct_run(
+            1, lambda x: DFlow.delay(x, 0.3).flat_map(lambda v: DFlow.from_call("late")).id("fm")
+        )
         with pytest.raises(NotWaitingError, match="not waiting for call 'late'.*on_init"):
             DFlow.call("late", 1, r.trace_id)
         with pytest.raises(RunTimeoutError):
@@ -213,8 +237,8 @@ class TestRunTimeErrors:
         r = DFlow.direct_run(1, lambda x: DFlow.just(x).map(slow).id("slow").map(lambda v: v).id("after"))
         r.result(5)
         runtime = current_runtime()
-        from dflow._codec import Message
         from dflow.client import _current
+        from dflow.wire.values import Message
 
         _current().run(runtime.publish([Message(r.trace_id, 1, "slow>after")]))
         time.sleep(0.2)
@@ -241,14 +265,14 @@ def test_entry_with_on_init_is_refused() -> None:
 
 @pytest.mark.parametrize("name,body", MALFORMED_MESSAGES, ids=[n for n, _ in MALFORMED_MESSAGES])
 def test_only_exact_step_messages_decode(name: str, body: bytes) -> None:
-    from dflow._codec import Message
+    from dflow.wire.values import Message
 
     with pytest.raises(SerializationError, match="not a dflow step message"):
         Message.decode(body)
 
 
 def test_a_step_message_decodes_to_itself() -> None:
-    from dflow._codec import Message
+    from dflow.wire.values import Message
 
     for m in [Message("t", 1, "k", 0, 3), Message("a/3-1/0-2", 2**53 - 1, "思考>loop/agent", 300, 0)]:
         assert Message.decode(m.encode()) == m

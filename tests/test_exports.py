@@ -10,8 +10,28 @@ import dflow
 
 PUBLIC_MODULES = ["client", "context", "errors", "flow", "memory", "policy", "runtime", "store", "transport"]
 # Seams for adapter authors, reached as dflow.store / dflow.transport, not re-exported.
-ADAPTER_SEAM = {"Advance", "BlobsMissingError", "BranchResult", "Claim", "Committed", "Fail", "Finish", "Fork",
-                "Frames", "NewRun", "Parent", "Taken", "Transition", "Wait"}
+ADAPTER_SEAM = {
+    "Advance",
+    "BlobsMissingError",
+    "BranchResult",
+    "Claim",
+    "Committed",
+    "Compensations",
+    "Fail",
+    "Finish",
+    "Fork",
+    "Frames",
+    "FusedDispatch",
+    "NewRun",
+    "Parent",
+    "RunReader",
+    "RunWriter",
+    "Taken",
+    "Transition",
+    "Wait",
+    "compensations_in",
+    "fused_variant",
+}
 
 
 @pytest.mark.parametrize("package", ["dflow", "dflow.testing", "dflow.adapters", "dflow_agents"])

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from dflow import DFlow
-from dflow._logs import JsonFormatter, StepLogContext, current_step
+from dflow.ops.logs import JsonFormatter, StepLogContext, current_step
 from dflow.runtime import Runtime
 from dflow.store import Claim
 
@@ -42,15 +42,27 @@ async def _say_async(x: int) -> int:
 
 
 def test_lines_logged_in_steps_carry_their_run_and_step(lines: io.StringIO) -> None:
-    run = DFlow.from_call("go").map(_say).id("say").map(_say_async).id("later").init(
-        f"j-{uuid.uuid4().hex[:6]}").call(5)
+    run = (
+        DFlow.from_call("go")
+        .map(_say)
+        .id("say")
+        .map(_say_async)
+        .id("later")
+        .init(f"j-{uuid.uuid4().hex[:6]}")
+        .call(5)
+    )
     assert run.result(5) == 5
     log.info("outside")
     records = [json.loads(line) for line in lines.getvalue().splitlines()]
     assert [r["message"] for r in records] == ["step sees 5\nacross lines", "async step sees 5", "outside"]
     first, second, outside = records
     assert (first["run"], first["step"], first["seq"], first["attempt"]) == (run.trace_id, "say>later", 1, 0)
-    assert (second["run"], second["step"], second["seq"], second["level"]) == (run.trace_id, "later", 2, "WARNING")
+    assert (second["run"], second["step"], second["seq"], second["level"]) == (
+        run.trace_id,
+        "later",
+        2,
+        "WARNING",
+    )
     assert "run" not in outside and outside["worker"] == "w-1" and outside["logger"] == "tests.json_logs"
     assert current_step() is None  # reset after each step
 
@@ -70,7 +82,7 @@ def test_extra_ids_exceptions_and_the_step_context_reset() -> None:
     assert out["run"] == "r1" and out["step"] == "a>b" and out["message"] == "failed it"
     assert "KeyError: 'k'" in out["exception"] and out["time"].endswith("+00:00")
 
-    from dflow._codec import Message
+    from dflow.wire.values import Message
 
     observer = StepLogContext()
     claim = Claim(Message("r2", 3, "k>l", 1), "token", None, b"", {})
@@ -79,8 +91,9 @@ def test_extra_ids_exceptions_and_the_step_context_reset() -> None:
     observer.aborted(token, RuntimeError("store down"))
     assert current_step() is None
     started = time.time()
-    assert json.loads(formatter.format(logging.LogRecord("x", logging.INFO, __file__, 1, "m", (), None)))["time"][:4] \
-        == time.strftime("%Y", time.gmtime(started))
+    assert json.loads(formatter.format(logging.LogRecord("x", logging.INFO, __file__, 1, "m", (), None)))[
+        "time"
+    ][:4] == time.strftime("%Y", time.gmtime(started))
 
 
 def test_steps_run_in_a_thread_log_with_their_ids(lines: io.StringIO) -> None:

@@ -6,9 +6,9 @@ import pytest
 from redis.crc import key_slot
 
 from dflow import ConfigurationError
-from dflow._connect import store_from_url, transport_from_url
 from dflow.adapters.redis import RedisStore, RedisStreamsTransport
-from dflow.adapters.redis._keyspace import SLOTS, Keyspace
+from dflow.adapters.redis.keyspace import SLOTS, Keyspace
+from dflow.runtime.connect import store_from_url, transport_from_url
 
 
 def test_one_server_keeps_the_untagged_names() -> None:

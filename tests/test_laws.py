@@ -1,8 +1,8 @@
 """The monad laws, checked with hypothesis, observed as run results in local mode.
 
-    left identity    just(a).flat_map(f)          == f(a)
-    right identity   m.flat_map(just)             == m
-    associativity    m.flat_map(f).flat_map(g)    == m.flat_map(lambda x: f(x).flat_map(g))
+left identity    just(a).flat_map(f)          == f(a)
+right identity   m.flat_map(just)             == m
+associativity    m.flat_map(f).flat_map(g)    == m.flat_map(lambda x: f(x).flat_map(g))
 """
 
 from __future__ import annotations
@@ -54,7 +54,9 @@ def flow_functions(draw: st.DrawFn, tag: str) -> Callable[[Any], DFlow[Any]]:
 
     def f(x: Any) -> DFlow[Any]:
         if shape == "zip":
-            return DFlow.zip(chain(DFlow.just(x), first, tag + "a"), chain(DFlow.just(x), second, tag + "b")).id(tag + "z")
+            return DFlow.zip(
+                chain(DFlow.just(x), first, tag + "a"), chain(DFlow.just(x), second, tag + "b")
+            ).id(tag + "z")
         if shape == "delay":
             return chain(DFlow.delay(x, 0), first, tag)
         return chain(DFlow.just(x), first, tag)
@@ -67,7 +69,9 @@ def result(builder: Callable[[Any], DFlow[Any]]) -> Any:
     return DFlow.direct_run(None, builder).result(10)
 
 
-law_settings = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+law_settings = settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 
 
 @law_settings
@@ -87,7 +91,9 @@ def test_right_identity(a: Any, program: list[Op]) -> None:
 
 @law_settings
 @given(a=json_values, program=ops, f=flow_functions("f"), g=flow_functions("g"))
-def test_associativity(a: Any, program: list[Op], f: Callable[[Any], DFlow[Any]], g: Callable[[Any], DFlow[Any]]) -> None:
+def test_associativity(
+    a: Any, program: list[Op], f: Callable[[Any], DFlow[Any]], g: Callable[[Any], DFlow[Any]]
+) -> None:
     def m() -> DFlow[Any]:
         return chain(DFlow.just(a), program, "m")
 

@@ -17,8 +17,9 @@ from dflow import ContextStack, DFlow, Runtime
 
 
 @pytest.fixture
-def short_ttl() -> Iterator[Runtime]:
-    runtime = DFlow.global_init_for_test(ttl=0.5)
+def short_ttl(request: pytest.FixtureRequest) -> Iterator[Runtime]:
+    """Local mode, finished runs kept 0.5 s (or ``request.param`` seconds)."""
+    runtime = DFlow.global_init_for_test(ttl=getattr(request, "param", 0.5))
     yield runtime
     dflow.shutdown()
 
@@ -29,8 +30,10 @@ def agent_turn(ctx: ContextStack, state: dict[str, Any]) -> DFlow[dict[str, Any]
         return DFlow.just(state)
     return (
         DFlow.just(state)
-        .map(lambda s: {**s, "turn": s["turn"] + 1, "acc": (s["acc"] * 31 + s["turn"]) % 1_000_003}).id("think")
-        .flat_map(agent_turn).id("loop")
+        .map(lambda s: {**s, "turn": s["turn"] + 1, "acc": (s["acc"] * 31 + s["turn"]) % 1_000_003})
+        .id("think")
+        .flat_map(agent_turn)
+        .id("loop")
     )
 
 
@@ -41,6 +44,9 @@ def expected_acc(n: int) -> int:
     return acc
 
 
+# kept 3 s: the run is read back after a full collection of 20,000 steps' garbage, which takes
+# longer than 0.5 s on a busy machine
+@pytest.mark.parametrize("short_ttl", [3.0], indirect=True)
 def test_recursive_flat_map_loop_of_10000_iterations(short_ttl: Runtime) -> None:
     n = 10_000
     assert sys.getrecursionlimit() < n * 2, "the loop must not rely on Python recursion"
@@ -81,8 +87,14 @@ def test_loop_keys_settle_on_a_fixed_set(short_ttl: Runtime) -> None:
     r.result(30)
     keys = {s.key for s in r.context().steps}
     # the first turn runs in the built flow; the others nest under the loop's flat_map, once
-    assert keys == {"direct_run>direct_run.build", "direct_run.build", "think>loop", "loop", "think>loop/loop",
-                    "loop/loop"}
+    assert keys == {
+        "direct_run>direct_run.build",
+        "direct_run.build",
+        "think>loop",
+        "loop",
+        "think>loop/loop",
+        "loop/loop",
+    }
 
 
 def five_steps() -> dflow.Pipeline:
@@ -93,11 +105,16 @@ def five_steps() -> dflow.Pipeline:
 
     return (
         DFlow.from_call("start")
-        .map(lambda x: x + 1).id("inc")
-        .map(check).id("check")
-        .flat_map(lambda x: DFlow.delay(x, 0.01)).id("pause")
-        .map(lambda ctx, x: x - ctx.get("seen")).id("minus-seen")
-        .map(lambda x: x * 10).id("scale")
+        .map(lambda x: x + 1)
+        .id("inc")
+        .map(check)
+        .id("check")
+        .flat_map(lambda x: DFlow.delay(x, 0.01))
+        .id("pause")
+        .map(lambda ctx, x: x - ctx.get("seen"))
+        .id("minus-seen")
+        .map(lambda x: x * 10)
+        .id("scale")
         .init("five")
     )
 

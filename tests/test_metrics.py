@@ -58,23 +58,34 @@ def _double(v: int) -> int:
     return v * 2
 
 
-def test_the_counters_match_the_steps_of_a_known_load(metered: tuple[Runtime, prom.CollectorRegistry]) -> None:
+def test_the_counters_match_the_steps_of_a_known_load(
+    metered: tuple[Runtime, prom.CollectorRegistry],
+) -> None:
     _, registry = metered
     name = f"m-load-{uuid.uuid4().hex[:6]}"
     pipeline = (
         DFlow.from_call("go")
-        .map(lambda x: x + 1).id("inc")
-        .flat_map(_fan).id("fan")
-        .map(sum).id("sum")
-        .map(_flaky).id("flaky").retry(3, backoff=0.001, jitter=False)
-        .map(_boom).id("boom").on_error_return(lambda exc: "recovered")
+        .map(lambda x: x + 1)
+        .id("inc")
+        .flat_map(_fan)
+        .id("fan")
+        .map(sum)
+        .id("sum")
+        .map(_flaky)
+        .id("flaky")
+        .retry(3, backoff=0.001, jitter=False)
+        .map(_boom)
+        .id("boom")
+        .on_error_return(lambda exc: "recovered")
         .init(name)
     )
     runs = [pipeline.call(i) for i in range(7)]
     assert dflow.gather(runs, timeout=10) == ["recovered"] * 7
     per_run = {"inc": 1, "fan": 1, "mul": 4, "z": 1, "sum": 1, "flaky": 3, "boom": 1}
     expected = {k: 7.0 * n for k, n in per_run.items()}
-    deadline = time.monotonic() + 5  # the last step is counted just after its commit, which the waiter may see first
+    deadline = (
+        time.monotonic() + 5
+    )  # the last step is counted just after its commit, which the waiter may see first
     while _counts(registry, "dflow_steps_committed_total", name) != expected and time.monotonic() < deadline:
         time.sleep(0.01)
     assert _counts(registry, "dflow_steps_started_total", name) == expected
@@ -107,14 +118,17 @@ def test_a_lost_lease_in_flight_steps_and_dead_letters_are_counted(
     assert _value(registry, "dflow_steps_in_flight") == 1
     run.cancel("stop")  # the running step commits nothing: its lease is gone
     release.set()
-    while _value(registry, "dflow_lease_losses_total", pipeline=name, step="hold") != 1 and time.monotonic() < deadline:
+    while (
+        _value(registry, "dflow_lease_losses_total", pipeline=name, step="hold") != 1
+        and time.monotonic() < deadline
+    ):
         time.sleep(0.005)
     assert _counts(registry, "dflow_lease_losses_total", name) == {"hold": 1.0}
     assert _counts(registry, "dflow_steps_started_total", name) == {"hold": 1.0}
     assert _counts(registry, "dflow_steps_committed_total", name) == {}
     assert _value(registry, "dflow_steps_in_flight") == 0
 
-    from dflow._host import _current
+    from dflow.runtime.process import _current
 
     _current().run(runtime.transport.publish(b"\xc1 no step message", "k"))
     while _value(registry, "dflow_dead_letters_total") != 1 and time.monotonic() < deadline:
@@ -134,7 +148,7 @@ def test_labels_name_the_pipeline_and_the_node_and_stay_bounded() -> None:
     p1 = DFlow.just(1).flat_map(lambda x: DFlow.just(x).map(lambda v: v).id("in")).id(tail).init("amb-1")
     DFlow.just(2).map(lambda x: x).id("other").flat_map(lambda x: DFlow.just(x)).id(tail).init("amb-2")
     inner = dflow.DFlow.just(1).map(lambda v: v).id("in")
-    from dflow._model import Frame, compile_flow
+    from dflow.model.nodes import Frame, compile_flow
 
     dynamic = (Frame(compile_flow(inner), 1, f"/{tail}"),)
     assert step_labels(dynamic, f"in/{tail}") == (NO_PIPELINE, "in")
@@ -146,7 +160,10 @@ def test_labels_name_the_pipeline_and_the_node_and_stay_bounded() -> None:
     for step in ("a", "b", "c", "d"):
         m.started(None, "p", step)  # type: ignore[arg-type]  # (the claim is not read)
     assert registry.get_sample_value("dflow_steps_started_total", {"pipeline": "p", "step": "b"}) == 1
-    assert registry.get_sample_value("dflow_steps_started_total", {"pipeline": "(other)", "step": "(other)"}) == 2
+    assert (
+        registry.get_sample_value("dflow_steps_started_total", {"pipeline": "(other)", "step": "(other)"})
+        == 2
+    )
 
 
 def test_metrics_are_served_over_http_and_misuse_is_refused() -> None:
@@ -183,7 +200,10 @@ def test_without_observers_nothing_is_observed(local: Runtime) -> None:
     run = DFlow.just(2).map(lambda x: x * 3).id("triple").init(f"m-none-{uuid.uuid4().hex[:6]}").call()
     assert run.result(5) == 6 and calls == []
     local.add_observer(Spy())
-    assert DFlow.just(2).map(lambda x: x * 3).id("triple").init(f"m-spy-{uuid.uuid4().hex[:6]}").call().result(5) == 6
+    assert (
+        DFlow.just(2).map(lambda x: x * 3).id("triple").init(f"m-spy-{uuid.uuid4().hex[:6]}").call().result(5)
+        == 6
+    )
     assert calls == ["just", "triple"]
 
 
@@ -191,7 +211,9 @@ def test_the_core_imports_neither_prometheus_nor_opentelemetry() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, dflow, dflow.runtime, dflow.observe, dflow.cli; "
-            "print(sorted(m for m in sys.modules if m.startswith(('prometheus_client', 'opentelemetry'))))")
+    code = (
+        "import sys, dflow, dflow.runtime, dflow.observe, dflow.cli; "
+        "print(sorted(m for m in sys.modules if m.startswith(('prometheus_client', 'opentelemetry'))))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -22,6 +23,7 @@ from dflow import (
     StepStatus,
     StepTimeoutError,
 )
+from dflow.testing import FakeClock
 from tests.support.recorder import recorder
 
 pytestmark = pytest.mark.usefixtures("local")
@@ -45,10 +47,14 @@ def test_map_chain_with_sync_and_async_functions() -> None:
 
     p = (
         DFlow.from_call("start")
-        .map(lambda x: x + 1).id("inc")
-        .map(double).id("double")
-        .map(remember).id("remember")
-        .map(add_ctx).id("bonus")
+        .map(lambda x: x + 1)
+        .id("inc")
+        .map(double)
+        .id("double")
+        .map(remember)
+        .id("remember")
+        .map(add_ctx)
+        .id("bonus")
         .init("chain")
     )
     assert p.entries == ["start"]
@@ -59,9 +65,12 @@ def test_map_chain_with_sync_and_async_functions() -> None:
 def test_step_keys_are_the_ids_of_the_rest_of_the_path() -> None:
     p = (
         DFlow.from_call("go")
-        .map(lambda x: x).id("a")
-        .flat_map(lambda x: DFlow.just(x).map(lambda v: v).id("inner")).id("fm")
-        .map(lambda x: x).id("c")
+        .map(lambda x: x)
+        .id("a")
+        .flat_map(lambda x: DFlow.just(x).map(lambda v: v).id("inner"))
+        .id("fm")
+        .map(lambda x: x)
+        .id("c")
         .init("keys")
     )
     r = p.call(1)
@@ -78,8 +87,10 @@ def test_a_flow_returned_by_flat_map_cannot_reuse_its_key() -> None:
     # The inner flow's head has the flat_map's own id: before keys nested, both were "x>y".
     p = (
         DFlow.from_call("go")
-        .flat_map(lambda v: DFlow.just(v).map(lambda w: w + 1).id("x")).id("x")
-        .map(lambda v: v * 10).id("y")
+        .flat_map(lambda v: DFlow.just(v).map(lambda w: w + 1).id("x"))
+        .id("x")
+        .map(lambda v: v * 10)
+        .id("y")
         .init("reuse")
     )
     r = p.call(1)
@@ -106,7 +117,9 @@ def test_keys_are_unique_on_a_path_of_nested_flat_maps_that_reuse_ids() -> None:
 
 def test_nested_zips_with_default_ids() -> None:
     def build(x: int) -> DFlow[Any]:
-        inner = DFlow.zip(DFlow.just(x).map(lambda v: v + 1).id("inc"), DFlow.just(x).map(lambda v: v * 2).id("dbl"))
+        inner = DFlow.zip(
+            DFlow.just(x).map(lambda v: v + 1).id("inc"), DFlow.just(x).map(lambda v: v * 2).id("dbl")
+        )
         return DFlow.zip(inner, DFlow.zip(DFlow.just(x), inner))
 
     assert run(build, 5) == [[6, 10], [5, [6, 10]]]
@@ -125,7 +138,15 @@ def test_nested_flat_maps() -> None:
         return DFlow.just(x).map(lambda v: v + 3).id("l3")
 
     def level2(x: int) -> DFlow[int]:
-        return DFlow.just(x).map(lambda v: v * 2).id("l2").flat_map(level3).id("to3").map(lambda v: v - 1).id("after3")
+        return (
+            DFlow.just(x)
+            .map(lambda v: v * 2)
+            .id("l2")
+            .flat_map(level3)
+            .id("to3")
+            .map(lambda v: v - 1)
+            .id("after3")
+        )
 
     def level1(x: int) -> DFlow[int]:
         return DFlow.just(x).flat_map(level2).id("to2").map(lambda v: v * 10).id("after2")
@@ -154,7 +175,11 @@ def test_zip_branches_get_a_copy_of_the_context_and_their_puts_merge_back() -> N
 
     def build(ctx: ContextStack, n: int) -> DFlow[Any]:
         ctx.put("shared", "parent")
-        return DFlow.zip([branch(i) for i in range(n)]).map(lambda c, rs: (rs, c.get("b0"), c.get("b2"))).id("read")
+        return (
+            DFlow.zip([branch(i) for i in range(n)])
+            .map(lambda c, rs: (rs, c.get("b0"), c.get("b2")))
+            .id("read")
+        )
 
     assert run(build, 3) == [[0, 1, 2], 0, 2]
 
@@ -172,8 +197,11 @@ def test_branches_made_with_merge_false_read_the_context_and_leave_it_as_it_was(
         isolated = DFlow.zip([DFlow.just(i).map(work).id("work") for i in range(n)], merge=False)
         alone = DFlow.any(DFlow.just(7).map(work).id("work"), merge=False)
         return (
-            isolated.map(lambda c, rs: (rs, c.get("shared"), c.get("seen"), c.get("gone"))).id("read")
-            .flat_map(lambda first: alone.map(lambda c, r: [first, r, c.get("shared"), c.get("gone")]).id("read2"))
+            isolated.map(lambda c, rs: (rs, c.get("shared"), c.get("seen"), c.get("gone")))
+            .id("read")
+            .flat_map(
+                lambda first: alone.map(lambda c, r: [first, r, c.get("shared"), c.get("gone")]).id("read2")
+            )
             .id("then")
         )
 
@@ -195,7 +223,9 @@ def test_zip_fails_when_a_branch_fails_and_on_error_return_catches_it() -> None:
     assert info.value.error["type"] == "ValueError"
     assert "branch 1 broke" in info.value.error["message"]
 
-    caught = run(lambda n: build(n).on_error_return(lambda e: f"caught {type(e).__name__}: {e.error['message']}"), 3)
+    caught = run(
+        lambda n: build(n).on_error_return(lambda e: f"caught {type(e).__name__}: {e.error['message']}"), 3
+    )
     assert caught == "caught StepFailedError: branch 1 broke"
 
 
@@ -246,7 +276,9 @@ def test_from_call_on_init_runs_after_the_wait_is_registered() -> None:
         seen.append(ctx.trace_id)
         DFlow.call("job-done", {"rows": 3}, ctx.trace_id)
 
-    r = DFlow.direct_run(1, lambda _: DFlow.from_call("job-done", on_init=on_init).map(lambda p: p["rows"]).id("rows"))
+    r = DFlow.direct_run(
+        1, lambda _: DFlow.from_call("job-done", on_init=on_init).map(lambda p: p["rows"]).id("rows")
+    )
     assert r.result(5) == 3
     assert seen == [r.trace_id]
 
@@ -257,9 +289,12 @@ def test_from_call_on_init_failure_skips_to_on_error_return() -> None:
 
     r = DFlow.direct_run(
         1,
-        lambda _: DFlow.from_call("never", on_init=on_init)
-        .map(lambda p: p).id("use")
-        .on_error_return(lambda e: f"fallback after {e.error['type']}"),
+        lambda _: (
+            DFlow.from_call("never", on_init=on_init)
+            .map(lambda p: p)
+            .id("use")
+            .on_error_return(lambda e: f"fallback after {e.error['type']}")
+        ),
     )
     assert r.result(5) == "fallback after ConnectionError"
 
@@ -270,12 +305,33 @@ def test_delay_resumes_after_its_time() -> None:
     assert time.monotonic() - t0 >= 0.2
 
 
+def _on_a_fake_clock() -> tuple[FakeClock, Callable[[float], None]]:
+    """Local mode on a ``FakeClock``, and how the test moves it (on the runtime's loop)."""
+    clock = FakeClock()
+    runtime = dflow.global_init_for_test(clock=clock)
+
+    def advance(seconds: float) -> None:
+        asyncio.run_coroutine_threadsafe(clock.advance(seconds), runtime._loop).result(10)  # type: ignore[arg-type]
+
+    return clock, advance
+
+
+def _until(check: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.002)
+
+
 def test_delays_hold_no_worker() -> None:
-    # 50 runs each sleeping 0.3 s finish together, far sooner than one after another.
-    t0 = time.monotonic()
-    runs = [DFlow.direct_run(i, lambda x: DFlow.delay(x, 0.3)) for i in range(50)]
+    # 50 runs (on 16 workers) each delayed 30 s all sleep at once, and all go on when 30 s pass
+    _, advance = _on_a_fake_clock()
+    runs = [DFlow.direct_run(i, lambda x: DFlow.delay(x, 30.0)) for i in range(50)]
+    _until(lambda: all(r.status() is RunStatus.SLEEPING for r in runs))
+    advance(29.9)
+    assert all(r.status() is RunStatus.SLEEPING for r in runs)
+    advance(0.1)
     assert dflow.gather(runs, timeout=10) == list(range(50))
-    assert time.monotonic() - t0 < 3
 
 
 def test_on_error_return_skips_forward_over_nodes() -> None:
@@ -290,11 +346,18 @@ def test_on_error_return_skips_forward_over_nodes() -> None:
 
     r = DFlow.direct_run(
         1,
-        lambda x: DFlow.just(x)
-        .map(fail).id("fail")
-        .map(never).id("skipped")
-        .map(never).id("recovers").on_error_return(lambda ctx, e: f"{type(e).__name__}: {e}")
-        .map(lambda s: s.upper()).id("after"),
+        lambda x: (
+            DFlow.just(x)
+            .map(fail)
+            .id("fail")
+            .map(never)
+            .id("skipped")
+            .map(never)
+            .id("recovers")
+            .on_error_return(lambda ctx, e: f"{type(e).__name__}: {e}")
+            .map(lambda s: s.upper())
+            .id("after")
+        ),
     )
     assert r.result(5) == "RUNTIMEERROR: BAD INPUT"
     assert calls == []
@@ -310,7 +373,12 @@ def test_error_skips_out_of_an_inner_chain_to_the_outer_handler() -> None:
     def inner(x: int) -> DFlow[int]:
         return DFlow.just(x).map(lambda v: 1 // 0).id("div").map(lambda v: v).id("inner-next")
 
-    r = run(lambda x: DFlow.just(x).flat_map(inner).id("fm").map(lambda v: v).id("next").on_error_return(lambda e: -1), 3)
+    r = run(
+        lambda x: (
+            DFlow.just(x).flat_map(inner).id("fm").map(lambda v: v).id("next").on_error_return(lambda e: -1)
+        ),
+        3,
+    )
     assert r == -1
 
 
@@ -365,17 +433,25 @@ def test_retry_gives_up_and_only_retries_listed_errors() -> None:
 
 
 def test_retry_backoff_grows_exponentially() -> None:
-    times = recorder()
+    _, advance = _on_a_fake_clock()
+    tries = recorder()
 
     def flaky(x: int) -> int:
-        times.append(time.monotonic())
-        if len(times) < 3:
+        tries.append(x)
+        if len(tries) < 3:
             raise ConnectionError
         return x
 
-    run(lambda x: DFlow.just(x).map(flaky).id("flaky").retry(3, backoff=0.1, jitter=False), 1)
-    gaps = [b - a for a, b in zip(times, times[1:])]
-    assert gaps[0] >= 0.1 and gaps[1] >= 0.2
+    r = DFlow.direct_run(
+        1, lambda x: DFlow.just(x).map(flaky).id("flaky").retry(3, backoff=10.0, jitter=False)
+    )
+    for attempt, backoff in ((1, 10.0), (2, 20.0)):
+        _until(lambda attempt=attempt: len(tries) == attempt and r.status() is RunStatus.SLEEPING)
+        advance(backoff - 0.1)
+        time.sleep(0.02)
+        assert len(tries) == attempt, f"attempt {attempt + 1} came before its backoff of {backoff} s"
+        advance(0.1)
+    assert r.result(10) == 1 and len(tries) == 3
 
 
 def test_timeout_fires_for_async_and_sync_steps() -> None:
@@ -404,7 +480,12 @@ def test_timeout_then_retry_then_success() -> None:
             await asyncio.sleep(5)
         return x
 
-    out = run(lambda x: DFlow.just(x).map(sometimes_slow).id("s").timeout(0.1).retry(2, backoff=0.01, on=StepTimeoutError), 7)
+    out = run(
+        lambda x: (
+            DFlow.just(x).map(sometimes_slow).id("s").timeout(0.1).retry(2, backoff=0.01, on=StepTimeoutError)
+        ),
+        7,
+    )
     assert out == 7 and calls == [7, 7]
 
 
@@ -438,7 +519,11 @@ def test_pydantic_models_cross_steps() -> None:
 
 def test_zip_inside_flat_map_inside_any() -> None:
     def inner(x: int) -> DFlow[int]:
-        return DFlow.zip(DFlow.just(x).map(lambda v: v + 1).id("a"), DFlow.just(x).map(lambda v: v + 2).id("b")).map(sum).id("sum")
+        return (
+            DFlow.zip(DFlow.just(x).map(lambda v: v + 1).id("a"), DFlow.just(x).map(lambda v: v + 2).id("b"))
+            .map(sum)
+            .id("sum")
+        )
 
     def build(x: int) -> DFlow[int]:
         return DFlow.any(DFlow.just(x).flat_map(inner).id("fm"), DFlow.delay(-1, 1.0))
@@ -504,9 +589,15 @@ def test_tree_shows_steps_branches_and_errors() -> None:
 
     r = DFlow.direct_run(
         2,
-        lambda x: DFlow.zip(DFlow.just(x).map(lambda v: v + 1).id("ok"), DFlow.just(x).map(bad).id("bad").on_error_return(lambda e: 0))
-        .id("fan")
-        .map(sum).id("total"),
+        lambda x: (
+            DFlow.zip(
+                DFlow.just(x).map(lambda v: v + 1).id("ok"),
+                DFlow.just(x).map(bad).id("bad").on_error_return(lambda e: 0),
+            )
+            .id("fan")
+            .map(sum)
+            .id("total")
+        ),
     )
     assert r.result(5) == 3
     tree = r.tree()
@@ -530,7 +621,10 @@ def test_flat_map_handler_catches_errors_of_the_flow_it_returned(tail: bool) -> 
 
     assert run(build, 3) == (-1 if tail else -10)
     # and without an error, the inner flow's value passes through the handler's node
-    ok = run(lambda x: DFlow.just(x).flat_map(lambda v: DFlow.just(v + 1)).id("fm").on_error_return(lambda e: -1), 1)
+    ok = run(
+        lambda x: DFlow.just(x).flat_map(lambda v: DFlow.just(v + 1)).id("fm").on_error_return(lambda e: -1),
+        1,
+    )
     assert ok == 2
 
 
@@ -565,7 +659,9 @@ def test_on_init_cannot_put_into_the_context() -> None:
 
 
 def test_any_cancels_the_losing_branches() -> None:
-    r = DFlow.direct_run(1, lambda x: DFlow.any(DFlow.from_call("never"), DFlow.delay("fast", 0.01)).id("race"))
+    r = DFlow.direct_run(
+        1, lambda x: DFlow.any(DFlow.from_call("never"), DFlow.delay("fast", 0.01)).id("race")
+    )
     assert r.result(5) == "fast"
     fork = next(s for s in r.context().steps if s.status is StepStatus.FORKED)
     loser = dflow.Run(fork.output[0])
@@ -606,13 +702,19 @@ class RateLimited(Exception):
 
 
 def test_a_retry_waits_as_long_as_the_error_asks() -> None:
-    times = recorder()
+    _, advance = _on_a_fake_clock()
+    tries = recorder()
 
     def limited(x: int) -> int:
-        times.append(time.monotonic())
-        if len(times) == 1:
-            raise RateLimited(0.4)
+        tries.append(x)
+        if len(tries) == 1:
+            raise RateLimited(40.0)
         return x
 
-    run(lambda x: DFlow.just(x).map(limited).id("limited").retry(2, backoff=0.01), 1)
-    assert times[1] - times[0] >= 0.4
+    r = DFlow.direct_run(1, lambda x: DFlow.just(x).map(limited).id("limited").retry(2, backoff=0.01))
+    _until(lambda: len(tries) == 1 and r.status() is RunStatus.SLEEPING)
+    advance(39.9)
+    time.sleep(0.02)
+    assert len(tries) == 1, "retried before the 40 s the error asked for"
+    advance(0.1)
+    assert r.result(10) == 1 and len(tries) == 2

@@ -32,7 +32,9 @@ def traced(local: Runtime) -> Iterator[tuple[TracerProvider, InMemorySpanExporte
 
 
 def _steps(exporter: InMemorySpanExporter, n: int) -> list[ReadableSpan]:
-    deadline = time.monotonic() + 5  # a step's span ends just after its commit, which the waiter may see first
+    deadline = (
+        time.monotonic() + 5
+    )  # a step's span ends just after its commit, which the waiter may see first
     while True:
         spans = [s for s in exporter.get_finished_spans() if s.name.startswith("dflow step ")]
         if len(spans) >= n or time.monotonic() > deadline:
@@ -54,14 +56,21 @@ def _boom(ctx: ContextStack, x: int) -> int:
     raise ValueError("twice")
 
 
-def test_the_call_the_run_and_its_steps_make_one_tree(traced: tuple[TracerProvider, InMemorySpanExporter]) -> None:
+def test_the_call_the_run_and_its_steps_make_one_tree(
+    traced: tuple[TracerProvider, InMemorySpanExporter],
+) -> None:
     provider, exporter = traced
     name = f"o-tree-{uuid.uuid4().hex[:6]}"
     pipeline = (
         DFlow.from_call("go")
-        .map(lambda x: x + 1).id("inc")
-        .flat_map(lambda x: DFlow.just(x).map(lambda v: v * 2).id("dbl").flat_map(_pair).id("fan")).id("outer")
-        .map(_boom).id("boom").retry(2, backoff=0.001).on_error_return(lambda exc: -1)
+        .map(lambda x: x + 1)
+        .id("inc")
+        .flat_map(lambda x: DFlow.just(x).map(lambda v: v * 2).id("dbl").flat_map(_pair).id("fan"))
+        .id("outer")
+        .map(_boom)
+        .id("boom")
+        .retry(2, backoff=0.001)
+        .on_error_return(lambda exc: -1)
         .init(name)
     )
     with provider.get_tracer("test").start_as_current_span("request") as caller:
@@ -78,8 +87,15 @@ def test_the_call_the_run_and_its_steps_make_one_tree(traced: tuple[TracerProvid
     by = {}
     for s in steps:
         by.setdefault(s.name.removeprefix("dflow step "), []).append(s)
-    assert sorted((k, len(v)) for k, v in by.items()) == [("add", 2), ("boom", 2), ("dbl", 1), ("fan", 1),
-                                                          ("inc", 1), ("outer", 1), ("z", 1)]  # z: the join
+    assert sorted((k, len(v)) for k, v in by.items()) == [
+        ("add", 2),
+        ("boom", 2),
+        ("dbl", 1),
+        ("fan", 1),
+        ("inc", 1),
+        ("outer", 1),
+        ("z", 1),
+    ]  # z: the join
     fan = by["fan"][0]
     assert fan.context is not None
     for step, spans_ in by.items():
@@ -92,7 +108,9 @@ def test_the_call_the_run_and_its_steps_make_one_tree(traced: tuple[TracerProvid
     assert first.attributes is not None and second.attributes is not None
     assert (first.attributes["dflow.step.attempt"], first.attributes["dflow.step.status"]) == (0, "retrying")
     assert (second.attributes["dflow.step.attempt"], second.attributes["dflow.step.status"]) == (1, "failed")
-    assert second.status.status_code is StatusCode.ERROR and "ValueError: twice" in (second.status.description or "")
+    assert second.status.status_code is StatusCode.ERROR and "ValueError: twice" in (
+        second.status.description or ""
+    )
     assert [e.name for e in second.events] == ["exception"]
     assert by["inc"][0].status.status_code is StatusCode.UNSET
 
@@ -108,8 +126,10 @@ def test_nested_forks_nest_and_a_branch_goes_on_under_its_fork(
     _, exporter = traced
     pipeline = (
         DFlow.from_call("go")
-        .flat_map(lambda x: DFlow.zip([DFlow.just(x).flat_map(_inner).id("mid") for _ in range(2)]).id("z1")).id("top")
-        .map(sum).id("total")
+        .flat_map(lambda x: DFlow.zip([DFlow.just(x).flat_map(_inner).id("mid") for _ in range(2)]).id("z1"))
+        .id("top")
+        .map(sum)
+        .id("total")
         .init(f"o-nest-{uuid.uuid4().hex[:6]}")
     )
     assert pipeline.call(1).result(5) == 10  # 2 branches of (1 + 0 + 1) + (1 + 1 + 1)
@@ -118,16 +138,28 @@ def test_nested_forks_nest_and_a_branch_goes_on_under_its_fork(
     (run_span,) = [s for s in exporter.get_finished_spans() if s.name.startswith("dflow run ")]
     assert run_span.context is not None
     ids[run_span.context.span_id] = "run"
-    edges = sorted((ids[s.context.span_id], ids.get(s.parent.span_id, "?")) for s in steps
-                   if s.context is not None and s.parent is not None)
-    assert edges == sorted([("top", "run"), ("z1", "run"), ("total", "run")]
-                           + [("mid", "top"), ("z2", "top"), ("after", "top")] * 2
-                           + [("leaf", "mid")] * 4)
+    edges = sorted(
+        (ids[s.context.span_id], ids.get(s.parent.span_id, "?"))
+        for s in steps
+        if s.context is not None and s.parent is not None
+    )
+    assert edges == sorted(
+        [("top", "run"), ("z1", "run"), ("total", "run")]
+        + [("mid", "top"), ("z2", "top"), ("after", "top")] * 2
+        + [("leaf", "mid")] * 4
+    )
 
 
 def test_a_run_started_without_tracing_is_one_trace_named_by_its_id(local: Runtime) -> None:
     name = f"o-late-{uuid.uuid4().hex[:6]}"
-    pipeline = DFlow.from_call("go").flat_map(lambda x: DFlow.from_call("resume")).id("wait").map(str).id("str").init(name)
+    pipeline = (
+        DFlow.from_call("go")
+        .flat_map(lambda x: DFlow.from_call("resume"))
+        .id("wait")
+        .map(str)
+        .id("str")
+        .init(name)
+    )
     run = pipeline.call(1)
     deadline = time.monotonic() + 5
     while run.status() is not dflow.RunStatus.WAITING and time.monotonic() < deadline:
@@ -146,7 +178,9 @@ def test_a_run_started_without_tracing_is_one_trace_named_by_its_id(local: Runti
     assert all(s.parent is not None and s.parent.is_remote for s in steps)
 
 
-def test_a_run_started_with_tracing_carries_its_context(traced: tuple[TracerProvider, InMemorySpanExporter]) -> None:
+def test_a_run_started_with_tracing_carries_its_context(
+    traced: tuple[TracerProvider, InMemorySpanExporter],
+) -> None:
     with pytest.raises(ConfigurationError, match="traced already"):
         dflow.otel.instrument()
     run = DFlow.from_call("go").map(lambda x: x).id("id").init(f"o-ctx-{uuid.uuid4().hex[:6]}").call(3)

@@ -1,4 +1,5 @@
-"""The README's example runs and prints what it says."""
+"""The README: a short front door whose example runs and prints what it says (the marker
+convention of tests/test_docs.py), and the demo and the agent example it points to."""
 
 from __future__ import annotations
 
@@ -8,21 +9,35 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.test_docs import run_example, runnable_blocks
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_readme_example_runs() -> None:
+def test_the_readme_example_runs_and_prints_what_it_says(tmp_path: Path) -> None:
+    (example,) = list(runnable_blocks(ROOT / "README.md"))
+    assert example.prints == ["{'q': 'why is the sky blue?', 'turn': 3}"]
+    assert run_example(example, tmp_path) == example.prints
+    assert len(example.code.splitlines()) <= 20, "the README's example stays short"
+
+
+def test_the_readme_is_a_short_front_door_whose_links_resolve() -> None:
     text = (ROOT / "README.md").read_text()
-    code = re.search(r"## Example\n\n```python\n(.*?)```", text, re.DOTALL)
-    assert code is not None
-    out = subprocess.run([sys.executable, "-c", code.group(1)], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.splitlines()[0] == "{'q': 'why is the sky blue?', 'turn': 3}"
-    assert "think" in out.stdout and "loop" in out.stdout
+    assert len(text.splitlines()) <= 150
+    assert "pip install 'dflow-runtime[redis]'" in text and "dflow worker " in text
+    assert "make demo" in text and "make test" in text
+    for words in ("targets met", "not met", "this session", "issue "):
+        assert words not in text.lower(), f"the README reads like a report: {words!r}"
+    links = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", text)
+    assert any(link.startswith("docs/") for link in links)
+    missing = [link for link in links if "://" not in link and not (ROOT / link).exists()]
+    assert not missing, f"README links to files that are not there: {missing}"
 
 
 def test_demo_runs_and_prints_its_step_tree() -> None:
-    out = subprocess.run([sys.executable, str(ROOT / "examples" / "demo.py")], capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "demo.py")], capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines[0] == "answer after 3 turns from 3 sources, approved=True"
@@ -32,18 +47,14 @@ def test_demo_runs_and_prints_its_step_tree() -> None:
 
 def test_agent_example_runs_with_its_scripted_model() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
-    out = subprocess.run([sys.executable, str(ROOT / "examples" / "agent.py")], capture_output=True, text=True,
-                         timeout=60, env=env)
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "agent.py")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines[0] == "finished: Paris is sunny at 24 °C (75.2 °F); Oslo has rain at 11 °C."
     assert any("zip" in line and "2 branches" in line for line in lines)
-
-
-def test_readme_agent_example_runs() -> None:
-    text = (ROOT / "README.md").read_text()
-    code = re.search(r"## Agents\n.*?```python\n(.*?)```", text, re.DOTALL)
-    assert code is not None
-    out = subprocess.run([sys.executable, "-c", code.group(1)], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.splitlines() == ["Sunny, 24 °C."]

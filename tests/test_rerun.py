@@ -15,6 +15,7 @@ import pytest
 
 import dflow
 from dflow import ContextStack, DFlow, RunStatus
+from dflow.testing import FakeClock
 
 
 class Tally:
@@ -68,7 +69,9 @@ def failed(run: dflow.Run[Any]) -> dflow.RunFailedError:
     return caught.value
 
 
-def test_a_run_that_failed_at_step_4_reruns_from_it_without_running_steps_1_to_3(local: dflow.Runtime) -> None:
+def test_a_run_that_failed_at_step_4_reruns_from_it_without_running_steps_1_to_3(
+    local: dflow.Runtime,
+) -> None:
     run = FIVE.call(10)
     assert "bug in step four" in str(failed(run))
     assert CALLS == {"one": 1, "two": 1, "three": 1, "four": 1}
@@ -81,15 +84,24 @@ def test_a_run_that_failed_at_step_4_reruns_from_it_without_running_steps_1_to_3
 
     steps = again.context().steps
     assert [(s.seq, s.key.split(">")[0], s.status) for s in steps] == [
-        (0, "rerun-go", dflow.StepStatus.ENTRY), *[(i, n, dflow.StepStatus.DONE) for i, n in
-                                             enumerate(("one", "two", "three", "four", "five"), 1)]]
+        (0, "rerun-go", dflow.StepStatus.ENTRY),
+        *[(i, n, dflow.StepStatus.DONE) for i, n in enumerate(("one", "two", "three", "four", "five"), 1)],
+    ]
     assert [s.output for s in steps] == [10, 11, 12, 13, 14, 15]
     data = again.context().as_dict()
     assert {k: data[k] for k in ("one", "two", "three", "four", "five")} == {
-        "one": 10, "two": 11, "three": 12, "four": 13, "five": 14}
+        "one": 10,
+        "two": 11,
+        "three": 12,
+        "four": 13,
+        "five": 14,
+    }
     assert data["dflow/rerun"]["trace_id"] == run.trace_id and data["dflow/rerun"]["seq"] == 4
     assert f"rerun of run {run.trace_id} from step 4" in again.tree()
-    assert "rerun of" not in run.tree()
+    steps_shown = [line for line in again.tree().splitlines() if line.startswith(("├─", "└─"))]
+    replayed = [line.split()[1] for line in steps_shown if " replayed " in line]
+    assert replayed == ["#0", "#1", "#2", "#3"], again.tree()  # the entry and steps 1-3, not four on
+    assert "rerun of" not in run.tree() and "replayed" not in run.tree()
     assert run.status() is RunStatus.FAILED  # the original stays as it ended
 
 
@@ -142,11 +154,24 @@ def test_a_rerun_of_a_rerun(local: dflow.Runtime) -> None:
 def test_zip_and_flat_map_before_the_rerun_point_are_replayed(local: dflow.Runtime) -> None:
     def fan(ctx: ContextStack, x: int) -> DFlow[int]:
         TALLY.calls["fan"] += 1
-        return DFlow.zip(DFlow.just(x).map(counted("b1")).id("b1"), DFlow.just(x).map(counted("b2")).id("b2")) \
-            .map(sum).id("sum")
+        return (
+            DFlow.zip(DFlow.just(x).map(counted("b1")).id("b1"), DFlow.just(x).map(counted("b2")).id("b2"))
+            .map(sum)
+            .id("sum")
+        )
 
-    pipeline = (DFlow.from_call("rerun-zip").map(counted("one")).id("one").flat_map(fan).id("fan")
-                .map(counted("three")).id("three").map(counted("four")).id("four").init("rerun-zip"))
+    pipeline = (
+        DFlow.from_call("rerun-zip")
+        .map(counted("one"))
+        .id("one")
+        .flat_map(fan)
+        .id("fan")
+        .map(counted("three"))
+        .id("three")
+        .map(counted("four"))
+        .id("four")
+        .init("rerun-zip")
+    )
     run = pipeline.call(1)
     failed(run)
     seq = next(s.seq for s in run.context().steps if s.key.startswith("four"))
@@ -160,11 +185,18 @@ def test_zip_and_flat_map_before_the_rerun_point_are_replayed(local: dflow.Runti
 
 
 def test_a_zip_at_the_head_of_a_pipeline_and_an_any(local: dflow.Runtime) -> None:
-    branches = DFlow.zip(DFlow.just(1).map(counted("b1")).id("b1"), DFlow.just(5).map(counted("b2")).id("b2")) \
-        .id("rerun-zip-head")
-    pipeline = (branches.map(sum).id("sum").flat_map(lambda v: DFlow.any(
-        DFlow.just(v).map(counted("a1")).id("a1"))).id("first")
-        .map(counted("four")).id("four").init("rerun-zip-head"))
+    branches = DFlow.zip(
+        DFlow.just(1).map(counted("b1")).id("b1"), DFlow.just(5).map(counted("b2")).id("b2")
+    ).id("rerun-zip-head")
+    pipeline = (
+        branches.map(sum)
+        .id("sum")
+        .flat_map(lambda v: DFlow.any(DFlow.just(v).map(counted("a1")).id("a1")))
+        .id("first")
+        .map(counted("four"))
+        .id("four")
+        .init("rerun-zip-head")
+    )
     run = pipeline.call()
     failed(run)
     seq = next(s.seq for s in run.context().steps if s.key.startswith("four"))
@@ -190,11 +222,18 @@ def test_waits_delays_retries_and_recovered_errors_before_the_rerun_point(local:
 
     pipeline = (
         DFlow.from_call("rerun-waits")
-        .map(flaky).id("flaky").retry(3, backoff=0.001)
-        .map(broken).id("broken").on_error_return(lambda e: 100)
-        .flat_map(lambda v: DFlow.from_call("approve", on_init=start_job).map(lambda a: v + a).id("approved")).id("ask")
-        .flat_map(lambda v: DFlow.delay(v, 1.0)).id("pause")
-        .map(counted("four")).id("four")
+        .map(flaky)
+        .id("flaky")
+        .retry(3, backoff=0.001)
+        .map(broken)
+        .id("broken")
+        .on_error_return(lambda e: 100)
+        .flat_map(lambda v: DFlow.from_call("approve", on_init=start_job).map(lambda a: v + a).id("approved"))
+        .id("ask")
+        .flat_map(lambda v: DFlow.delay(v, 1.0))
+        .id("pause")
+        .map(counted("four"))
+        .id("four")
         .init("rerun-waits")
     )
     run = pipeline.call(1)
@@ -216,9 +255,14 @@ def test_waits_delays_retries_and_recovered_errors_before_the_rerun_point(local:
 
 
 def test_steps_at_and_after_the_rerun_point_run_again_with_their_branches(local: dflow.Runtime) -> None:
-    pipeline = (DFlow.from_call("rerun-after").map(counted("one")).id("one")
-                .flat_map(lambda x: DFlow.zip(DFlow.just(x).map(counted("b1")).id("b1"))).id("fan")
-                .init("rerun-zip-after"))
+    pipeline = (
+        DFlow.from_call("rerun-after")
+        .map(counted("one"))
+        .id("one")
+        .flat_map(lambda x: DFlow.zip(DFlow.just(x).map(counted("b1")).id("b1")))
+        .id("fan")
+        .init("rerun-zip-after")
+    )
     run = pipeline.call(1)
     assert run.result(5) == [3]
     again = run.rerun_from(2)  # the flat_map step: its zip runs again
@@ -233,8 +277,14 @@ def test_a_flow_changed_before_the_rerun_point_fails_the_rerun_saying_where(loca
             return DFlow.just(x).map(counted("other")).id("other")
         return DFlow.just(x).map(counted("inner")).id("inner")
 
-    pipeline = (DFlow.from_call("rerun-changed").flat_map(fan).id("fan").map(counted("four")).id("four")
-                .init("rerun-changed"))
+    pipeline = (
+        DFlow.from_call("rerun-changed")
+        .flat_map(fan)
+        .id("fan")
+        .map(counted("four"))
+        .id("four")
+        .init("rerun-changed")
+    )
     run = pipeline.call(1)
     failed(run)
     FIXED.update(four=True, fan=True)
@@ -245,28 +295,38 @@ def test_a_flow_changed_before_the_rerun_point_fails_the_rerun_saying_where(loca
     assert TALLY.calls["other"] == 0 and TALLY.calls["four"] == 1
 
 
-def test_a_flat_map_that_passes_on_another_value_fails_the_rerun_at_the_step_it_feeds(local: dflow.Runtime) -> None:
+def test_a_flat_map_that_passes_on_another_value_fails_the_rerun_at_the_step_it_feeds(
+    local: dflow.Runtime,
+) -> None:
     def ask(x: int) -> DFlow[int]:  # as an agent's turn asking a model: another answer each time
         TALLY.calls["ask"] += 1
         return DFlow.just(x * 100 + TALLY.calls["ask"]).map(counted("act")).id("act")
 
-    pipeline = (DFlow.from_call("rerun-ask").flat_map(ask).id("ask").map(counted("four")).id("four")
-                .init("rerun-ask"))
+    pipeline = (
+        DFlow.from_call("rerun-ask").flat_map(ask).id("ask").map(counted("four")).id("four").init("rerun-ask")
+    )
     run = pipeline.call(1)
     failed(run)
     TALLY.fixed["four"] = True
     error = failed(run.rerun_from(3))
     assert error.error["type"] == "dflow.errors.BuildError"
     assert "step 2 'act/ask>four' gets another input now" in str(error)
-    assert TALLY.calls["act"] == 1 and TALLY.calls["four"] == 1  # nothing ran on a recorded result that does not fit
+    assert (
+        TALLY.calls["act"] == 1 and TALLY.calls["four"] == 1
+    )  # nothing ran on a recorded result that does not fit
 
 
 def test_bad_requests_are_refused_saying_why(local: dflow.Runtime) -> None:
     with pytest.raises(dflow.RunNotFoundError, match="no run with trace id 'nope'"):
         dflow.Run("nope").rerun_from(1)
 
-    waiting = DFlow.from_call("rerun-wait").flat_map(lambda x: DFlow.from_call("later")).id("wait") \
-        .init("rerun-waiting").call(1)
+    waiting = (
+        DFlow.from_call("rerun-wait")
+        .flat_map(lambda x: DFlow.from_call("later"))
+        .id("wait")
+        .init("rerun-waiting")
+        .call(1)
+    )
     deadline = time.monotonic() + 5
     while waiting.status() is not RunStatus.WAITING:
         assert time.monotonic() < deadline
@@ -291,8 +351,15 @@ def test_bad_requests_are_refused_saying_why(local: dflow.Runtime) -> None:
     with pytest.raises(TypeError, match="an int; got bool"):
         run.rerun_from(True)
 
-    zipped = DFlow.from_call("rerun-join").flat_map(lambda x: DFlow.zip(DFlow.just(x).map(counted("b")).id("b"))).id("fan") \
-        .map(counted("four")).id("four").init("rerun-join").call(1)
+    zipped = (
+        DFlow.from_call("rerun-join")
+        .flat_map(lambda x: DFlow.zip(DFlow.just(x).map(counted("b")).id("b")))
+        .id("fan")
+        .map(counted("four"))
+        .id("four")
+        .init("rerun-join")
+        .call(1)
+    )
     failed(zipped)
     with pytest.raises(dflow.RunError, match="step 3 of run .* is the join of the zip/any started at step 2"):
         zipped.rerun_from(3)
@@ -308,14 +375,20 @@ def test_bad_requests_are_refused_saying_why(local: dflow.Runtime) -> None:
 
 
 def test_a_rerun_whose_source_run_expired_is_refused() -> None:
-    DFlow.global_init_for_test(ttl=2.0)  # the original expires 1 s before its rerun does
+    clock = FakeClock()
+    runtime = dflow.global_init_for_test(ttl=2.0, clock=clock)  # the original expires 1 s before its rerun
+
+    def advance(seconds: float) -> None:
+        asyncio.run_coroutine_threadsafe(clock.advance(seconds), runtime._loop).result(10)  # type: ignore[arg-type]
+
     try:
         original = FIVE.call(0)
         failed(original)
-        time.sleep(1.0)
+        advance(1.0)
         TALLY.fixed["four"] = True
         first = original.rerun_from(4)
         assert first.result(5) == 5
+        advance(1.0)
         deadline = time.monotonic() + 5
         while True:
             try:
@@ -323,9 +396,10 @@ def test_a_rerun_whose_source_run_expired_is_refused() -> None:
             except dflow.RunNotFoundError:
                 break
             assert time.monotonic() < deadline
-            time.sleep(0.02)
-        with pytest.raises(dflow.RunError, match=f"run '{original.trace_id}', which executed the steps 0 to 3 .* "
-                                                 "is gone"):
+            time.sleep(0.002)
+        with pytest.raises(
+            dflow.RunError, match=f"run '{original.trace_id}', which executed the steps 0 to 3 .* is gone"
+        ):
             first.rerun_from(5)
         assert first.rerun_from(1).result(5) == 5  # from its first step nothing is replayed: it may
         assert CALLS == {"one": 2, "two": 2, "three": 2, "four": 3, "five": 2}

@@ -13,7 +13,7 @@ import pytest
 import dflow
 from dflow import DFlow, RunInfo, RunStatus
 from dflow.client import _current
-from dflow.server._runs import start_in_session
+from dflow.server.runs import start_in_session
 
 pytestmark = pytest.mark.usefixtures("local")
 T = TypeVar("T")
@@ -35,7 +35,9 @@ def _page(status: RunStatus | None = None, pipeline: str | None = None) -> list[
 
 
 def test_the_pipeline_that_starts_a_run_is_recorded_however_it_is_started() -> None:
-    approve = DFlow.from_call("listing-approve").map(lambda x: x + 1).id("listing-inc").init("listing-approvals")
+    approve = (
+        DFlow.from_call("listing-approve").map(lambda x: x + 1).id("listing-inc").init("listing-approvals")
+    )
     plain = DFlow.just(1).map(lambda x: x * 2).id("listing-double").init()  # named after its head key
     by_entry = approve.entry("listing-approve").call(1)
     by_call = approve.call(2)
@@ -44,32 +46,56 @@ def test_the_pipeline_that_starts_a_run_is_recorded_however_it_is_started() -> N
     in_session = asyncio.run(start_in_session(approve, 4, "session-1"))
     for run in (by_entry, by_call, by_head, direct, in_session):
         run.result(5)
-    assert by_entry.info().pipeline == by_call.info().pipeline == in_session.info().pipeline == "listing-approvals"
+    assert (
+        by_entry.info().pipeline
+        == by_call.info().pipeline
+        == in_session.info().pipeline
+        == "listing-approvals"
+    )
     assert by_head.info().pipeline == plain.name and plain.name
     assert direct.info().pipeline is None
-    assert set(_page(pipeline="listing-approvals")) == {by_entry.trace_id, by_call.trace_id, in_session.trace_id}
+    assert set(_page(pipeline="listing-approvals")) == {
+        by_entry.trace_id,
+        by_call.trace_id,
+        in_session.trace_id,
+    }
     assert _page(pipeline=plain.name) == [by_head.trace_id]
-    assert set(_page(status=RunStatus.DONE)) == {r.trace_id for r in (in_session, direct, by_head, by_call, by_entry)}
+    assert set(_page(status=RunStatus.DONE)) == {
+        r.trace_id for r in (in_session, direct, by_head, by_call, by_entry)
+    }
     counts = _on_loop(_store().count_runs(pipeline="listing-approvals"))
     assert counts[RunStatus.DONE] == 3 and sum(counts.values()) == 3
 
 
 def test_the_runs_a_flow_forks_are_reached_through_it_not_listed() -> None:
-    fan = DFlow.just(2).flat_map(
-        lambda x: DFlow.zip([DFlow.just(x + i).map(lambda v: v * v).id("listing-square") for i in range(3)])
-    ).id("listing-fan").init("listing-fans")
+    fan = (
+        DFlow.just(2)
+        .flat_map(
+            lambda x: DFlow.zip(
+                [DFlow.just(x + i).map(lambda v: v * v).id("listing-square") for i in range(3)]
+            )
+        )
+        .id("listing-fan")
+        .init("listing-fans")
+    )
     run = fan.call()
     assert run.result(5) == [4, 9, 16]
-    branches: list[RunInfo] = [t for t in _on_loop(_store().list_runs(100)) if t.parent == run.trace_id]
-    assert len(branches) == 3, "the branches exist (list_runs still shows every run)"
+    ids = [f"{run.trace_id}/{seq}-{i}" for seq in range(8) for i in range(3)]  # (the fork's seq, its index)
+    branches: list[RunInfo] = [b for b in (_on_loop(_store().get_run(t)) for t in ids) if b is not None]
+    assert [b.parent for b in branches] == [run.trace_id] * 3, "the branches exist"
     assert _page(pipeline="listing-fans") == [run.trace_id]
     assert not {b.trace_id for b in branches} & set(_page())
 
 
 def test_a_waiting_run_is_listed_as_waiting_until_it_is_answered() -> None:
-    p = DFlow.from_call("listing-order").flat_map(
-        lambda order: DFlow.from_call("listing-pay").map(lambda paid: [order, paid]).id("listing-both")
-    ).id("listing-wait").init("listing-orders")
+    p = (
+        DFlow.from_call("listing-order")
+        .flat_map(
+            lambda order: DFlow.from_call("listing-pay").map(lambda paid: [order, paid]).id("listing-both")
+        )
+        .id("listing-wait")
+        .init("listing-orders")
+    )
     run = p.call("book")
     deadline = time.monotonic() + 5
     while run.status() is not RunStatus.WAITING:

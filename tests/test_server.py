@@ -48,12 +48,18 @@ def _ask(question: Any) -> DFlow[Any]:
 
 
 ask = (
-    DFlow.from_call("srv-ask").map(lambda q: f"Q: {q}").id("question")
-    .flat_map(_ask).id("wait")
-    .map(lambda a: {"answered": a}).id("done")
+    DFlow.from_call("srv-ask")
+    .map(lambda q: f"Q: {q}")
+    .id("question")
+    .flat_map(_ask)
+    .id("wait")
+    .map(lambda a: {"answered": a})
+    .id("done")
     .init("srv-ask")
 )
-session_of_run = DFlow.from_call("srv-whose").map(lambda ctx, _: ctx.get(SESSION_KEY)).id("read").init("srv-whose")
+session_of_run = (
+    DFlow.from_call("srv-whose").map(lambda ctx, _: ctx.get(SESSION_KEY)).id("read").init("srv-whose")
+)
 
 
 @pytest.fixture(scope="module")
@@ -84,8 +90,14 @@ def test_health_and_the_openapi_docs(api: httpx.Client) -> None:
     assert api.get("/health").json() == {"ok": True}
     assert api.get("/docs").status_code == 200
     paths = api.get("/openapi.json").json()["paths"]
-    assert {"/sessions", "/runs", "/runs/{trace_id}", "/runs/{trace_id}/events",
-            "/runs/{trace_id}/calls/{call_type}", "/runs/{trace_id}/cancel"} <= set(paths)
+    assert {
+        "/sessions",
+        "/runs",
+        "/runs/{trace_id}",
+        "/runs/{trace_id}/events",
+        "/runs/{trace_id}/calls/{call_type}",
+        "/runs/{trace_id}/cancel",
+    } <= set(paths)
     assert "requestBody" in paths["/runs"]["post"]
 
 
@@ -195,8 +207,12 @@ def test_missing_garbage_forged_and_expired_tokens_are_401(api: httpx.Client, to
         "admin is no session": bearer(ADMIN),
     }
     for what, headers in cases.items():
-        for method, path in (("GET", f"/runs/{trace}"), ("GET", f"/runs/{trace}/events"),
-                             ("POST", f"/runs/{trace}/cancel"), ("POST", f"/runs/{trace}/calls/x")):
+        for method, path in (
+            ("GET", f"/runs/{trace}"),
+            ("GET", f"/runs/{trace}/events"),
+            ("POST", f"/runs/{trace}/cancel"),
+            ("POST", f"/runs/{trace}/calls/x"),
+        ):
             r = api.request(method, path, headers=headers, json={} if method == "POST" else None)
             assert r.status_code == 401, (what, path, r.text)
             assert r.headers["www-authenticate"] == "Bearer"
@@ -218,7 +234,9 @@ def test_another_sessions_run_is_403_everywhere(api: httpx.Client) -> None:
     assert api.get(f"/runs/{trace}/events", headers=other).status_code == 403
     assert api.post(f"/runs/{trace}/calls/answer", headers=other, json="hijack").status_code == 403
     assert api.post(f"/runs/{trace}/cancel", headers=other).status_code == 403
-    assert wait_status(api, mine["token"], trace, until="waiting")["waiting_for"] == "answer"  # nothing changed
+    assert (
+        wait_status(api, mine["token"], trace, until="waiting")["waiting_for"] == "answer"
+    )  # nothing changed
     r = api.get(f"/runs/{trace}", headers=other)
     assert "another session" in r.json()["detail"]
 
@@ -239,7 +257,10 @@ def test_sessions_need_the_admin_token(api: httpx.Client) -> None:
         assert r.status_code == 401 and "admin token" in r.json()["detail"]
     # a new session's run needs the admin token; a session's token starts runs in its session only
     assert api.post("/runs", json={"pipeline": "srv-echo"}).status_code == 401
-    assert api.post("/runs", headers=bearer("not-the-admin-token"), json={"pipeline": "srv-echo"}).status_code == 401
+    assert (
+        api.post("/runs", headers=bearer("not-the-admin-token"), json={"pipeline": "srv-echo"}).status_code
+        == 401
+    )
     # the admin may mint a new token for an existing session, shorter-lived
     r = api.post("/sessions", headers=bearer(ADMIN), json={"session": s["session"], "ttl": 30})
     assert r.status_code == 201 and r.json()["session"] == s["session"]
@@ -255,7 +276,9 @@ def test_without_an_admin_token_sessions_are_open(runtime: dflow.Runtime) -> Non
         assert Tokens(SECRET).verify(s["token"]).id == s["session"]
         r = api.post("/runs", json={"pipeline": "srv-echo", "param": 2})
         assert r.status_code == 201 and "token" in r.json()
-        assert wait_status(api, r.json()["token"], r.json()["trace_id"], until="done")["result"] == {"echo": 2}
+        assert wait_status(api, r.json()["token"], r.json()["trace_id"], until="done")["result"] == {
+            "echo": 2
+        }
         assert api.post("/runs", json={"pipeline": "srv-ask"}).status_code == 404  # not served by this app
         # but nobody renews a session there: session ids are readable in their tokens
         for headers in ({}, bearer(s["token"])):
@@ -270,13 +293,31 @@ def test_an_open_server_answers_loopback_host_names_only(runtime: dflow.Runtime)
     before = len(runtime.store._runs)  # type: ignore[attr-defined]
     with ServerThread(app) as base, httpx.Client(base_url=base) as api:
         port = base.rsplit(":", 1)[1]
-        for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}", "localhost", "LOCALHOST:1",
-                     "[::1]"):
+        for host in (
+            f"127.0.0.1:{port}",
+            f"localhost:{port}",
+            f"[::1]:{port}",
+            "localhost",
+            "LOCALHOST:1",
+            "[::1]",
+        ):
             assert api.get("/health", headers={"Host": host}).status_code == 200, host
-        for host in ("rebind.evil.example", f"rebind.evil.example:{port}", "127.0.0.1.nip.io", "localhost.evil",
-                     "localhost:abc", "::1", f"10.0.0.1:{port}", "127.0.0.2", "localhost."):
+        for host in (
+            "rebind.evil.example",
+            f"rebind.evil.example:{port}",
+            "127.0.0.1.nip.io",
+            "localhost.evil",
+            "localhost:abc",
+            "::1",
+            f"10.0.0.1:{port}",
+            "127.0.0.2",
+            "localhost.",
+        ):
             r = api.get("/health", headers={"Host": host})
-            assert r.status_code == 421 and "localhost, 127.0.0.1 and [::1]" in r.json()["detail"], (host, r.text)
+            assert r.status_code == 421 and "localhost, 127.0.0.1 and [::1]" in r.json()["detail"], (
+                host,
+                r.text,
+            )
             r = api.post("/runs", headers={"Host": host}, json={"pipeline": "srv-echo", "param": "rebound"})
             assert r.status_code == 421, (host, r.text)
             assert api.post("/sessions", headers={"Host": host}).status_code == 421
@@ -288,27 +329,42 @@ def test_an_open_server_refuses_writes_from_other_origins(runtime: dflow.Runtime
     with ServerThread(app) as base, httpx.Client(base_url=base) as api:
         before = len(runtime.store._runs)  # type: ignore[attr-defined]
         start_it = {"pipeline": "srv-echo", "param": "drive-by"}
-        for headers in ({"Origin": "http://evil.example"}, {"Origin": "null"},
-                        {"Origin": base.replace("127.0.0.1", "localhost")},  # another origin, on loopback
-                        {"Origin": base + "0"}, {"Sec-Fetch-Site": "cross-site"}, {"Sec-Fetch-Site": "same-site"},
-                        {"Origin": base, "Sec-Fetch-Site": "cross-site"}):
+        for headers in (
+            {"Origin": "http://evil.example"},
+            {"Origin": "null"},
+            {"Origin": base.replace("127.0.0.1", "localhost")},  # another origin, on loopback
+            {"Origin": base + "0"},
+            {"Sec-Fetch-Site": "cross-site"},
+            {"Sec-Fetch-Site": "same-site"},
+            {"Origin": base, "Sec-Fetch-Site": "cross-site"},
+        ):
             for path in ("/runs", "/sessions"):
                 r = api.post(path, headers=headers, json=start_it if path == "/runs" else None)
                 assert r.status_code == 403 and "web page" in r.json()["detail"], (headers, path, r.text)
         assert len(runtime.store._runs) == before  # type: ignore[attr-defined]
         # the server's own origin, and reads from anywhere (what they answer, a page cannot read)
-        for headers in ({"Origin": base}, {"Origin": base.upper()}, {"Sec-Fetch-Site": "same-origin"},
-                        {"Sec-Fetch-Site": "none"}):
+        for headers in (
+            {"Origin": base},
+            {"Origin": base.upper()},
+            {"Sec-Fetch-Site": "same-origin"},
+            {"Sec-Fetch-Site": "none"},
+        ):
             r = api.post("/runs", headers=headers, json={"pipeline": "srv-echo", "param": 3})
             assert r.status_code == 201, (headers, r.text)
-        assert api.get("/health", headers={"Origin": "http://evil.example", "Sec-Fetch-Site": "cross-site"}
-                       ).status_code == 200
+        assert (
+            api.get(
+                "/health", headers={"Origin": "http://evil.example", "Sec-Fetch-Site": "cross-site"}
+            ).status_code
+            == 200
+        )
 
 
 def test_an_admin_server_checks_neither_host_nor_origin(api: httpx.Client) -> None:
     # its writes need a bearer token, which a web page cannot make a browser send
     assert api.get("/health", headers={"Host": "api.example.com"}).status_code == 200
-    r = api.post("/sessions", headers={**bearer(ADMIN), "Host": "api.example.com", "Origin": "https://app.example"})
+    r = api.post(
+        "/sessions", headers={**bearer(ADMIN), "Host": "api.example.com", "Origin": "https://app.example"}
+    )
     assert r.status_code == 201
 
 
@@ -319,11 +375,23 @@ def test_bodies_must_be_sent_as_json(url: str, runtime: dflow.Runtime) -> None:
         wait_status(api, s["token"], trace, until="waiting")
         before = len(runtime.store._runs)  # type: ignore[attr-defined]
         body = b'{"pipeline": "srv-echo", "param": 1}'
-        for kind in ("text/plain;charset=UTF-8", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x",
-                     "text/json", "application/jsonx", "", "application/json-patch"):
-            for method, path in (("POST", "/runs"), ("POST", f"/runs/{trace}/calls/answer"),
-                                 ("POST", f"/runs/{trace}/cancel")):
-                r = api.request(method, path, headers={**bearer(s["token"]), "Content-Type": kind}, content=body)
+        for kind in (
+            "text/plain;charset=UTF-8",
+            "application/x-www-form-urlencoded",
+            "multipart/form-data; boundary=x",
+            "text/json",
+            "application/jsonx",
+            "",
+            "application/json-patch",
+        ):
+            for method, path in (
+                ("POST", "/runs"),
+                ("POST", f"/runs/{trace}/calls/answer"),
+                ("POST", f"/runs/{trace}/cancel"),
+            ):
+                r = api.request(
+                    method, path, headers={**bearer(s["token"]), "Content-Type": kind}, content=body
+                )
                 assert r.status_code == 415 and "application/json" in r.json()["detail"], (kind, path, r.text)
             r = api.post("/sessions", headers={**bearer(ADMIN), "Content-Type": kind}, content=b"{}")
             assert r.status_code == 415
@@ -342,11 +410,17 @@ def test_tokens_unit() -> None:
     # only the string issued verifies: no other spelling of the same bytes
     body, mac = token[5:].split(".")
     alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
-    for other in (f"dfs1.{body}=.{mac}", f"dfs1.{body}.{mac}=", f"dfs1.{body}.{mac}==", f"dfs1.{body}\n.{mac}",
-                  f"dfs1.{body}.{mac[:-1]}{alphabet[alphabet.index(mac[-1]) ^ 1]}",  # other pad bits
-                  f"dfs1.{body}.{mac[:-1]}{alphabet[alphabet.index(mac[-1]) ^ 2]}",
-                  f"dfs1.{body.replace('-', '+').replace('_', '/')}.{mac.replace('-', '+').replace('_', '/')}",
-                  f"dfs1.{body}.{mac}A", f"dfs1. {body}.{mac}"):
+    for other in (
+        f"dfs1.{body}=.{mac}",
+        f"dfs1.{body}.{mac}=",
+        f"dfs1.{body}.{mac}==",
+        f"dfs1.{body}\n.{mac}",
+        f"dfs1.{body}.{mac[:-1]}{alphabet[alphabet.index(mac[-1]) ^ 1]}",  # other pad bits
+        f"dfs1.{body}.{mac[:-1]}{alphabet[alphabet.index(mac[-1]) ^ 2]}",
+        f"dfs1.{body.replace('-', '+').replace('_', '/')}.{mac.replace('-', '+').replace('_', '/')}",
+        f"dfs1.{body}.{mac}A",
+        f"dfs1. {body}.{mac}",
+    ):
         if other != token:
             with pytest.raises(TokenError, match="not a dflow session token|does not verify"):
                 t.verify(other, now=1099.0)
@@ -370,7 +444,9 @@ def test_tokens_unit() -> None:
 # -- bad input --------------------------------------------------------------------------------
 
 
-def test_bodies_that_are_too_big_or_not_json_are_refused_and_start_nothing(url: str, runtime: dflow.Runtime) -> None:
+def test_bodies_that_are_too_big_or_not_json_are_refused_and_start_nothing(
+    url: str, runtime: dflow.Runtime
+) -> None:
     app_small = create_app(secret=SECRET, admin_token=ADMIN, pipelines=[echo], max_body=1000)
     before = len(runtime.store._runs)  # type: ignore[attr-defined]
     with ServerThread(app_small) as base, httpx.Client(base_url=base) as api:
@@ -386,7 +462,9 @@ def test_bodies_that_are_too_big_or_not_json_are_refused_and_start_nothing(url: 
 
         r = api.post("/runs", headers=bearer(ADMIN), content=chunks())
         assert r.status_code == 413
-        r = api.post("/runs", headers={**bearer(ADMIN), "Content-Type": "application/json"}, content=b"{not json")
+        r = api.post(
+            "/runs", headers={**bearer(ADMIN), "Content-Type": "application/json"}, content=b"{not json"
+        )
         assert r.status_code == 400 and "not JSON" in r.json()["detail"]
         r = api.post("/runs", headers=bearer(ADMIN), content=b"[" * 400 + b"]" * 400)
         assert r.status_code == 422  # JSON, but not a start request
@@ -413,7 +491,9 @@ def test_nan_and_infinity_are_not_json(api: httpx.Client) -> None:
     assert wait_status(api, s["token"], trace, until="waiting")["waiting_for"] == "answer"
     r = api.post("/runs", headers=h, content=b'{"pipeline": "srv-echo", "param": [1e308, -0.0, "NaN"]}')
     assert r.status_code == 201  # numbers JSON has, and a string, are fine
-    assert wait_status(api, s["token"], r.json()["trace_id"], until="done")["result"] == {"echo": [1e308, -0.0, "NaN"]}
+    assert wait_status(api, s["token"], r.json()["trace_id"], until="done")["result"] == {
+        "echo": [1e308, -0.0, "NaN"]
+    }
 
 
 def test_an_event_stream_ends_with_an_error_when_its_token_expires(api: httpx.Client, tokens: Tokens) -> None:
@@ -441,7 +521,11 @@ def test_a_run_created_again_under_its_trace_id_is_read_afresh(url: str, runtime
     expired and was created again under its trace id in another session is the new session's
     on both."""
     other = create_app(tokens=Tokens(SECRET, ttl=600), admin_token=ADMIN, pipelines=["srv-echo"])
-    with ServerThread(other) as other_url, httpx.Client(base_url=url) as a, httpx.Client(base_url=other_url) as b:
+    with (
+        ServerThread(other) as other_url,
+        httpx.Client(base_url=url) as a,
+        httpx.Client(base_url=other_url) as b,
+    ):
         first, second = new_session(a), new_session(b)
         trace = f"again-{time.time_ns()}"
         assert start(a, first["token"], "srv-echo", 1, trace_id=trace).status_code == 201
@@ -529,8 +613,22 @@ def test_route_providers_reserve_their_call_types_and_trace_ids(runtime: dflow.R
 def test_dflow_serve_refuses_an_open_server_off_loopback() -> None:
     env = {**os.environ, "DFLOW_SECRET": SECRET, "DFLOW_SERVER_TOKEN": ""}
     out = subprocess.run(
-        [sys.executable, "-m", "dflow.cli", "serve", "json", "--store", "redis://127.0.0.1:1/0",
-         "--transport", "redis://127.0.0.1:1/0", "--host", "0.0.0.0"],
-        capture_output=True, text=True, timeout=60, env=env,
+        [
+            sys.executable,
+            "-m",
+            "dflow.cli",
+            "serve",
+            "json",
+            "--store",
+            "redis://127.0.0.1:1/0",
+            "--transport",
+            "redis://127.0.0.1:1/0",
+            "--host",
+            "0.0.0.0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
     )
     assert out.returncode == 2 and "DFLOW_SERVER_TOKEN" in out.stderr

@@ -22,8 +22,11 @@ from dflow import (
     ValueTooLargeError,
     VersionNotFoundError,
 )
-from dflow._memstate import MemoryStateBackend
-from dflow.shared_state import Writer, backend_for
+from dflow.memory import MemoryStore
+from dflow.memory.state import MemoryStateBackend
+from dflow.shared_state import Writer, backend_for, register_backend
+from dflow.store import Store
+from dflow.testing import FakeClock
 
 pytestmark = pytest.mark.usefixtures("local")
 
@@ -86,7 +89,9 @@ def test_updates_from_threads_and_from_the_loop_lose_nothing() -> None:
     threads = [threading.Thread(target=hammer) for _ in range(4)]
     for t in threads:
         t.start()
-    runs = [DFlow.just(i).map(on_loop).id("loop").init(f"state-loop-{s.name}-{i}").call(None) for i in range(2)]
+    runs = [
+        DFlow.just(i).map(on_loop).id("loop").init(f"state-loop-{s.name}-{i}").call(None) for i in range(2)
+    ]
     for t in threads:
         t.join()
     dflow.gather(runs, timeout=30)
@@ -182,7 +187,9 @@ def test_a_blocking_call_on_the_runtime_loop_names_the_async_form() -> None:
         return State[int](name).update(lambda n: (n or 0) + v)
 
     failed = DFlow.just(1).map(sync_on_loop).id("on-loop").init(f"state-on-loop-{name}").call(None)
-    with pytest.raises(dflow.RunFailedError, match=r"use `await state.aupdate\(...\)`, or run the step in a thread"):
+    with pytest.raises(
+        dflow.RunFailedError, match=r"use `await state.aupdate\(...\)`, or run the step in a thread"
+    ):
         failed.result(10)
     threaded = DFlow.just(2).map(sync_in_thread).id("in-thread").in_thread().init(f"state-thread-{name}")
     assert threaded.call(None).result(10) == 2
@@ -196,16 +203,45 @@ def test_without_a_runtime_or_a_backend_the_error_says_what_to_do() -> None:
     finally:
         DFlow.global_init_for_test()
 
-    class Elsewhere:
-        __slots__ = ()
+    with pytest.raises(ConfigurationError, match="shared_state property"):
+        backend_for(PlainStore())
 
-    with pytest.raises(ConfigurationError, match="register_backend"):
-        backend_for(Elsewhere())  # type: ignore[arg-type]
+
+class PlainStore(MemoryStore):
+    """A store that keeps no shared state: it has the seam's default ``shared_state``."""
+
+    shared_state = Store.shared_state  # type: ignore[assignment]
+
+
+def test_a_store_reaches_its_shared_state_explicitly_one_backend_per_store() -> None:
+    clock = FakeClock()
+    store = MemoryStore(clock=clock)
+    backend = store.shared_state
+    assert isinstance(backend, MemoryStateBackend) and backend.clock is clock
+    assert store.shared_state is backend and backend_for(store) is backend
+    assert MemoryStore().shared_state is not backend
+
+
+def test_a_backend_registered_the_old_way_still_serves_with_a_deprecation_warning() -> None:
+    class OldStore(PlainStore):
+        pass
+
+    made: list[object] = []
+
+    def factory(store: object) -> MemoryStateBackend:
+        made.append(store)
+        return MemoryStateBackend()
+
+    with pytest.warns(DeprecationWarning, match="shared_state property"):
+        register_backend(OldStore, factory)
+    store = OldStore()
+    assert store.shared_state is store.shared_state and made == [store], "one backend per store"
+    with pytest.raises(ConfigurationError, match="shared_state property"):
+        PlainStore().shared_state  # noqa: B018 (the property raises)
 
 
 def test_the_memory_backend_gives_a_writer_that_lost_the_next_turn() -> None:
-    clock = [1000.0]
-    b = MemoryStateBackend(clock=lambda: clock[0])
+    b = MemoryStateBackend(clock=FakeClock())
     w = Writer()
 
     async def scenario() -> None:
@@ -224,14 +260,17 @@ def test_the_memory_backend_gives_a_writer_that_lost_the_next_turn() -> None:
 
 
 def test_a_turn_lapses_when_its_holder_is_gone() -> None:
-    b = MemoryStateBackend()
+    clock = FakeClock()
+    b = MemoryStateBackend(clock)
     w = Writer()
 
     async def scenario() -> None:
         await b.cas("k", b"\x01", None, w, 5)
         await b.cas("k", b"\x02", 0, w, 5, turn="gone", take=True, turn_lease=0.05)
         assert (await b.cas("k", b"\x03", 1, w, 5, turn="B")).turn_held
-        await asyncio.sleep(0.06)
+        await clock.advance(0.04)
+        assert (await b.cas("k", b"\x03", 1, w, 5, turn="B")).turn_held, "not yet"
+        await clock.advance(0.02)
         assert (await b.cas("k", b"\x03", 1, w, 5, turn="B")).ok
 
     asyncio.run(scenario())
@@ -241,11 +280,11 @@ def test_the_redis_backend_runs_each_of_its_lua_files() -> None:
     pytest.importorskip("redis")
     from importlib import resources
 
-    from dflow.adapters.redis import _state
+    from dflow.adapters.redis import state
 
     lua = resources.files("dflow.adapters.redis").joinpath("lua")
     ours = {p.name[:-4] for p in lua.iterdir() if p.name.startswith(("state_", "circuit_"))}
-    assert ours == set(_state.SCRIPTS)
+    assert ours == set(state.SCRIPTS)
     for name in ours:  # each says the keys and arguments it reads, and no script takes them from the end
         text = lua.joinpath(f"{name}.lua").read_text(encoding="utf-8")
         assert "-- KEYS[1]" in text and "-- ARGV[1]" in text and "#ARGV" not in text and "#KEYS" not in text

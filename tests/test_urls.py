@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 import dflow
-from dflow._connect import store_from_url, transport_from_url
-from dflow._urls import redact_url
+from dflow.runtime.connect import store_from_url, transport_from_url
+from dflow.wire.urls import redact_url
 
 kafka = pytest.importorskip("dflow.adapters.kafka")
 
@@ -14,7 +14,9 @@ kafka = pytest.importorskip("dflow.adapters.kafka")
 def test_passwords_and_secret_settings_are_redacted() -> None:
     assert redact_url("redis://ann:s3cr%40t@h:6379/0") == "redis://ann:***@h:6379/0"
     assert redact_url("rediss://:only-pass@h/1?ssl_ca_certs=/ca") == "rediss://:***@h/1?ssl_ca_certs=/ca"
-    shown = redact_url("kafka://u:p@k1:9092?topic=t&sasl_plain_password=hunter2&ssl_password=x&sasl_oauth_token=y")
+    shown = redact_url(
+        "kafka://u:p@k1:9092?topic=t&sasl_plain_password=hunter2&ssl_password=x&sasl_oauth_token=y"
+    )
     assert "hunter2" not in shown and "p@" not in shown and shown.count("***") == 4
     assert "topic=t" in shown
 

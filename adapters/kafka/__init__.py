@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from ._transport import KafkaTransport
+from .transport import KafkaTransport
 
 __all__ = ["KafkaTransport"]

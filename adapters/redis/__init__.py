@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from . import _state  # noqa: F401 - registers the shared-state backend (dflow.State, dflow.Circuit)
-from ._store import RedisStore
-from ._transport import RedisStreamsTransport
+from .store import RedisStore
+from .transport import RedisStreamsTransport
 
 __all__ = ["RedisStore", "RedisStreamsTransport"]

@@ -2,23 +2,26 @@
 start runs in a session, follow their steps as server-sent events, answer their calls and
 cancel them, with session-scoped tokens.
 
-``create_app`` builds the app (mount it, or let ``dflow serve MODULE`` run it on uvicorn);
-route providers add routes to it (``create_app(routes=...)``, or a served module's
-``DFLOW_ROUTES``). The package sits above dflow's client; nothing in dflow but the command
-line imports it.
+``create_app`` (``app``) builds the app (mount it, or let ``dflow serve MODULE``, ``serve``,
+run it on uvicorn) from the ``Server`` its routes share (``server``), the API's routes
+(``api``), the console (``console``) and, with the ``mcp`` extra, the pipelines as MCP tools
+at ``/mcp`` (``mcp_endpoint``); route providers add routes to it
+(``create_app(routes=...)``, or a served module's ``DFLOW_ROUTES``). Routes raise what stops
+them and one table answers each kind of error (``errors``). The package sits above dflow's
+client; nothing in dflow but the command line imports it.
 """
 
 from __future__ import annotations
 
-from ._runs import SESSION_KEY, jsonable
-from ._serve import ServerThread, is_loopback, serve
 from .app import RouteProvider, Server, create_app
+from .runs import SESSION_KEY, jsonable
+from .serve import ServerThread, is_loopback, serve
 from .tokens import AdminToken, Session, TokenError, Tokens
 
 __all__ = [
+    "SESSION_KEY",
     "AdminToken",
     "RouteProvider",
-    "SESSION_KEY",
     "Server",
     "ServerThread",
     "Session",

@@ -86,10 +86,12 @@ def _key_bytes(secret: str | bytes, what: str, env: str) -> bytes:
 def check_session_id(session: object) -> str:
     """``session`` if it may name a session; ``ValueError`` saying why not."""
     if not isinstance(session, str) or SESSION_ID.fullmatch(session) is None:
-        shown = repr(session) if not isinstance(session, str) or len(session) <= 40 else repr(session[:37] + "...")
-        raise ValueError(
-            f"a session id is 1 to 128 letters, digits and _ : @ -, got {shown}"
+        shown = (
+            repr(session)
+            if not isinstance(session, str) or len(session) <= 40
+            else repr(session[:37] + "...")
         )
+        raise ValueError(f"a session id is 1 to 128 letters, digits and _ : @ -, got {shown}")
     return session
 
 
@@ -107,7 +109,9 @@ class Tokens:
     unless ``issue`` is asked for less; ``max_ttl`` bounds what it may be asked for.
     """
 
-    def __init__(self, secret: str | bytes | None = None, *, ttl: float = 3600.0, max_ttl: float = 86400.0) -> None:
+    def __init__(
+        self, secret: str | bytes | None = None, *, ttl: float = 3600.0, max_ttl: float = 86400.0
+    ) -> None:
         if secret is None:
             secret = secrets.token_bytes(32)
             self.ephemeral = True
@@ -116,7 +120,11 @@ class Tokens:
         raw = _key_bytes(secret, "the server secret", "DFLOW_SERVER_SECRET")
         self._key = hmac.digest(raw, _DOMAIN, "sha256")  # its own key: never the secret itself
         for name, value in (("ttl", ttl), ("max_ttl", max_ttl)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 1 <= value <= 365 * 86400:
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not 1 <= value <= 365 * 86400
+            ):
                 raise ConfigurationError(f"token {name} is seconds between 1 and a year, got {value!r}")
         if ttl > max_ttl:
             raise ConfigurationError(f"token ttl ({ttl:g} s) is over max_ttl ({max_ttl:g} s)")
@@ -148,7 +156,7 @@ class Tokens:
         the token says is believed, in constant time."""
         if not isinstance(token, str) or not token.startswith(_PREFIX) or len(token) > _MAX_TOKEN:
             raise TokenError("the bearer token is not a dflow session token")
-        parts = token[len(_PREFIX):].split(".")
+        parts = token[len(_PREFIX) :].split(".")
         try:
             if len(parts) != 2:
                 raise ValueError
@@ -156,7 +164,9 @@ class Tokens:
         except (ValueError, UnicodeEncodeError):
             raise TokenError("the bearer token is not a dflow session token") from None
         if not hmac.compare_digest(mac, self._mac(body)):
-            raise TokenError("the session token's signature does not verify (forged, or issued by another server)")
+            raise TokenError(
+                "the session token's signature does not verify (forged, or issued by another server)"
+            )
         session, _, expiry = body.decode("utf-8", "replace").partition("\n")
         expires = float(int(expiry))  # the server wrote it: it is an integer
         if expires <= (time.time() if now is None else now):
@@ -176,7 +186,9 @@ class AdminToken:
 
     def matches(self, candidate: str) -> bool:
         """Whether ``candidate`` is the admin token."""
-        return hmac.compare_digest(self._digest, hashlib.sha256(candidate.encode("utf-8", "replace")).digest())
+        return hmac.compare_digest(
+            self._digest, hashlib.sha256(candidate.encode("utf-8", "replace")).digest()
+        )
 
     def __repr__(self) -> str:
         return "AdminToken(***)"

@@ -1,7 +1,35 @@
-"""Test support: the contract suites that every store and transport adapter must pass."""
+"""Test support: the contract suites that every store and transport adapter must pass, one
+per part of the seam (``conformance`` gathers them): ``StoreContract``, the whole store, made
+of ``RunWriterContract`` (``writes``, ``joins``), ``RunReaderContract`` (``reads``), the
+listings (``listing``) and runs holding compensations (``saga``); ``FusedStoreContract``
+(``fused``), ``StateBackendContract`` (``state``) and ``TransportContract`` (``transport``);
+and the table of malformed step messages every reader of step messages must refuse
+(``MALFORMED_MESSAGES``). ``cases`` holds what the suites build their cases from;
+``FakeClock`` (``clock``) is a clock that moves only when a test moves it. Public: the names
+below.
+"""
 
 from __future__ import annotations
 
-from .conformance import MALFORMED_MESSAGES, FusedStoreContract, StoreContract, TransportContract
+from .clock import FakeClock
+from .conformance import (
+    MALFORMED_MESSAGES,
+    FusedStoreContract,
+    RunReaderContract,
+    RunWriterContract,
+    StateBackendContract,
+    StoreContract,
+    TransportContract,
+)
 
-__all__ = ["FusedStoreContract", "MALFORMED_MESSAGES", "StoreContract", "TransportContract"]
+# plain sorted(), as tests/test_exports.py checks (ruff's sort puts constants first)
+__all__ = [  # noqa: RUF022
+    "FakeClock",
+    "FusedStoreContract",
+    "MALFORMED_MESSAGES",
+    "RunReaderContract",
+    "RunWriterContract",
+    "StateBackendContract",
+    "StoreContract",
+    "TransportContract",
+]

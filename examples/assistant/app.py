@@ -29,7 +29,10 @@ from pydantic import Field
 
 import dflow
 from dflow_agents import (
+    AgentLimits,
     ChatModel,
+    CrawlBudget,
+    CrawlScope,
     DeepCrawlerAgent,
     InMemoryJobBoard,
     Job,
@@ -159,12 +162,16 @@ def search(query: str, kind: Kind | None = None, limit: Annotated[int, Field(ge=
     """
     found = catalogue.search_items(query, kind, limit)
     if not found:
-        return f"No item matches {query[:100]!r}; try a season (spring...), a style (casual, smart) or a colour."
+        return (
+            f"No item matches {query[:100]!r}; try a season (spring...), a style (casual, smart) or a colour."
+        )
     return [item.summary() for item in found]
 
 
 @tool
-def dapei(items: Annotated[list[str], Field(min_length=2, max_length=12)], occasion: str = "") -> dict[str, Any]:
+def dapei(
+    items: Annotated[list[str], Field(min_length=2, max_length=12)], occasion: str = ""
+) -> dict[str, Any]:
     """Propose outfits (搭配, dapei) from catalogue items: up to three, each a top and a bottom,
     with the first shoes and outerwear given.
 
@@ -189,8 +196,10 @@ def chuan(outfit: str) -> str:
 Choice = Annotated[str, Field(min_length=1, max_length=200)]
 
 
-def ask_user(question: Annotated[str, Field(max_length=500)],
-             choices: Annotated[list[Choice], Field(min_length=2, max_length=3)]) -> str:
+def ask_user(
+    question: Annotated[str, Field(max_length=500)],
+    choices: Annotated[list[Choice], Field(min_length=2, max_length=3)],
+) -> str:
     """Ask the user to choose, when you cannot decide yourself: the plug-in shows the question
     and the choices; the answer is the choice the user picked.
 
@@ -216,17 +225,27 @@ fetch = PullingJobTool(fetch_page, board, timeout=60)
 # -- the agents and the plan -----------------------------------------------------------------------
 
 crawler = DeepCrawlerAgent(
-    "assistant-crawler", MODEL, crawler=fetch,
-    respect_robots=False,  # the user's own browser opens the pages, for the user, as the user would
-    max_depth=3, max_pages=15, concurrency=8,
+    "assistant-crawler",
+    MODEL,
+    crawler=fetch,
+    # the user's own browser opens the pages, for the user, as the user would
+    scope=CrawlScope(respect_robots=False),
+    budget=CrawlBudget(max_depth=3, max_pages=15, concurrency=8),
 )
 browser = agent_tool(
-    crawler, name="browser", max_depth=1,
+    crawler,
+    name="browser",
+    max_depth=1,
     description="Read the shop's website in the user's browser to answer a question about a product. Give the "
-                "question and the URL to start from, e.g. 'What is the Linen shirt made of? Start at https://...'.",
+    "question and the URL to start from, e.g. 'What is the Linen shirt made of? Start at https://...'.",
 )
-shopper = ToolCallAgent("assistant-shopper", MODEL, [search, dapei, chuan, ask, browser],
-                        system_prompt=SHOPPER_PROMPT, max_steps=8)
+shopper = ToolCallAgent(
+    "assistant-shopper",
+    MODEL,
+    [search, dapei, chuan, ask, browser],
+    system_prompt=SHOPPER_PROMPT,
+    limits=AgentLimits(max_steps=8),
+)
 assistant = PlanningFlow("assistant", shopper, MODEL)
 
 DFLOW_ROUTES = [job_routes(board)]

@@ -41,8 +41,15 @@ class Item:
 
     def summary(self) -> dict[str, Any]:
         """What a search shows of the item (material and sizes are on its page)."""
-        return {"id": self.id, "name": self.name, "kind": self.kind, "colour": self.colour, "style": self.style,
-                "seasons": list(self.seasons), "price_eur": self.price}
+        return {
+            "id": self.id,
+            "name": self.name,
+            "kind": self.kind,
+            "colour": self.colour,
+            "style": self.style,
+            "seasons": list(self.seasons),
+            "price_eur": self.price,
+        }
 
 
 #: top, bottom, shoes, outerwear: the shop's categories
@@ -50,29 +57,138 @@ KINDS = ("top", "bottom", "shoes", "outerwear")
 SEASONS = ("spring", "summer", "autumn", "winter")
 
 CATALOGUE: tuple[Item, ...] = (
-    Item("linen-shirt", "Linen shirt", "top", "white", "casual", ("spring", "summer"), 39, "100% linen", "S, M, L, XL"),
-    Item("striped-tee", "Striped T-shirt", "top", "navy and white", "casual", ("spring", "summer"), 19,
-         "organic cotton jersey", "XS to XXL"),
-    Item("oxford-shirt", "Oxford shirt", "top", "light blue", "smart", ("spring", "autumn"), 45, "cotton oxford",
-         "S to XL"),
-    Item("merino-sweater", "Merino sweater", "top", "grey", "smart", ("autumn", "winter"), 69, "merino wool",
-         "S to XL"),
-    Item("beige-chinos", "Beige chinos", "bottom", "beige", "casual", ("spring", "summer", "autumn"), 49,
-         "cotton twill with 2% elastane", "waist 28 to 38"),
-    Item("straight-jeans", "Straight jeans", "bottom", "mid blue", "casual", SEASONS, 59, "rigid denim",
-         "waist 28 to 40"),
-    Item("wool-trousers", "Wool trousers", "bottom", "charcoal", "formal", ("autumn", "winter"), 89, "wool flannel",
-         "waist 30 to 40"),
-    Item("canvas-sneakers", "White canvas sneakers", "shoes", "white", "casual", ("spring", "summer"), 45,
-         "canvas, rubber sole", "EU 36 to 46"),
-    Item("suede-loafers", "Suede loafers", "shoes", "tan", "smart", ("spring", "summer", "autumn"), 95,
-         "suede, leather sole", "EU 39 to 46"),
-    Item("leather-boots", "Leather boots", "shoes", "dark brown", "casual", ("autumn", "winter"), 129,
-         "leather, rubber sole", "EU 39 to 46"),
-    Item("denim-jacket", "Denim jacket", "outerwear", "light blue", "casual", ("spring", "autumn"), 69,
-         "cotton denim", "S to XL"),
-    Item("trench-coat", "Trench coat", "outerwear", "sand", "smart", ("spring", "autumn"), 149,
-         "cotton gabardine", "S to XL"),
+    Item(
+        "linen-shirt",
+        "Linen shirt",
+        "top",
+        "white",
+        "casual",
+        ("spring", "summer"),
+        39,
+        "100% linen",
+        "S, M, L, XL",
+    ),
+    Item(
+        "striped-tee",
+        "Striped T-shirt",
+        "top",
+        "navy and white",
+        "casual",
+        ("spring", "summer"),
+        19,
+        "organic cotton jersey",
+        "XS to XXL",
+    ),
+    Item(
+        "oxford-shirt",
+        "Oxford shirt",
+        "top",
+        "light blue",
+        "smart",
+        ("spring", "autumn"),
+        45,
+        "cotton oxford",
+        "S to XL",
+    ),
+    Item(
+        "merino-sweater",
+        "Merino sweater",
+        "top",
+        "grey",
+        "smart",
+        ("autumn", "winter"),
+        69,
+        "merino wool",
+        "S to XL",
+    ),
+    Item(
+        "beige-chinos",
+        "Beige chinos",
+        "bottom",
+        "beige",
+        "casual",
+        ("spring", "summer", "autumn"),
+        49,
+        "cotton twill with 2% elastane",
+        "waist 28 to 38",
+    ),
+    Item(
+        "straight-jeans",
+        "Straight jeans",
+        "bottom",
+        "mid blue",
+        "casual",
+        SEASONS,
+        59,
+        "rigid denim",
+        "waist 28 to 40",
+    ),
+    Item(
+        "wool-trousers",
+        "Wool trousers",
+        "bottom",
+        "charcoal",
+        "formal",
+        ("autumn", "winter"),
+        89,
+        "wool flannel",
+        "waist 30 to 40",
+    ),
+    Item(
+        "canvas-sneakers",
+        "White canvas sneakers",
+        "shoes",
+        "white",
+        "casual",
+        ("spring", "summer"),
+        45,
+        "canvas, rubber sole",
+        "EU 36 to 46",
+    ),
+    Item(
+        "suede-loafers",
+        "Suede loafers",
+        "shoes",
+        "tan",
+        "smart",
+        ("spring", "summer", "autumn"),
+        95,
+        "suede, leather sole",
+        "EU 39 to 46",
+    ),
+    Item(
+        "leather-boots",
+        "Leather boots",
+        "shoes",
+        "dark brown",
+        "casual",
+        ("autumn", "winter"),
+        129,
+        "leather, rubber sole",
+        "EU 39 to 46",
+    ),
+    Item(
+        "denim-jacket",
+        "Denim jacket",
+        "outerwear",
+        "light blue",
+        "casual",
+        ("spring", "autumn"),
+        69,
+        "cotton denim",
+        "S to XL",
+    ),
+    Item(
+        "trench-coat",
+        "Trench coat",
+        "outerwear",
+        "sand",
+        "smart",
+        ("spring", "autumn"),
+        149,
+        "cotton gabardine",
+        "S to XL",
+    ),
 )
 
 _BY_ID = {item.id: item for item in CATALOGUE}
@@ -89,7 +205,9 @@ def by_id(item_id: str) -> Item:
     """The item ``item_id``; ``ValueError`` naming the known ids when there is none."""
     found = _BY_ID.get(item_id)
     if found is None:
-        raise ValueError(f"there is no item {item_id[:60]!r} in the catalogue; its ids are: {', '.join(_BY_ID)}")
+        raise ValueError(
+            f"there is no item {item_id[:60]!r} in the catalogue; its ids are: {', '.join(_BY_ID)}"
+        )
     return found
 
 
@@ -126,12 +244,16 @@ def propose_outfits(item_ids: Sequence[str], limit: int = 3) -> list[dict[str, A
     items = [by_id(i) for i in dict.fromkeys(item_ids)]
     kinds = {k: [i for i in items if i.kind == k] for k in KINDS}
     if not kinds["top"] or not kinds["bottom"]:
-        raise ValueError("an outfit needs at least one top and one bottom: give their ids (search finds them)")
+        raise ValueError(
+            "an outfit needs at least one top and one bottom: give their ids (search finds them)"
+        )
     extras = [kinds[k][0] for k in ("shoes", "outerwear") if kinds[k]]
     outfits = []
     for top, bottom in itertools.islice(itertools.product(kinds["top"], kinds["bottom"]), limit):
         parts = [top, bottom, *extras]
-        outfits.append({"id": _outfit_id(parts), "look": _look(parts), "price_eur": sum(p.price for p in parts)})
+        outfits.append(
+            {"id": _outfit_id(parts), "look": _look(parts), "price_eur": sum(p.price for p in parts)}
+        )
     return outfits
 
 

@@ -69,12 +69,21 @@ class Outcome:
     status: str  #: the run's status: done, failed, cancelled
     result: Any = None  #: the planning flow's result (JSON), when done
     error: Any = None
-    jobs: list[dict[str, Any]] = field(default_factory=list)  #: each: id, tool, arguments, report, http status
+    jobs: list[dict[str, Any]] = field(
+        default_factory=list
+    )  #: each: id, tool, arguments, report, http status
     steps: list[dict[str, Any]] = field(default_factory=list)  #: the run's step events
 
     def to_json(self) -> dict[str, Any]:
-        return {"trace_id": self.trace_id, "session": self.session, "status": self.status, "result": self.result,
-                "error": self.error, "jobs": self.jobs, "steps": self.steps}
+        return {
+            "trace_id": self.trace_id,
+            "session": self.session,
+            "status": self.status,
+            "result": self.result,
+            "error": self.error,
+            "jobs": self.jobs,
+            "steps": self.steps,
+        }
 
 
 async def first_choice(question: str, choices: Sequence[str]) -> int:
@@ -84,8 +93,11 @@ async def first_choice(question: str, choices: Sequence[str]) -> int:
 
 async def ask_stdin(question: str, choices: Sequence[str]) -> int:
     """Ask on the terminal; Enter (or anything that is not a choice's number) takes the first."""
-    lines = [f"  ? {question}", *(f"    {n}. {c}" for n, c in enumerate(choices, 1)),
-             f"    your choice (1-{len(choices)}, Enter for 1): "]
+    lines = [
+        f"  ? {question}",
+        *(f"    {n}. {c}" for n, c in enumerate(choices, 1)),
+        f"    your choice (1-{len(choices)}, Enter for 1): ",
+    ]
     print("\n".join(lines), end="", flush=True)
     line = await asyncio.to_thread(sys.stdin.readline)
     text = line.strip()
@@ -136,14 +148,18 @@ class Plugin:
         ends, and return how it went."""
         text = f"{query}\n(I am browsing the shop at {page})" if page else query
         sites = set(self.allowed_sites) or ({_site(page)} if page else set())
-        async with httpx.AsyncClient(base_url=self.server, timeout=httpx.Timeout(30.0, read=60.0)) as api, \
-                httpx.AsyncClient(timeout=10.0, trust_env=False) as web:
+        async with (
+            httpx.AsyncClient(base_url=self.server, timeout=httpx.Timeout(30.0, read=60.0)) as api,
+            httpx.AsyncClient(timeout=10.0, trust_env=False) as web,
+        ):
             outcome = await self._start(api, text)
             self.out(f"chat {outcome.trace_id} started in session {outcome.session}")
             work = asyncio.ensure_future(self._work(api, web, sites, outcome))
             follow = asyncio.ensure_future(self._follow(api, outcome))
             try:
-                done, _ = await asyncio.wait({work, follow}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+                done, _ = await asyncio.wait(
+                    {work, follow}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+                )
                 if not done:
                     await self._cancel(api, outcome.trace_id, f"the plug-in gave up after {timeout:g} s")
                     raise ClientError(f"the chat did not end within {timeout:g} s (it was cancelled)")
@@ -186,8 +202,12 @@ class Plugin:
         for attempt in range(6):
             headers = {**self._headers(), **({"Last-Event-ID": last} if last else {})}
             try:
-                async with api.stream("GET", f"/runs/{outcome.trace_id}/events", headers=headers,
-                                      timeout=httpx.Timeout(30.0, read=None)) as r:
+                async with api.stream(
+                    "GET",
+                    f"/runs/{outcome.trace_id}/events",
+                    headers=headers,
+                    timeout=httpx.Timeout(30.0, read=None),
+                ) as r:
                     if r.status_code != 200:
                         await r.aread()
                         _check(r, "following the chat")
@@ -212,7 +232,9 @@ class Plugin:
         output, status = step.get("output"), step.get("status")
         if status == "done" and node == "record" and isinstance(output, dict) and output.get("steps"):
             last = output["steps"][-1]
-            self.out(f"  step {last.get('index')} {last.get('status')}: {_short(last.get('answer') or last.get('reason'))}")
+            self.out(
+                f"  step {last.get('index')} {last.get('status')}: {_short(last.get('answer') or last.get('reason'))}"
+            )
         elif status == "done" and node == "finalize":
             self.out("  the plan is done; its summary is written")
         elif status in ("failed", "retrying"):
@@ -220,13 +242,19 @@ class Plugin:
 
     # -- doing jobs ------------------------------------------------------------------------------
 
-    async def _work(self, api: httpx.AsyncClient, web: httpx.AsyncClient, sites: set[str], outcome: Outcome) -> None:
+    async def _work(
+        self, api: httpx.AsyncClient, web: httpx.AsyncClient, sites: set[str], outcome: Outcome
+    ) -> None:
         """Pull the session's jobs and do each (at once), until cancelled."""
         running: set[asyncio.Task[None]] = set()
         try:
             while True:
-                r = await api.get("/jobs", headers=self._headers(), params={"wait": self.poll_wait, "limit": 20},
-                                  timeout=httpx.Timeout(30.0, read=self.poll_wait + 30))
+                r = await api.get(
+                    "/jobs",
+                    headers=self._headers(),
+                    params={"wait": self.poll_wait, "limit": 20},
+                    timeout=httpx.Timeout(30.0, read=self.poll_wait + 30),
+                )
                 _check(r, "pulling jobs")
                 for job in r.json()["jobs"]:
                     task = asyncio.ensure_future(self._do(api, web, sites, job, outcome))
@@ -236,8 +264,14 @@ class Plugin:
             for task in running:
                 task.cancel()
 
-    async def _do(self, api: httpx.AsyncClient, web: httpx.AsyncClient, sites: set[str], job: dict[str, Any],
-                  outcome: Outcome) -> None:
+    async def _do(
+        self,
+        api: httpx.AsyncClient,
+        web: httpx.AsyncClient,
+        sites: set[str],
+        job: dict[str, Any],
+        outcome: Outcome,
+    ) -> None:
         tool, args = job.get("tool"), job.get("arguments") or {}
         try:
             if tool == "fetch_page":
@@ -250,7 +284,7 @@ class Plugin:
         except _Refused as exc:
             self.out(f"  job {tool} refused: {exc}")
             body = {"error": str(exc)}
-        except Exception as exc:  # noqa: BLE001 - the run hears why, and the plug-in goes on
+        except Exception as exc:
             self.out(f"  job {tool} failed: {type(exc).__name__}: {exc}")
             body = {"error": f"the plug-in failed: {type(exc).__name__}: {str(exc)[:500]}"}
         try:
@@ -262,12 +296,18 @@ class Plugin:
             status = r.status_code
             if status >= 400:  # 409 answered already, 410 too late (the run went on without it)...
                 self.out(f"  job {tool} not taken: HTTP {status}: {_detail(r)}")
-        outcome.jobs.append({"id": job["id"], "tool": tool, "arguments": args, "report": body, "http": status})
+        outcome.jobs.append(
+            {"id": job["id"], "tool": tool, "arguments": args, "report": body, "http": status}
+        )
 
     async def _ask(self, args: dict[str, Any]) -> str:
         question, choices = args.get("question"), args.get("choices")
-        if not isinstance(question, str) or not isinstance(choices, list) or not 1 <= len(choices) <= 3 \
-                or not all(isinstance(c, str) for c in choices):
+        if (
+            not isinstance(question, str)
+            or not isinstance(choices, list)
+            or not 1 <= len(choices) <= 3
+            or not all(isinstance(c, str) for c in choices)
+        ):
             raise _Refused("a question to the user is a text and one to three choices (texts)")
         pick = await self.choose(question, choices)
         answer = str(choices[pick if 0 <= pick < len(choices) else 0])
@@ -318,8 +358,9 @@ async def _fetch(web: httpx.AsyncClient, url: Any, sites: set[str]) -> dict[str,
         if ctype == "text/plain":
             text = bytes(body).decode(encoding or "utf-8", "replace")[:MAX_PAGE_CHARS]
             return {"markdown": text, "final_url": final}
-        title, markdown, links, _ = html_to_markdown(bytes(body), current, encoding=encoding,
-                                                     max_chars=MAX_PAGE_CHARS, max_links=300)
+        title, markdown, links, _ = html_to_markdown(
+            bytes(body), current, encoding=encoding, max_chars=MAX_PAGE_CHARS, max_links=300
+        )
         return {"title": title, "markdown": markdown, "links": links, "final_url": final}
     raise _Refused(f"more than {MAX_REDIRECTS} redirects from {url[:200]}")
 
@@ -377,27 +418,47 @@ def print_outcome(outcome: Outcome, out: Printer = print) -> None:
     out("\n" + (result.get("plan_text") or "(no plan)").rstrip())
     out("\nResults of the steps:")
     for s in result.get("steps") or ():
-        out(f"  {s['index']}. [{s['status']}] {s['step']}\n     {_short(s.get('answer') or s.get('reason'), 400)}")
+        out(
+            f"  {s['index']}. [{s['status']}] {s['step']}\n     {_short(s.get('answer') or s.get('reason'), 400)}"
+        )
     out(f"\n{str(result.get('status', '')).upper()}: {result.get('answer', '')}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The command line (see the module)."""
-    parser = argparse.ArgumentParser(prog="python -m examples.assistant.client",
-                                     description="The assistant's browser plug-in, over dflow serve's HTTP API.")
+    parser = argparse.ArgumentParser(
+        prog="python -m examples.assistant.client",
+        description="The assistant's browser plug-in, over dflow serve's HTTP API.",
+    )
     parser.add_argument("--server", default="http://127.0.0.1:8000", help="dflow serve's URL")
     parser.add_argument("--token", default=None, help="a session token (default: start a new session)")
-    parser.add_argument("--admin-token", default=os.environ.get("DFLOW_SERVER_TOKEN"),
-                        help="the server's admin token, to start a new session (default: $DFLOW_SERVER_TOKEN)")
+    parser.add_argument(
+        "--admin-token",
+        default=os.environ.get("DFLOW_SERVER_TOKEN"),
+        help="the server's admin token, to start a new session (default: $DFLOW_SERVER_TOKEN)",
+    )
     parser.add_argument("--query", default=DEFAULT_QUERY, help="what to ask the assistant")
-    parser.add_argument("--shop", default=None, help="the shop the user browses (default: serve the demo shop here)")
-    parser.add_argument("--allow-site", action="append", default=[], metavar="HOST:PORT",
-                        help="a site pages may be fetched from (repeatable; default: the shop's)")
-    parser.add_argument("--ask", choices=("stdin", "first"), default="stdin" if sys.stdin.isatty() else "first",
-                        help="how ask_user is answered: on the terminal, or the first choice (default when stdin "
-                             "is not a terminal)")
+    parser.add_argument(
+        "--shop", default=None, help="the shop the user browses (default: serve the demo shop here)"
+    )
+    parser.add_argument(
+        "--allow-site",
+        action="append",
+        default=[],
+        metavar="HOST:PORT",
+        help="a site pages may be fetched from (repeatable; default: the shop's)",
+    )
+    parser.add_argument(
+        "--ask",
+        choices=("stdin", "first"),
+        default="stdin" if sys.stdin.isatty() else "first",
+        help="how ask_user is answered: on the terminal, or the first choice (default when stdin "
+        "is not a terminal)",
+    )
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds the chat may take")
-    parser.add_argument("--json", action="store_true", help="also print the outcome as one JSON line at the end")
+    parser.add_argument(
+        "--json", action="store_true", help="also print the outcome as one JSON line at the end"
+    )
     args = parser.parse_args(argv)
     shop = None
     if args.shop is None:
@@ -406,9 +467,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         shop = ShopSite()
         args.shop = shop.start()
         print(f"serving the demo shop at {args.shop}", flush=True)
-    plugin = Plugin(args.server, token=args.token, admin_token=args.admin_token, allowed_sites=args.allow_site,
-                    choose=ask_stdin if args.ask == "stdin" else first_choice,
-                    out=lambda line: print(line, flush=True))
+    plugin = Plugin(
+        args.server,
+        token=args.token,
+        admin_token=args.admin_token,
+        allowed_sites=args.allow_site,
+        choose=ask_stdin if args.ask == "stdin" else first_choice,
+        out=lambda line: print(line, flush=True),
+    )
     try:
         outcome = asyncio.run(plugin.chat(args.query, page=args.shop, timeout=args.timeout))
     except ClientError as exc:

@@ -51,7 +51,9 @@ def local() -> Iterator[Local]:
         dflow.shutdown()
 
 
-def run(query: str = DEFAULT_QUERY, *, ask: str = "first", out: Printer = print, timeout: float = 600.0) -> Outcome:
+def run(
+    query: str = DEFAULT_QUERY, *, ask: str = "first", out: Printer = print, timeout: float = 600.0
+) -> Outcome:
     """One chat in local mode, the plug-in answering the assistant's question on the
     terminal (``ask="stdin"``) or with the first choice."""
     with local() as here:
@@ -64,10 +66,16 @@ def run(query: str = DEFAULT_QUERY, *, ask: str = "first", out: Printer = print,
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The command line (see the module)."""
-    parser = argparse.ArgumentParser(prog="python -m examples.assistant", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m examples.assistant", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--query", default=DEFAULT_QUERY, help="what to ask the assistant")
-    parser.add_argument("--ask", choices=("stdin", "first"), default="stdin" if sys.stdin.isatty() else "first",
-                        help="how the assistant's question is answered: on the terminal, or the first choice")
+    parser.add_argument(
+        "--ask",
+        choices=("stdin", "first"),
+        default="stdin" if sys.stdin.isatty() else "first",
+        help="how the assistant's question is answered: on the terminal, or the first choice",
+    )
     args = parser.parse_args(argv)
     outcome = run(args.query, ask=args.ask, out=lambda line: print(line, flush=True))
     print_outcome(outcome)

@@ -76,8 +76,10 @@ def _between(text: str, start: str, end: str) -> str:
 def _plan(messages: Sequence[ChatMessage]) -> ChatResponse:
     request = messages[-1].content.split("accomplish this task: ", 1)[-1]
     short = request.strip().splitlines()[0][:60] if request.strip() else "the request"
-    return ChatResponse(content="A three-step plan.", tool_calls=[
-        _call("planning", command="create", title=f"Outfit for: {short}", steps=PLAN_STEPS)])
+    return ChatResponse(
+        content="A three-step plan.",
+        tool_calls=[_call("planning", command="create", title=f"Outfit for: {short}", steps=PLAN_STEPS)],
+    )
 
 
 def _finalize(user: str) -> ChatResponse:
@@ -112,8 +114,12 @@ def _search_step(request: str, done: list[tuple[str, str]]) -> ChatResponse:
     season = next((s for s in SEASONS if s in words), "spring")
     style = "smart" if any(w in words for w in ("smart", "office", "formal")) else "casual"
     if not done:  # three searches at once
-        return ChatResponse(content=f"Looking for {style} clothes for {season}.", tool_calls=[
-            _call("search", query=f"{season} {style}", kind=kind) for kind in ("top", "bottom", "shoes")])
+        return ChatResponse(
+            content=f"Looking for {style} clothes for {season}.",
+            tool_calls=[
+                _call("search", query=f"{season} {style}", kind=kind) for kind in ("top", "bottom", "shoes")
+            ],
+        )
     parts = []
     for (_, observation), label in zip(done, ("tops", "trousers", "shoes")):
         try:
@@ -133,9 +139,15 @@ def _browse_step(request: str, plan: str, done: list[tuple[str, str]]) -> ChatRe
         return ChatResponse(content=f"I could not read a product page: {why}.")
     top = tops[0]
     if not done:
-        return ChatResponse(tool_calls=[_call(
-            "browser", query=f"What is the {top.name} made of, and in which sizes is it sold? Start at "
-                             f"{url.group(0).rstrip('.,;:!?')}")])
+        return ChatResponse(
+            tool_calls=[
+                _call(
+                    "browser",
+                    query=f"What is the {top.name} made of, and in which sizes is it sold? Start at "
+                    f"{url.group(0).rstrip('.,;:!?')}",
+                )
+            ]
+        )
     return ChatResponse(content=f"From the shop's page of the {top.name}: {done[-1][1]}")
 
 
@@ -154,8 +166,15 @@ def _outfit_step(plan: str, done: list[tuple[str, str]]) -> ChatResponse:
     except (ValueError, TypeError, KeyError):
         return _end("failure", f"No outfit could be put together: {results['dapei'][:300]}")
     if "ask_user" not in results and len(outfits) > 1:
-        return ChatResponse(tool_calls=[_call("ask_user", question="Which outfit would you like to try on?",
-                                              choices=[o["look"] for o in outfits[:3]])])
+        return ChatResponse(
+            tool_calls=[
+                _call(
+                    "ask_user",
+                    question="Which outfit would you like to try on?",
+                    choices=[o["look"] for o in outfits[:3]],
+                )
+            ]
+        )
     answer = results.get("ask_user", "")
     chosen = next((o for o in outfits if o["look"] == answer.strip()), None)
     if "chuan" not in results:
@@ -192,8 +211,12 @@ def _research(user: str) -> ChatResponse:
         material = re.search(r"Material: (.+)", body)
         sizes = re.search(r"Sizes: (.+)", body)
         if body.startswith(f"# {item.name}\n") and material and sizes:
-            reply.update(found=True, sources=[pid], answer=f"The {item.name} is made of {material.group(1).strip()}; "
-                                                         f"it comes in sizes {sizes.group(1).strip()}.")
+            reply.update(
+                found=True,
+                sources=[pid],
+                answer=f"The {item.name} is made of {material.group(1).strip()}; "
+                f"it comes in sizes {sizes.group(1).strip()}.",
+            )
         reply["follow"] += [link for label, link in _LINK.findall(body) if label in wanted]
     reply["notes"] = f"looked for the page of the {item.name} on {len(pages)} page(s)"
     return ChatResponse(content=json.dumps(reply))

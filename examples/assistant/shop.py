@@ -25,8 +25,12 @@ from .catalogue import CATALOGUE, KINDS, Item
 __all__ = ["CATEGORY_LABELS", "ShopSite", "main", "pages"]
 
 #: the link text of each category
-CATEGORY_LABELS = {"top": "Tops and shirts", "bottom": "Trousers and jeans", "shoes": "Shoes",
-                   "outerwear": "Jackets and coats"}
+CATEGORY_LABELS = {
+    "top": "Tops and shirts",
+    "bottom": "Trousers and jeans",
+    "shoes": "Shoes",
+    "outerwear": "Jackets and coats",
+}
 
 
 def _page(title: str, body: str) -> bytes:
@@ -40,33 +44,55 @@ def _page(title: str, body: str) -> bytes:
 
 def _item_page(item: Item) -> bytes:
     e = html.escape
-    return _page(f"{item.name} | Spring Shop", (
-        f"<h1>{e(item.name)}</h1><p>{e(item.colour.capitalize())}, {e(item.style)} style, for "
-        f"{e(', '.join(item.seasons))}.</p><p>Price: {item.price} EUR</p>"
-        f"<h2>Details</h2><ul><li>Material: {e(item.material)}</li><li>Sizes: {e(item.sizes)}</li>"
-        "<li>Care: machine wash at 30 °C</li></ul>"
-        f"<p><a href='/c/{item.kind}'>More {e(CATEGORY_LABELS[item.kind].lower())}</a></p>"
-    ))
+    return _page(
+        f"{item.name} | Spring Shop",
+        (
+            f"<h1>{e(item.name)}</h1><p>{e(item.colour.capitalize())}, {e(item.style)} style, for "
+            f"{e(', '.join(item.seasons))}.</p><p>Price: {item.price} EUR</p>"
+            f"<h2>Details</h2><ul><li>Material: {e(item.material)}</li><li>Sizes: {e(item.sizes)}</li>"
+            "<li>Care: machine wash at 30 °C</li></ul>"
+            f"<p><a href='/c/{item.kind}'>More {e(CATEGORY_LABELS[item.kind].lower())}</a></p>"
+        ),
+    )
 
 
 def pages() -> dict[str, tuple[str, bytes]]:
     """Every path of the shop, with its content type and body."""
-    out: dict[str, tuple[str, bytes]] = {"/robots.txt": ("text/plain", b"User-agent: *\nDisallow: /checkout/\n")}
+    out: dict[str, tuple[str, bytes]] = {
+        "/robots.txt": ("text/plain", b"User-agent: *\nDisallow: /checkout/\n")
+    }
     categories = "".join(f"<li><a href='/c/{k}'>{CATEGORY_LABELS[k]}</a></li>" for k in KINDS)
-    out["/"] = ("text/html; charset=utf-8", _page("Spring Shop", (
-        "<h1>Spring Shop</h1><p>Clothes for the new season.</p>"
-        f"<h2>Categories</h2><ul>{categories}</ul>"
-        "<p><a href='/about.html'>About the shop</a> | <a href='/checkout/cart'>Your cart</a></p>"
-    )))
-    out["/about.html"] = ("text/html; charset=utf-8", _page("About | Spring Shop", (
-        "<h1>About</h1><p>A demo shop for the dflow assistant example.</p><p><a href='/'>Home</a></p>"
-    )))
+    out["/"] = (
+        "text/html; charset=utf-8",
+        _page(
+            "Spring Shop",
+            (
+                "<h1>Spring Shop</h1><p>Clothes for the new season.</p>"
+                f"<h2>Categories</h2><ul>{categories}</ul>"
+                "<p><a href='/about.html'>About the shop</a> | <a href='/checkout/cart'>Your cart</a></p>"
+            ),
+        ),
+    )
+    out["/about.html"] = (
+        "text/html; charset=utf-8",
+        _page(
+            "About | Spring Shop",
+            ("<h1>About</h1><p>A demo shop for the dflow assistant example.</p><p><a href='/'>Home</a></p>"),
+        ),
+    )
     for kind in KINDS:
-        items = "".join(f"<li><a href='/p/{i.id}.html'>{html.escape(i.name)}</a> ({i.price} EUR)</li>"
-                        for i in CATALOGUE if i.kind == kind)
-        out[f"/c/{kind}"] = ("text/html; charset=utf-8", _page(f"{CATEGORY_LABELS[kind]} | Spring Shop", (
-            f"<h1>{CATEGORY_LABELS[kind]}</h1><ul>{items}</ul><p><a href='/'>Home</a></p>"
-        )))
+        items = "".join(
+            f"<li><a href='/p/{i.id}.html'>{html.escape(i.name)}</a> ({i.price} EUR)</li>"
+            for i in CATALOGUE
+            if i.kind == kind
+        )
+        out[f"/c/{kind}"] = (
+            "text/html; charset=utf-8",
+            _page(
+                f"{CATEGORY_LABELS[kind]} | Spring Shop",
+                (f"<h1>{CATEGORY_LABELS[kind]}</h1><ul>{items}</ul><p><a href='/'>Home</a></p>"),
+            ),
+        )
     for item in CATALOGUE:
         out[f"/p/{item.id}.html"] = ("text/html; charset=utf-8", _item_page(item))
     return out
@@ -100,7 +126,11 @@ class ShopSite:
                     site.hits.append(path)
                 found = site._pages.get(path.split("?", 1)[0])
                 if found is None:
-                    status, ctype, body = 404, "text/html; charset=utf-8", _page("Not found", "<h1>Not found</h1>")
+                    status, ctype, body = (
+                        404,
+                        "text/html; charset=utf-8",
+                        _page("Not found", "<h1>Not found</h1>"),
+                    )
                 else:
                     status, (ctype, body) = 200, found
                 self.send_response(status)
@@ -117,8 +147,9 @@ class ShopSite:
     def start(self) -> str:
         """Serve; the shop's base URL (ending in ``/``)."""
         self._httpd = _Server((self.host, self.port), self._handler())
-        threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True,
-                         name="spring-shop").start()
+        threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True, name="spring-shop"
+        ).start()
         self.url = f"http://{self.host}:{self._httpd.server_address[1]}/"
         return self.url
 
@@ -134,18 +165,21 @@ class ShopSite:
         with self._lock:
             return list(self.hits)
 
-    def __enter__(self) -> ShopSite:  # noqa: PYI034 - not subclassed
+    def __enter__(self) -> ShopSite:
         self.start()
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.stop()
 
 
 def main(argv: list[str] | None = None) -> int:
     """Serve the shop until interrupted."""
-    parser = argparse.ArgumentParser(prog="python -m examples.assistant.shop", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m examples.assistant.shop", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8001)
     args = parser.parse_args(argv)

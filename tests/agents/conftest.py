@@ -48,6 +48,7 @@ class Answer:
     body: bytes
     headers: dict[str, str]
     delay: float
+    drop: str | None = None  # "before-reply": close unanswered; "mid-body": close halfway through
 
 
 @dataclass
@@ -66,10 +67,13 @@ class FakeLLMServer:
         status: int = 200,
         headers: dict[str, str] | None = None,
         delay: float = 0.0,
+        drop: str | None = None,
     ) -> None:
-        """Queue an answer: a JSON-able body, or bytes sent as they are."""
+        """Queue an answer: a JSON-able body, or bytes sent as they are; ``drop`` closes the
+        connection before any reply (``"before-reply"``) or halfway through the body
+        (``"mid-body"``), as a server that crashes does."""
         raw = body if isinstance(body, bytes) else json.dumps(body).encode()
-        self.answers.append(Answer(status, raw, headers or {}, delay))
+        self.answers.append(Answer(status, raw, headers or {}, delay, drop))
 
 
 def chat_body(
@@ -103,6 +107,8 @@ def _handler(server: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
             )
             if answer.delay:
                 server.release.wait(answer.delay)
+            if answer.drop == "before-reply":
+                return  # HTTP/1.0: the connection closes with nothing said
             try:
                 self.send_response(answer.status)
                 self.send_header("content-type", "application/json")
@@ -110,7 +116,9 @@ def _handler(server: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
                 for k, v in answer.headers.items():
                     self.send_header(k, v)
                 self.end_headers()
-                self.wfile.write(answer.body)
+                self.wfile.write(
+                    answer.body[: len(answer.body) // 2] if answer.drop == "mid-body" else answer.body
+                )
             except OSError:  # the client gave up (a timeout test)
                 pass
 

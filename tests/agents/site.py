@@ -47,8 +47,14 @@ class Hit:
 Answer = Callable[[BaseHTTPRequestHandler, Hit], None]
 
 
-def _send(handler: BaseHTTPRequestHandler, hit: Hit, status: int, body: bytes, ctype: str,
-          headers: dict[str, str] | None = None) -> None:
+def _send(
+    handler: BaseHTTPRequestHandler,
+    hit: Hit,
+    status: int,
+    body: bytes,
+    ctype: str,
+    headers: dict[str, str] | None = None,
+) -> None:
     hit.status = status
     handler.send_response(status)
     handler.send_header("content-type", ctype)
@@ -61,15 +67,22 @@ def _send(handler: BaseHTTPRequestHandler, hit: Hit, status: int, body: bytes, c
 
 
 def html(title: str, body: str) -> Answer:
-    page = f"<!doctype html><html><head><title>{title}</title><style>p {{ color: red }}</style>" \
-           f"<script>var tracking = 1;</script></head><body><nav><a href='/'>Home</a> | <a href='/about.html'>About" \
-           f"</a></nav><main>{body}</main><footer>Gadget Shop, all rights reserved</footer></body></html>"
+    page = (
+        f"<!doctype html><html><head><title>{title}</title><style>p {{ color: red }}</style>"
+        f"<script>var tracking = 1;</script></head><body><nav><a href='/'>Home</a> | <a href='/about.html'>About"
+        f"</a></nav><main>{body}</main><footer>Gadget Shop, all rights reserved</footer></body></html>"
+    )
     data = page.encode()
     return lambda h, hit: _send(h, hit, 200, data, "text/html; charset=utf-8")
 
 
 def redirect(location: str, status: int = 302) -> Answer:
     return lambda h, hit: _send(h, hit, status, b"", "text/html", {"location": location})
+
+
+def status(code: int) -> Answer:
+    """An empty answer with HTTP status ``code``."""
+    return lambda h, hit: _send(h, hit, code, b"", "text/plain")
 
 
 def missing() -> Answer:
@@ -113,6 +126,28 @@ def huge(total: int = HUGE_BYTES) -> Answer:
     return answer
 
 
+def drip(data: bytes, every: float) -> Answer:
+    """``data`` as text/plain, one byte each ``every`` seconds (never slow enough for a read
+    timeout), until the client goes away."""
+
+    def answer(h: BaseHTTPRequestHandler, hit: Hit) -> None:
+        hit.status = 200
+        h.send_response(200)
+        h.send_header("content-type", "text/plain")
+        h.send_header("content-length", str(len(data)))
+        h.end_headers()
+        try:
+            for i in range(len(data)):
+                h.wfile.write(data[i : i + 1])
+                h.wfile.flush()
+                hit.sent += 1
+                time.sleep(every)
+        except OSError:  # the client stopped reading
+            h.close_connection = True
+
+    return answer
+
+
 class _Server(ThreadingHTTPServer):
     request_queue_size = 128  # the default (5) drops connections of a wave, which then wait a second to retry
     daemon_threads = True
@@ -130,12 +165,14 @@ class Site:
     base_url: str = ""
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def __enter__(self) -> Site:  # noqa: PYI034 - a dataclass, not subclassed
+    def __enter__(self) -> Site:
         site = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
-                hit = Hit(self.path, time.monotonic(), accept_encoding=self.headers.get("accept-encoding", ""))
+                hit = Hit(
+                    self.path, time.monotonic(), accept_encoding=self.headers.get("accept-encoding", "")
+                )
                 with site._lock:
                     site.hits.append(hit)
                 try:
@@ -159,8 +196,9 @@ class Site:
                 pass
 
         self._httpd = _Server(("127.0.0.1", 0), Handler)
-        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.02},
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
+        )
         self._thread.start()
         self.base_url = f"http://127.0.0.1:{self._httpd.server_address[1]}"
         return self
@@ -211,18 +249,23 @@ def shop() -> dict[str, Answer]:
     """The shop's pages; what each request path gets."""
     pages: dict[str, Answer] = {
         "/robots.txt": text(ROBOTS),
-        "/": html("Gadget Shop", (
-            "<h1>Gadget Shop</h1><p>Welcome! Browse our <a href='/c/laptops?utm_source=home&ref=nav#top'>Laptops</a>, "
-            "<a href='/c/phones'>Phones</a> and <a href='/c/tablets'>Tablets</a>.</p>"
-            "<ul><li><a href='/c/laptops?ref=nav&amp;utm_source=home'>All laptops</a></li>"
-            "<li><a href='/about.html'>About us</a></li><li><a href='/old-about'>Our story</a></li>"
-            "<li><a href='/private/staff.html'>Staff area</a></li><li><a href='/go/staff'>Staff login</a></li>"
-            "<li><a href='/loop/a'>Special offers</a></li><li><a href='/files/catalog.pdf'>Catalogue (PDF)</a></li>"
-            "<li><a href='/huge.html'>Every review ever written</a></li><li><a href='/missing.html'>Gift cards</a></li>"
-            "<li><a href='http://elsewhere.invalid/partner?id=1'>Our partner</a></li>"
-            "<li><a href='mailto:shop@example.invalid'>Write to us</a></li></ul>"
-        )),
-        "/about.html": html("About", "<h1>About us</h1><p>A shop of gadgets since 1999.</p><a href='/'>Home</a>"),
+        "/": html(
+            "Gadget Shop",
+            (
+                "<h1>Gadget Shop</h1><p>Welcome! Browse our <a href='/c/laptops?utm_source=home&ref=nav#top'>Laptops</a>, "
+                "<a href='/c/phones'>Phones</a> and <a href='/c/tablets'>Tablets</a>.</p>"
+                "<ul><li><a href='/c/laptops?ref=nav&amp;utm_source=home'>All laptops</a></li>"
+                "<li><a href='/about.html'>About us</a></li><li><a href='/old-about'>Our story</a></li>"
+                "<li><a href='/private/staff.html'>Staff area</a></li><li><a href='/go/staff'>Staff login</a></li>"
+                "<li><a href='/loop/a'>Special offers</a></li><li><a href='/files/catalog.pdf'>Catalogue (PDF)</a></li>"
+                "<li><a href='/huge.html'>Every review ever written</a></li><li><a href='/missing.html'>Gift cards</a></li>"
+                "<li><a href='http://elsewhere.invalid/partner?id=1'>Our partner</a></li>"
+                "<li><a href='mailto:shop@example.invalid'>Write to us</a></li></ul>"
+            ),
+        ),
+        "/about.html": html(
+            "About", "<h1>About us</h1><p>A shop of gadgets since 1999.</p><a href='/'>Home</a>"
+        ),
         "/old-about": redirect("/about.html", 301),
         "/go/staff": redirect("/private/payroll.html"),
         "/private/staff.html": html("Staff", "<p>Staff only. The Zephyr 9 warranty is 3 years.</p>"),
@@ -235,19 +278,31 @@ def shop() -> dict[str, Answer]:
     for category, names in CATEGORIES.items():
         items = "".join(f"<li><a href='/p/{category}/{slug(n)}.html'>{n}</a></li>" for n in names)
         path = LAPTOPS if category == "laptops" else f"/c/{category}"
-        extra = "<p><a href='/c/laptops/refurbished.html'>Refurbished laptops</a></p>" if category == "laptops" else ""
-        pages[path] = html(category.title(), f"<h1>{category.title()}</h1><ul>{items}</ul>{extra}<a href='/'>Home</a>")
+        extra = (
+            "<p><a href='/c/laptops/refurbished.html'>Refurbished laptops</a></p>"
+            if category == "laptops"
+            else ""
+        )
+        pages[path] = html(
+            category.title(), f"<h1>{category.title()}</h1><ul>{items}</ul>{extra}<a href='/'>Home</a>"
+        )
         for n in names:
             base = f"/p/{category}/{slug(n)}"
-            pages[f"{base}.html"] = html(n, (
-                f"<h1>{n}</h1><p>Price: {100 + 37 * len(n)} EUR. Warranty: see the specifications.</p>"
-                f"<p><a href='{base}/specs.html#warranty'>Specifications of the {n}</a></p>"
-                f"<p><a href='/'>Home</a> <a href='/c/{category}'>More {category}</a></p>"
-            ))
-            pages[f"{base}/specs.html"] = html(f"{n} specifications", (
-                f"<h1>{n}: specifications</h1><table><tr><th>Weight</th><td>{len(n) / 3:.1f} kg</td></tr>"
-                f"<tr><th>Warranty</th><td>Warranty: {warranty(n)}</td></tr></table><a href='/'>Home</a>"
-            ))
+            pages[f"{base}.html"] = html(
+                n,
+                (
+                    f"<h1>{n}</h1><p>Price: {100 + 37 * len(n)} EUR. Warranty: see the specifications.</p>"
+                    f"<p><a href='{base}/specs.html#warranty'>Specifications of the {n}</a></p>"
+                    f"<p><a href='/'>Home</a> <a href='/c/{category}'>More {category}</a></p>"
+                ),
+            )
+            pages[f"{base}/specs.html"] = html(
+                f"{n} specifications",
+                (
+                    f"<h1>{n}: specifications</h1><table><tr><th>Weight</th><td>{len(n) / 3:.1f} kg</td></tr>"
+                    f"<tr><th>Warranty</th><td>Warranty: {warranty(n)}</td></tr></table><a href='/'>Home</a>"
+                ),
+            )
     return pages
 
 
@@ -277,11 +332,21 @@ def bfs_research(messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> 
     """Follow every link; answer when a page shows the Zephyr 9's warranty."""
     pages = pages_of(_user(messages))
     follow = [link for _, body in pages for _, link in _LINK.findall(body)]
-    follow += [i for _, body in pages for line in body.splitlines() if line.startswith("Other links:")
-               for i in line.split()[2:]]
+    follow += [
+        i
+        for _, body in pages
+        for line in body.splitlines()
+        if line.startswith("Other links:")
+        for i in line.split()[2:]
+    ]
     hit = _found(pages)
-    reply = {"found": hit is not None, "answer": hit[1] if hit else "", "sources": [hit[0]] if hit else [],
-             "follow": follow, "notes": f"read {len(pages)} pages"}
+    reply = {
+        "found": hit is not None,
+        "answer": hit[1] if hit else "",
+        "sources": [hit[0]] if hit else [],
+        "follow": follow,
+        "notes": f"read {len(pages)} pages",
+    }
     return ChatResponse(content="```json\n" + json.dumps(reply) + "\n```")
 
 
@@ -293,14 +358,21 @@ def focused_research(messages: Sequence[ChatMessage], tools: Sequence[ToolSpec])
     product page, first offer its text as the answer (validation rejects it)."""
     prompt = _user(messages)
     pages = pages_of(prompt)
-    follow = [link for _, body in pages for label, link in _LINK.findall(body) if any(k in label for k in KEYWORDS)]
+    follow = [
+        link for _, body in pages for label, link in _LINK.findall(body) if any(k in label for k in KEYWORDS)
+    ]
     hit = _found(pages)
     if hit is None:
         product = next((pid for pid, body in pages if body.startswith("# Zephyr 9\n")), None)
         if product is not None and "rejected" not in prompt:
             hit = (product, "Warranty: see the specifications.")
-    reply = {"found": hit is not None, "answer": hit[1] if hit else "", "sources": [hit[0]] if hit else [],
-             "follow": follow, "notes": "looking for the Zephyr 9"}
+    reply = {
+        "found": hit is not None,
+        "answer": hit[1] if hit else "",
+        "sources": [hit[0]] if hit else [],
+        "follow": follow,
+        "notes": "looking for the Zephyr 9",
+    }
     return ChatResponse(content=json.dumps(reply))
 
 
@@ -309,15 +381,20 @@ def validate(messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> Chat
     prompt = _user(messages)
     answer = prompt.split("Candidate answer: ", 1)[1].split("\n", 1)[0]
     ok = ANSWER in answer and _found(pages_of(prompt)) is not None
-    return ChatResponse(content=json.dumps({"valid": ok, "reason": "the page shows it" if ok else
-                                            "the pages do not give a number of years"}))
+    return ChatResponse(
+        content=json.dumps(
+            {"valid": ok, "reason": "the page shows it" if ok else "the pages do not give a number of years"}
+        )
+    )
 
 
 def summarize(messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> ChatResponse:
     """The validated answer, or that none was found."""
     prompt = _user(messages)
     if "The answer found and validated: " in prompt:
-        return ChatResponse(content="Summary: " + prompt.split("The answer found and validated: ", 1)[1].split("\n")[0])
+        return ChatResponse(
+            content="Summary: " + prompt.split("The answer found and validated: ", 1)[1].split("\n")[0]
+        )
     return ChatResponse(content="Summary: the warranty could not be found.")
 
 

@@ -33,10 +33,12 @@ research = agent_tool(researcher, description="Ask the researcher a factual ques
 
 
 def test_the_sub_agents_answer_is_the_observation_and_its_writes_stay_its_own(local: dflow.Runtime) -> None:
-    boss_model = ScriptedModel([
-        reply(calls=[call("researcher", query="How many people live in Paris?")]),
-        reply("About 2.1 million."),
-    ])
+    boss_model = ScriptedModel(
+        [
+            reply(calls=[call("researcher", query="How many people live in Paris?")]),
+            reply("About 2.1 million."),
+        ]
+    )
     boss = ToolCallAgent("boss", boss_model, [research])
     run = boss.run("Paris population?")
     result = run.result(10)
@@ -78,7 +80,9 @@ def test_nesting_deeper_than_max_depth_is_refused(local: dflow.Runtime) -> None:
     assert top.run("go").result(10).answer == "got: got: leaf answer"  # two deep: allowed
 
     # the limit is the called tool's: a middle agent whose tool allows 1 may not call from 1 deep
-    strict_middle = ToolCallAgent("nest-strict-middle", FunctionModel(_delegate), [agent_tool(leaf, max_depth=1)])
+    strict_middle = ToolCallAgent(
+        "nest-strict-middle", FunctionModel(_delegate), [agent_tool(leaf, max_depth=1)]
+    )
     strict_top = ToolCallAgent("nest-strict-top", FunctionModel(_delegate), [agent_tool(strict_middle)])
     answer = strict_top.run("go").result(10).answer
     assert answer.startswith("got: got: Error: tool 'nest-leaf' failed"), answer

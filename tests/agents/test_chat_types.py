@@ -45,6 +45,8 @@ def test_messages_travel_as_plain_json_data() -> None:
         "usage": {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7},
         "finish_reason": "tool_calls",
         "model": "m",
+        "calls_from_text": False,
+        "skipped": [],
     }
     assert ChatResponse.model_validate(data) == response
     message = response.to_message()

@@ -9,10 +9,12 @@ import pytest
 
 import dflow
 from dflow import DFlow
-from dflow_agents import ChatResponse, InMemoryChatMemory, ModelRateLimitError, tool
+from dflow_agents import ChatResponse, InMemoryChatMemory, ModelCalls, ModelRateLimitError, tool
 from dflow_agents.agent import AgentStatus
-from dflow_agents.executor import ConversationAgentExecutor
+from dflow_agents.executor import ConversationAgentExecutor, ReActLimits
 from dflow_agents.testing import FunctionModel, ScriptedModel
+
+from . import recorded as R
 
 
 @tool
@@ -41,11 +43,13 @@ def executor(model: Any, tools: Any = (), **options: Any) -> ConversationAgentEx
 
 
 def test_actions_observations_and_the_final_answer(local: dflow.Runtime) -> None:
-    model = ScriptedModel([
-        'I need the weather.\nAction: weather\nAction Input: {"city": "Paris"}',
-        'Now shout it.\nAction: shout\nAction Input: {"text": "sunny"}',
-        "I now know the final answer.\nFinal Answer: SUNNY in Paris",
-    ])
+    model = ScriptedModel(
+        [
+            'I need the weather.\nAction: weather\nAction Input: {"city": "Paris"}',
+            'Now shout it.\nAction: shout\nAction Input: {"text": "sunny"}',
+            "I now know the final answer.\nFinal Answer: SUNNY in Paris",
+        ]
+    )
     r = executor(model, [weather, shout], mode="completion").run("How is Paris?").result(10)
     assert (r.status, r.answer, r.steps) == (AgentStatus.FINISHED, "SUNNY in Paris", 3)
     last = model.requests[-1].prompt
@@ -56,11 +60,13 @@ def test_actions_observations_and_the_final_answer(local: dflow.Runtime) -> None
 
 
 def test_unreadable_replies_and_tool_errors_go_back_to_the_model(local: dflow.Runtime) -> None:
-    model = ScriptedModel([
-        "Action: telepathy\nAction Input: {}",
-        "Action: broken\nAction Input: {}",
-        "Final Answer: gave up",
-    ])
+    model = ScriptedModel(
+        [
+            "Action: telepathy\nAction Input: {}",
+            "Action: broken\nAction Input: {}",
+            "Final Answer: gave up",
+        ]
+    )
     r = executor(model, [weather, broken], mode="completion").run("?").result(10)
     assert r.answer == "gave up"
     prompt = model.requests[-1].prompt or ""
@@ -69,16 +75,24 @@ def test_unreadable_replies_and_tool_errors_go_back_to_the_model(local: dflow.Ru
 
 
 def test_the_iteration_limit_ends_the_run_with_error(local: dflow.Runtime) -> None:
-    looping = FunctionModel(lambda m, t: "x", complete=lambda p: 'Action: weather\nAction Input: {"city": "X"}')
-    r = executor(looping, [weather], max_iterations=3, mode="completion").run("?").result(10)
+    looping = FunctionModel(
+        lambda m, t: "x", complete=lambda p: 'Action: weather\nAction Input: {"city": "X"}'
+    )
+    r = (
+        executor(looping, [weather], limits=ReActLimits(max_iterations=3), mode="completion")
+        .run("?")
+        .result(10)
+    )
     assert r.status is AgentStatus.ERROR and "iteration limit (3)" in r.reason and r.steps == 3
 
 
 def test_a_chat_model_gets_the_steps_as_turns(local: dflow.Runtime) -> None:
-    model = ScriptedModel([
-        'Let me look.\nAction: weather\nAction Input: {"city": "Oslo"}',
-        "Final Answer: 42",
-    ])
+    model = ScriptedModel(
+        [
+            'Let me look.\nAction: weather\nAction Input: {"city": "Oslo"}',
+            "Final Answer: 42",
+        ]
+    )
     r = executor(model, [weather]).run("meaning?").result(10)
     assert r.answer == "42"
     first, second = (req.messages for req in model.requests)
@@ -123,6 +137,42 @@ def test_a_rate_limited_model_is_retried(local: dflow.Runtime) -> None:
     assert r.answer == "ok" and len(calls) == 2
 
 
+def test_a_tool_choice_is_refused_as_the_executor_offers_no_tools_natively() -> None:
+    with pytest.raises(ValueError, match="offers no tools natively"):
+        executor(ScriptedModel([]), [weather], model_calls=ModelCalls(tool_choice="required"))
+
+
 def test_a_template_without_its_placeholders_is_refused() -> None:
     with pytest.raises(ValueError, match="placeholders"):
         ConversationAgentExecutor("react-bad-template", ScriptedModel([]), [], template="no slots")
+
+
+def test_a_model_that_sends_the_schema_is_told_what_to_send_and_recovers(local: dflow.Runtime) -> None:
+    model = ScriptedModel(
+        [R.SCHEMA_AS_INPUT, 'Action: multiply\nAction Input: {"a": 17, "b": 23}', "Final Answer: 391"]
+    )
+    r = executor(model, [R.multiply], mode="completion").run("What is 17 times 23?").result(10)
+    assert (r.status, r.answer) == (AgentStatus.FINISHED, "391")
+    first, second = (req.prompt or "" for req in model.requests[:2])
+    assert "multiply(a: number, b: number): Multiply two numbers." in first and '"properties"' not in first
+    assert 'Action Input: {"a": 1.5, "b": 1.5}' in first, "an example call with values"
+    assert "you sent the description of its arguments" in second
+    assert "Observation: 391.0" in (model.requests[2].prompt or "")
+
+
+def test_a_tool_without_a_timeout_gets_the_executors_default(local: dflow.Runtime) -> None:
+    @tool
+    async def sluggish() -> str:
+        """Takes too long."""
+        await asyncio.sleep(5)
+        return "late"
+
+    model = ScriptedModel(["Action: sluggish\nAction Input: {}", "Final Answer: gave up"])
+    limits = ReActLimits(tool_timeout=0.2)
+    assert (
+        executor(model, [sluggish], mode="completion", limits=limits).run("?").result(10).answer == "gave up"
+    )
+    assert "Observation: Error: tool 'sluggish' did not finish within 0.2 seconds" in (
+        model.requests[1].prompt or ""
+    )
+    assert ReActLimits().tool_timeout == 10.0

@@ -22,11 +22,12 @@ import pytest
 
 import dflow
 from dflow import DFlow
-from dflow._codec import encode
+from dflow.wire.values import encode
 from dflow_agents import (
     ChatMessage,
     Fact,
     LongTermMemory,
+    LongTermRecall,
     StateLongTermMemory,
     ToolCallAgent,
     ToolSpec,
@@ -40,14 +41,19 @@ from dflow_agents.agent import SESSION_KEY, AgentStatus
 from dflow_agents.longterm import HEADER
 from dflow_agents.testing import FunctionModel, ScriptedModel, call, reply
 from tests.integration.conftest import SECRET, fresh_prefix, require
-from tests.integration.workers import Cluster, streams_transport
+from tests.support.workers import Cluster, streams_transport
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 REDIS_URL = os.environ.get("DFLOW_TEST_REDIS_LONGTERM", "redis://127.0.0.1:6379/12")
 
 PREFERENCE = "I prefer window seats."
-VARIANTS = [PREFERENCE, "  i PREFER window   seats", "I prefer window-seats!", "I Prefer Window Seats ...",
-            "i prefer\twindow seats?"]
+VARIANTS = [
+    PREFERENCE,
+    "  i PREFER window   seats",
+    "I prefer window-seats!",
+    "I Prefer Window Seats ...",
+    "i prefer\twindow seats?",
+]
 
 
 def run(coro: Any) -> Any:
@@ -67,7 +73,10 @@ def unique(stem: str) -> str:
 def test_the_same_preference_stated_five_times_is_stored_once(local: dflow.Runtime) -> None:
     memory = StateLongTermMemory(prefix=unique("lt"))
     assert isinstance(memory, LongTermMemory)
-    stored = [run(memory.remember("ann", text, kind="preference", tags=[f"t{i}"])) for i, text in enumerate(VARIANTS)]
+    stored = [
+        run(memory.remember("ann", text, kind="preference", tags=[f"t{i}"]))
+        for i, text in enumerate(VARIANTS)
+    ]
     assert stored == [1, 0, 0, 0, 0]
     run(memory.remember("ann", "My dog is called Rex."))
     facts = run(memory.facts("ann"))
@@ -86,7 +95,9 @@ def test_a_key_used_before_changes_nothing(local: dflow.Runtime) -> None:
     memory = StateLongTermMemory(prefix=unique("lt"))
     assert run(memory.remember("ann", PREFERENCE, key="run-1:4")) == 1
     assert run(memory.remember("ann", VARIANTS[1], key="run-1:4")) == 0
-    assert run(memory.remember("ann", "something new", key="run-1:4")) == 0, "the first write under a key wins"
+    assert run(memory.remember("ann", "something new", key="run-1:4")) == 0, (
+        "the first write under a key wins"
+    )
     assert [(f.text, f.count) for f in run(memory.facts("ann"))] == [(PREFERENCE, 1)]
     assert run(memory.remember("ann", VARIANTS[1], key="run-2:4")) == 0
     assert [(f.text, f.count) for f in run(memory.facts("ann"))] == [(PREFERENCE, 2)]
@@ -106,8 +117,10 @@ def test_a_pluggable_similarity_decides_what_is_the_same_fact(local: dflow.Runti
     assert run(memory.remember("ann", "I prefer a window seat")) == 1
     assert run(memory.remember("ann", "I prefer window seats")) == 0
     assert run(memory.remember("ann", "I prefer the aisle")) == 1
-    assert {f.text: f.count for f in run(memory.facts("ann"))} == {"I prefer a window seat": 2,
-                                                                  "I prefer the aisle": 1}
+    assert {f.text: f.count for f in run(memory.facts("ann"))} == {
+        "I prefer a window seat": 2,
+        "I prefer the aisle": 1,
+    }
     assert same_text(" I PREFER window-seats!!", "i prefer window seats") is True
     assert same_text("I prefer window seats", "I prefer aisle seats") is False
 
@@ -143,7 +156,9 @@ def test_versions_are_kept_for_audit_and_rollback(local: dflow.Runtime) -> None:
     assert run(memory.forget("ann", "not there")) == 0
     run(memory.remember("ann", ["x", "y"], key="k"))
     assert run(memory.forget("ann")) == 2 and run(memory.facts("ann")) == []
-    assert run(memory.remember("ann", "x", key="k")) == 0, "forgetting keeps the keys: a step run again adds nothing"
+    assert run(memory.remember("ann", "x", key="k")) == 0, (
+        "forgetting keeps the keys: a step run again adds nothing"
+    )
 
 
 # -- recall and the prompt's budget ----------------------------------------------------------
@@ -154,7 +169,11 @@ def test_recall_puts_the_most_relevant_first_then_the_most_recent(local: dflow.R
     for text in ("I prefer window seats", "My dog is called Rex", "I am vegetarian", "I live in Oslo"):
         run(memory.remember("ann", text))
     assert [f.text for f in run(memory.recall("ann"))] == [
-        "I live in Oslo", "I am vegetarian", "My dog is called Rex", "I prefer window seats"]
+        "I live in Oslo",
+        "I am vegetarian",
+        "My dog is called Rex",
+        "I prefer window seats",
+    ]
     found = run(memory.recall("ann", "Book a WINDOW seat, I prefer those, and a vegetarian meal"))
     assert [f.text for f in found][:2] == ["I prefer window seats", "I am vegetarian"]
     assert [f.text for f in found][2:] == ["I live in Oslo", "My dog is called Rex"]
@@ -188,7 +207,8 @@ def test_the_facts_message_stays_within_its_token_budget() -> None:
     shown = facts_prompt(mixed, len(HEADER) // 4 + 20)
     assert shown is not None and shown.content.splitlines()[1:] == ["- short one", "- [preference] short two"]
     assert facts_prompt([Fact(text="two\nlines,\t tabbed")], 100).content.splitlines()[1:] == [  # type: ignore[union-attr]
-        "- two lines, tabbed"]
+        "- two lines, tabbed"
+    ]
     with pytest.raises(ValueError, match="budget is a number of tokens"):
         facts_prompt(facts, 0)
 
@@ -204,7 +224,11 @@ def recalled(messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> str:
 
 def test_an_agent_run_for_a_user_sees_the_users_facts_in_its_prompt(local: dflow.Runtime) -> None:
     memory = StateLongTermMemory(prefix=unique("lt"))
-    for text in ("I prefer window seats", "My dog is called Rex", "I am vegetarian"):  # the first is the oldest
+    for text in (
+        "I prefer window seats",
+        "My dog is called Rex",
+        "I am vegetarian",
+    ):  # the first is the oldest
         run(memory.remember("ann", text))
     run(memory.remember("bob", "I prefer the aisle"))
     model = ScriptedModel([reply("Booked 12A.")])
@@ -223,10 +247,12 @@ def test_an_agent_run_for_a_user_sees_the_users_facts_in_its_prompt(local: dflow
     ToolCallAgent(unique("lt-agent"), plain, longterm=memory).run("Hi").result(10)
     assert [m.role for m in plain.requests[0].messages] == ["system", "user"], "no user: no facts"
 
-    # the facts are cut to longterm_tokens: the most relevant ones that fit
+    # the facts are cut to LongTermRecall.tokens: the most relevant ones that fit
     echo = FunctionModel(recalled)
     budget = estimate_tokens(ChatMessage.system(f"{HEADER}\n- I prefer window seats"))  # room for one fact
-    small = ToolCallAgent(unique("lt-agent"), echo, longterm=memory, longterm_tokens=budget, system_prompt=None)
+    small = ToolCallAgent(
+        unique("lt-agent"), echo, longterm=LongTermRecall(memory, tokens=budget), system_prompt=None
+    )
     answer = small.run("a window seat please", user="ann").result(10).answer
     assert answer.splitlines()[1:] == ["- I prefer window seats"]
     assert estimate_tokens(echo.requests[0].messages[0]) <= budget
@@ -240,8 +266,12 @@ def note(preference: str) -> str:
 
 def test_snapshots_are_written_at_the_declared_events_only(local: dflow.Runtime) -> None:
     memory = StateLongTermMemory(prefix=unique("lt"))
-    agent = ToolCallAgent(unique("lt-agent"), FunctionModel(recalled), longterm=memory, snapshot_on={"finished"},
-                          system_prompt=None)
+    agent = ToolCallAgent(
+        unique("lt-agent"),
+        FunctionModel(recalled),
+        longterm=LongTermRecall(memory, snapshot_on={"finished"}),
+        system_prompt=None,
+    )
     answers = [agent.run(text, user="ann").result(10).answer for text in VARIANTS]
     assert answers[0] == "nothing"
     assert answers[-1].splitlines()[1:] == ["- [snapshot] I prefer window seats."]
@@ -249,8 +279,11 @@ def test_snapshots_are_written_at_the_declared_events_only(local: dflow.Runtime)
     assert [(f.text, f.count, f.kind) for f in facts] == [(PREFERENCE, 5, "snapshot")]
 
     # a run that does not reach a declared event writes nothing
-    on_failure = ToolCallAgent(unique("lt-agent"), ScriptedModel([reply("ok")]), longterm=memory,
-                               snapshot_on={"terminated", "error"})
+    on_failure = ToolCallAgent(
+        unique("lt-agent"),
+        ScriptedModel([reply("ok")]),
+        longterm=LongTermRecall(memory, snapshot_on={"terminated", "error"}),
+    )
     assert on_failure.run("I live in Oslo", user="ann").result(10).ok
     assert len(run(memory.facts("ann"))) == 1
 
@@ -259,29 +292,34 @@ def test_snapshots_are_written_at_the_declared_events_only(local: dflow.Runtime)
         return [m.content.removeprefix("noted: ") for m in messages if m.role == "tool" and m.name == "note"]
 
     model = ScriptedModel([reply(calls=[call("note", preference="I am vegetarian")]), reply("Noted.")])
-    noting = ToolCallAgent(unique("lt-agent"), model, [note], longterm=memory, snapshot_on={"tool:note"},
-                           snapshot_facts=notes)
+    noting = ToolCallAgent(
+        unique("lt-agent"),
+        model,
+        [note],
+        longterm=LongTermRecall(memory, snapshot_on={"tool:note"}, snapshot_facts=notes),
+    )
     assert noting.run("remember that I eat no meat", user="ann").result(10).ok
     assert {f.text for f in run(memory.facts("ann"))} == {PREFERENCE, "I am vegetarian"}
-    assert user_statements([ChatMessage.user(" hi "), ChatMessage.assistant("yo"), ChatMessage.user("z" * 501)]) == [
-        "hi"]
+    assert user_statements(
+        [ChatMessage.user(" hi "), ChatMessage.assistant("yo"), ChatMessage.user("z" * 501)]
+    ) == ["hi"]
 
 
 def test_agent_settings_and_requests_are_checked(local: dflow.Runtime) -> None:
     memory = StateLongTermMemory(prefix=unique("lt"))
     model = ScriptedModel([reply("ok")])
-    with pytest.raises(ValueError, match="snapshot_on= writes to the long-term memory"):
-        ToolCallAgent(unique("lt-agent"), model, snapshot_on={"finished"})
+    with pytest.raises(TypeError, match="LongTermRecall.memory is a LongTermMemory"):
+        LongTermRecall(None, snapshot_on={"finished"})  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="unknown snapshot event 'task_done'"):
-        ToolCallAgent(unique("lt-agent"), model, longterm=memory, snapshot_on={"task_done"})
+        LongTermRecall(memory, snapshot_on={"task_done"})
     with pytest.raises(ValueError, match="names no tool of this agent"):
-        ToolCallAgent(unique("lt-agent"), model, longterm=memory, snapshot_on={"tool:nosuch"})
+        ToolCallAgent(unique("lt-agent"), model, longterm=LongTermRecall(memory, snapshot_on={"tool:nosuch"}))
     with pytest.raises(TypeError, match="snapshot_on is a set of event names"):
-        ToolCallAgent(unique("lt-agent"), model, longterm=memory, snapshot_on="finished")
-    with pytest.raises(TypeError, match="longterm must be a LongTermMemory"):
+        LongTermRecall(memory, snapshot_on="finished")
+    with pytest.raises(TypeError, match="longterm is a LongTermMemory"):
         ToolCallAgent(unique("lt-agent"), model, longterm=object())  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="longterm_tokens must be an int >= 1"):
-        ToolCallAgent(unique("lt-agent"), model, longterm=memory, longterm_tokens=0)
+    with pytest.raises(ValueError, match="LongTermRecall.tokens must be an int >= 1"):
+        LongTermRecall(memory, tokens=0)
     with pytest.raises(ValueError, match="has none \\(longterm=\\)"):
         ToolCallAgent(unique("lt-agent"), model).run("hi", user="ann")
     agent = ToolCallAgent(unique("lt-agent"), model, longterm=memory)
@@ -317,7 +355,9 @@ def test_agent_settings_and_requests_are_checked(local: dflow.Runtime) -> None:
         (42, TypeError, "got int"),
     ],
 )
-def test_bad_user_ids_are_refused(local: dflow.Runtime, user: Any, error: type[Exception], match: str) -> None:
+def test_bad_user_ids_are_refused(
+    local: dflow.Runtime, user: Any, error: type[Exception], match: str
+) -> None:
     memory = StateLongTermMemory(prefix=unique("lt"))
     for attempt in (memory.remember(user, "x"), memory.recall(user), memory.facts(user), memory.forget(user)):
         with pytest.raises(error, match=match):
@@ -327,7 +367,9 @@ def test_bad_user_ids_are_refused(local: dflow.Runtime, user: Any, error: type[E
 def test_hostile_facts_get_clear_errors_and_write_nothing(local: dflow.Runtime) -> None:
     memory = StateLongTermMemory(prefix=unique("lt"), max_chars=500)
     huge = "I prefer " + "window " * 1_500_000  # ~10 MB
-    with pytest.raises(ValueError, match=f"fact #0 is {len(huge.strip()):,} characters, over this memory's max_chars=500"):
+    with pytest.raises(
+        ValueError, match=f"fact #0 is {len(huge.strip()):,} characters, over this memory's max_chars=500"
+    ):
         run(memory.remember("ann", huge))
     cases: list[tuple[Any, dict[str, Any], type[Exception], str]] = [
         (42, {}, TypeError, "remember takes a fact \\(a str\\) or a list of them, got int"),
@@ -378,7 +420,7 @@ def redis_prefix() -> Iterator[str]:
 
     try:
         redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2).ping()
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         require(f"Redis at {REDIS_URL}", False, str(exc))
     with fresh_prefix(REDIS_URL) as p:
         yield p
@@ -391,8 +433,14 @@ def store_url(prefix: str) -> str:
 def python(script: str, *args: str) -> subprocess.Popen[str]:
     """A new Python process running ``script`` (its output piped)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(script), *args], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(script), *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def finished(proc: subprocess.Popen[str]) -> str:
@@ -405,7 +453,7 @@ RECALL = """
     import asyncio, json, sys
     import dflow
     from dflow_agents import StateLongTermMemory
-    from tests.agents.longterm_app import PREFIX
+    from tests.integration.apps.longterm_app import PREFIX
 
     dflow.configure(sys.argv[1], sys.argv[2], secret=sys.argv[3], consume=False)
     facts = asyncio.run(StateLongTermMemory(prefix=PREFIX).recall("ann", "which seats do I prefer?"))
@@ -414,10 +462,11 @@ RECALL = """
 """
 
 
+@pytest.mark.integration  # worker processes
 def test_agents_on_workers_store_a_preference_once_and_a_new_process_recalls_it(redis_prefix: str) -> None:
-    from tests.agents import longterm_app as app
+    from tests.integration.apps import longterm_app as app
 
-    cluster = Cluster("tests.agents.longterm_app", REDIS_URL, redis_prefix)
+    cluster = Cluster("tests.integration.apps.longterm_app", REDIS_URL, redis_prefix)
     try:
         cluster.workers.start(2)
         cluster.connect()
@@ -430,7 +479,9 @@ def test_agents_on_workers_store_a_preference_once_and_a_new_process_recalls_it(
         facts = run(app.memory.facts("ann"))
         assert len(facts) == 6, [f.text for f in facts]
         window = [f for f in facts if same_text(f.text, PREFERENCE)]
-        assert len(window) == 1 and window[0].count == 5, "stated five times (in concurrent runs), stored once"
+        assert len(window) == 1 and window[0].count == 5, (
+            "stated five times (in concurrent runs), stored once"
+        )
         assert {f.text for f in facts} - {window[0].text} == set(others), "no other fact lost or doubled"
 
         out = finished(python(RECALL, cluster.transport_url, cluster.store_url, SECRET))
@@ -440,7 +491,9 @@ def test_agents_on_workers_store_a_preference_once_and_a_new_process_recalls_it(
 
         answer = app.agent.run("Which seats do I prefer?", user="ann").result(30).answer
         shown = " ".join(window[0].text.split())  # as the prompt shows it: whitespace folded
-        assert answer.splitlines()[1] == f"- [snapshot] {shown}", f"the next run's model sees it first: {answer}"
+        assert answer.splitlines()[1] == f"- [snapshot] {shown}", (
+            f"the next run's model sees it first: {answer}"
+        )
     finally:
         cluster.close()
 
@@ -472,6 +525,7 @@ WRITER = """
 """
 
 
+@pytest.mark.integration  # worker processes
 def test_writers_in_three_processes_at_once_lose_and_duplicate_nothing(redis_prefix: str) -> None:
     transport, store = streams_transport(REDIS_URL, redis_prefix), store_url(redis_prefix)
     barrier = f"{redis_prefix}:barrier"
@@ -487,7 +541,8 @@ def test_writers_in_three_processes_at_once_lose_and_duplicate_nothing(redis_pre
     window = [t for t in by_text if same_text(t, PREFERENCE)]
     assert len(window) == 1 and by_text[window[0]] == 45, "45 statements, each under its own key: one fact"
     assert by_text["said once, under one key"] == 1, "three writers, one key: written once"
-    assert {t for t in by_text if t.startswith("fact ")} == {f"fact {i} of writer w{n}" for i in range(10)
-                                                             for n in range(3)}
+    assert {t for t in by_text if t.startswith("fact ")} == {
+        f"fact {i} of writer w{n}" for i in range(10) for n in range(3)
+    }
     assert len(by_text) == 32 and added == 32, "each fact was reported new by exactly one writer"
     assert 3 * 25 < history[0].version <= 3 * 26, "a version a write (a repeated key: at most a no-op one)"

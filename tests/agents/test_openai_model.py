@@ -27,6 +27,7 @@ from dflow_agents import (
     OpenAIChatModel,
     ToolCall,
     ToolSpec,
+    read_text_tool_calls,
     render_qwen_prompt,
 )
 
@@ -270,21 +271,24 @@ def test_tolerated_reply_shapes(llm_server: FakeLLMServer) -> None:
             }
         )
     )
-    # a server without a tool parser leaves Qwen tags in the text
-    llm_server.answer(
-        chat_body(
-            {"content": 'Searching.\n<tool_call>\n{"name": "search", "arguments": {"q": "t"}}\n</tool_call>'}
-        )
-    )
     first = chat(llm_server, tools=[SEARCH])
     assert first.content == "Parts joined"
     assert first.tool_calls == [
         ToolCall(id="call_0_0", name="search", arguments={"q": "obj"}),
         ToolCall(id="call_0_1", name="search", arguments={}, raw_arguments="q=broken"),
     ]
-    second = chat(llm_server, tools=[SEARCH])
-    assert second.content == "Searching."
-    assert second.tool_calls == [ToolCall(id="call_0_0", name="search", arguments={"q": "t"})]
+
+
+def test_calls_written_in_the_text_come_back_as_text(llm_server: FakeLLMServer) -> None:
+    # a server without a tool parser leaves the call in the content: the model client gives
+    # what the server sent; agents read such calls (read_text_tool_calls)
+    text = 'Searching.\n<tool_call>\n{"name": "search", "arguments": {"q": "t"}}\n</tool_call>'
+    llm_server.answer(chat_body({"content": text}))
+    response = chat(llm_server, tools=[SEARCH])
+    assert (response.content, response.tool_calls, response.calls_from_text) == (text, [], False)
+    read = read_text_tool_calls(response, [SEARCH])
+    assert read.content == "Searching." and read.calls_from_text
+    assert read.tool_calls == [ToolCall(id="call_0", name="search", arguments={"q": "t"})]
 
 
 def test_refused_request_names_the_status_and_never_the_key(llm_server: FakeLLMServer) -> None:
@@ -309,6 +313,19 @@ def test_unreachable_server() -> None:
     with pytest.raises(ModelConnectionError) as caught:
         asyncio.run(main())
     assert f"127.0.0.1:{port}" in str(caught.value) and KEY not in str(caught.value)
+    assert "cannot reach the model endpoint" in str(caught.value) and "dropped" not in str(caught.value)
+
+
+@pytest.mark.parametrize("drop", ["mid-body", "before-reply"])
+def test_a_connection_dropped_mid_answer_is_reported_as_dropped(llm_server: FakeLLMServer, drop: str) -> None:
+    # a server that died while answering (the issue: llama-cpp-python's server killed mid-reply)
+    llm_server.answer(chat_body({"content": "x" * 400}), drop=drop)
+    with pytest.raises(ModelConnectionError) as caught:
+        chat(llm_server)
+    message = str(caught.value)
+    assert f"the connection to the model endpoint {llm_server.base_url} dropped" in message
+    assert "cannot reach" not in message
+    assert isinstance(caught.value, ModelRetryableError), "a retry may reach a restarted server"
 
 
 def test_raw_mode_uses_the_completions_endpoint(llm_server: FakeLLMServer) -> None:
@@ -405,3 +422,43 @@ def test_shared_model_travels_by_name_in_a_flow(local: dflow.Runtime, llm_server
         DFlow.direct_run("why is the sky blue?", agent).result(timeout=10) == "blue, by Rayleigh scattering"
     )
     assert llm_server.received[0].body["messages"] == [{"role": "user", "content": "why is the sky blue?"}]
+
+
+def test_tool_choice_goes_with_the_tools_and_is_auto_unless_said(llm_server: FakeLLMServer) -> None:
+    # llama-cpp-python's function-calling format leaves the tools out of the prompt when a
+    # request carries no tool_choice (49 prompt tokens instead of 228): "auto" is always sent
+    for _ in range(5):
+        llm_server.answer(chat_body({"content": "ok"}))
+    hello = [ChatMessage.user("hello")]
+    chat(llm_server, tools=[SEARCH])
+    ask(llm_server, lambda m: m.chat(hello, [SEARCH], tool_choice="required"))
+    ask(llm_server, lambda m: m.chat(hello, [SEARCH], tool_choice="search"))
+    ask(llm_server, lambda m: m.chat(hello, tool_choice="required"))  # no tools: no tool_choice alone
+    chat(llm_server, tools=[SEARCH], options={"tool_choice": "none"})  # a model's default
+    sent = [r.body for r in llm_server.received]
+    assert [b.get("tool_choice") for b in sent] == [
+        "auto",
+        "required",
+        {"type": "function", "function": {"name": "search"}},
+        None,
+        "none",
+    ]
+    assert "tools" not in sent[3]
+
+
+def test_tool_choice_shapes_the_raw_prompt(llm_server: FakeLLMServer) -> None:
+    weather = ToolSpec(name="weather", description="Today's weather.")
+    completion = {"choices": [{"index": 0, "text": "ok", "finish_reason": "stop"}]}
+    for _ in range(3):
+        llm_server.answer(completion)
+    messages = [ChatMessage.user("find dflow")]
+    for choice in ("weather", "none", "required"):
+        ask(llm_server, lambda m, c=choice: m.chat(messages, [SEARCH, weather], tool_choice=c), mode="raw")
+    named, none, required = (r.body for r in llm_server.received)
+    assert '"name": "weather"' in named["prompt"] and '"name": "search"' not in named["prompt"]
+    assert "You must call the function weather in this reply." in named["prompt"]
+    assert none["prompt"] == render_qwen_prompt(messages)  # no tools shown
+    assert "You must call one or more of these functions" in required["prompt"]
+    assert all("tool_choice" not in b for b in (named, none, required)), "not a /completions field"
+    with pytest.raises(ValueError, match="names no tool offered"):
+        render_qwen_prompt(messages, [SEARCH], tool_choice="weather")

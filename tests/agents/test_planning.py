@@ -8,6 +8,8 @@
 * every command of the planning tool, and what it says when a call is wrong;
 * two runs keep their plans apart;
 * a plan saved as a template (in memory and in Redis) runs again with new parameters.
+* bad, boolean and huge step indexes and plans, Unicode, plan ids across runs and a planner
+  naming its own plan id; template names and format-string look-alikes in templates.
 """
 
 from __future__ import annotations
@@ -25,17 +27,19 @@ import pytest
 import dflow
 from dflow import ContextStack, DFlow
 from dflow_agents import (
+    AgentLimits,
     AgentStatus,
     AIFunction,
     ChatMessage,
     ChatResponse,
+    ModelCalls,
     ModelTimeoutError,
     ToolCall,
     ToolCallAgent,
     ToolSpec,
 )
 from dflow_agents.plan_tool import planning_tool
-from dflow_agents.planning import PlanningFlow, default_step_prompt
+from dflow_agents.planning import PlanningFlow, PlanningOptions, default_step_prompt
 from dflow_agents.plans import (
     MAX_PLAN_STEPS,
     Plan,
@@ -105,39 +109,65 @@ PLAN_STEPS = ["[SEARCH] find flights to Lisbon", "[WRITE] draft the itinerary", 
 def test_a_three_step_plan_runs_each_step_on_the_executor_its_tag_names(local: dflow.Runtime) -> None:
     search, search_model = executor("search")
     write, write_model = executor("write")
-    planner = ScriptedModel([reply(calls=[call("planning", command="create", plan_id="ignored", title="Lisbon trip",
-                                               steps=PLAN_STEPS)])])
+    planner = ScriptedModel(
+        [
+            reply(
+                calls=[
+                    call(
+                        "planning", command="create", plan_id="ignored", title="Lisbon trip", steps=PLAN_STEPS
+                    )
+                ]
+            )
+        ]
+    )
     finalizer = ScriptedModel([reply("The trip is planned.", expect="Step 2 (finished, by write)")])
-    flow = PlanningFlow(unique("trip"), {"SEARCH": search, "write": write}, planner=planner, finalizer=finalizer,
-                        default_executor="write", descriptions={"search": "searches the web"})
+    flow = PlanningFlow(
+        unique("trip"),
+        {"SEARCH": search, "write": write},
+        planner=planner,
+        finalizer=finalizer,
+        options=PlanningOptions(default_executor="write", descriptions={"search": "searches the web"}),
+    )
     run = flow.run("Plan a trip to Lisbon")
     result = run.result(10)
 
     assert result.status is AgentStatus.FINISHED and result.ok
     assert result.answer == "The trip is planned."
     assert [(s.index, s.executor, s.status) for s in result.steps] == [
-        (0, "search", AgentStatus.FINISHED), (1, "write", AgentStatus.FINISHED), (2, "write", AgentStatus.FINISHED),
+        (0, "search", AgentStatus.FINISHED),
+        (1, "write", AgentStatus.FINISHED),
+        (2, "write", AgentStatus.FINISHED),
     ], "tagged steps go to their executor, the untagged one to the default executor"
     assert steps_run(search_model) == [0] and steps_run(write_model) == [1, 2]
     assert result.plan is not None and result.source == "model"
     assert result.plan.plan_id != "ignored", "the planner's plan_id is replaced by the run's own"
     assert result.plan.step_statuses == [PlanStepStatus.COMPLETED] * 3
-    assert result.plan.step_notes == ["search did find flights to Lisbon", "write did draft the itinerary",
-                                      "write did compare the hotel prices"]
+    assert result.plan.step_notes == [
+        "search did find flights to Lisbon",
+        "write did draft the itinerary",
+        "write did compare the hotel prices",
+    ]
     assert result.plan_text == format_plan(result.plan)
     assert "Progress: 3/3 steps completed (100.0%)" in result.plan_text
-    assert "0. [✓] [SEARCH] find flights to Lisbon\n   Notes: search did find flights to Lisbon" in result.plan_text
+    assert (
+        "0. [✓] [SEARCH] find flights to Lisbon\n   Notes: search did find flights to Lisbon"
+        in result.plan_text
+    )
     # the plan is in the run's data; the executors' child runs left nothing of theirs there
     data = run.context()
     assert PlanBook(data).get(result.plan.plan_id) == result.plan
-    assert not [k for k in data.keys() if k.startswith((f"dflow_agents/{search.name}", f"dflow_agents/{write.name}"))]
+    assert not [
+        k for k in data.keys() if k.startswith((f"dflow_agents/{search.name}", f"dflow_agents/{write.name}"))
+    ]
 
     # the planner was told the tags; each executor saw the plan as it stood at its step
     system = planner.requests[0].messages[0].content
     assert "[SEARCH]: searches the web" in system and "a step without a tag goes to [WRITE]" in system
     assert [t.name for t in planner.requests[0].tools] == ["planning"]
     second = write_model.requests[0].messages[-1].content
-    assert "0. [✓] [SEARCH] find flights to Lisbon" in second and "1. [→] [WRITE] draft the itinerary" in second
+    assert (
+        "0. [✓] [SEARCH] find flights to Lisbon" in second and "1. [→] [WRITE] draft the itinerary" in second
+    )
     assert "2. [ ] compare the hotel prices" in second and "Plan a trip to Lisbon" in second
     assert "Progress: 1/3 steps completed (33.3%)" in second
     # the finalizer was asked once, with the plan and every result
@@ -149,7 +179,9 @@ def test_a_three_step_plan_runs_each_step_on_the_executor_its_tag_names(local: d
 
 def test_a_terminated_step_aborts_the_plan(local: dflow.Runtime) -> None:
     first, first_model = executor("first")
-    quitter_model = ScriptedModel([reply(calls=[call("terminate", status="failure", conclusion="no flights at all")])])
+    quitter_model = ScriptedModel(
+        [reply(calls=[call("terminate", status="failure", conclusion="no flights at all")])]
+    )
     quitter = ToolCallAgent(unique("quitter"), quitter_model)
     finalizer = ScriptedModel([])  # asking it would fail the test
     draft = PlanDraft(title="Trip", steps=["[FIRST] look", "[QUIT] book the flight", "[FIRST] pack"])
@@ -158,11 +190,19 @@ def test_a_terminated_step_aborts_the_plan(local: dflow.Runtime) -> None:
 
     assert result.status is AgentStatus.TERMINATED and not result.ok
     assert result.answer == "no flights at all"
-    assert "aborted at step 1" in result.reason and "gave up" in result.reason and quitter.name in result.reason
+    assert (
+        "aborted at step 1" in result.reason and "gave up" in result.reason and quitter.name in result.reason
+    )
     assert steps_run(first_model) == [0], "the step after the terminated one never ran"
     assert result.plan is not None
-    assert result.plan.step_statuses == [PlanStepStatus.COMPLETED, PlanStepStatus.BLOCKED, PlanStepStatus.NOT_STARTED]
-    assert "terminated: terminate was called with status failure. no flights at all" in result.plan.step_notes[1]
+    assert result.plan.step_statuses == [
+        PlanStepStatus.COMPLETED,
+        PlanStepStatus.BLOCKED,
+        PlanStepStatus.NOT_STARTED,
+    ]
+    assert (
+        "terminated: terminate was called with status failure. no flights at all" in result.plan.step_notes[1]
+    )
     assert [s.status for s in result.steps] == [AgentStatus.FINISHED, AgentStatus.TERMINATED]
     assert finalizer.requests == [], "an aborted plan is not summarised"
     assert "1. [!] [QUIT] book the flight" in result.plan_text and "2. [ ] [FIRST] pack" in result.plan_text
@@ -185,7 +225,9 @@ def test_an_executor_that_errs_or_fails_does_not_stop_the_plan(local: dflow.Runt
     def loops(messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> ChatResponse:
         return ChatResponse(tool_calls=[ToolCall(id="", name="terminate", arguments={"status": "maybe"})])
 
-    looping = ToolCallAgent(unique("looping"), FunctionModel(loops), max_steps=1)  # ERROR at max_steps
+    looping = ToolCallAgent(
+        unique("looping"), FunctionModel(loops), limits=AgentLimits(max_steps=1)
+    )  # ERROR at max_steps
     broken = ToolCallAgent(unique("broken"), FunctionModel(worker("broken")), memory=BrokenMemory())
     last, last_model = executor("last")
     draft = PlanDraft(title="t", steps=["[LOOP] spin", "[BROKEN] read memory", "finish"])
@@ -195,10 +237,17 @@ def test_an_executor_that_errs_or_fails_does_not_stop_the_plan(local: dflow.Runt
     assert result.status is AgentStatus.FINISHED
     assert [s.status for s in result.steps] == [AgentStatus.ERROR, AgentStatus.ERROR, AgentStatus.FINISHED]
     assert "max_steps" in result.steps[0].reason
-    assert "the executor's run failed: " in result.steps[1].reason and "the memory is down" in result.steps[1].reason
+    assert (
+        "the executor's run failed: " in result.steps[1].reason
+        and "the memory is down" in result.steps[1].reason
+    )
     assert steps_run(last_model) == [2]
     assert result.plan is not None
-    assert result.plan.step_statuses == [PlanStepStatus.BLOCKED, PlanStepStatus.BLOCKED, PlanStepStatus.COMPLETED]
+    assert result.plan.step_statuses == [
+        PlanStepStatus.BLOCKED,
+        PlanStepStatus.BLOCKED,
+        PlanStepStatus.COMPLETED,
+    ]
     # no finalizer: the answer lists the results
     assert result.answer.startswith("Plan completed: t\nStep 0 (error, by loop): reached max_steps")
 
@@ -222,18 +271,53 @@ def test_a_planner_that_calls_no_tool_gets_the_default_plan(local: dflow.Runtime
     assert "The results of the steps:" in planner.requests[1].messages[-1].content
 
 
-def test_a_wrong_planning_call_is_answered_with_an_error_that_the_planner_corrects(local: dflow.Runtime) -> None:
+def test_a_planning_call_written_as_text_makes_the_plan(local: dflow.Runtime) -> None:
+    doer, _ = executor("doer")
+    written = '```json\n{"name": "planning", "arguments": {"command": "create", "title": "Trip", "steps": ["book"]}}\n```'
+    planner = ScriptedModel([reply(written)])
+    result = PlanningFlow(unique("texty"), doer, planner=planner).run("Plan a trip").result(10)
+    assert (result.source, result.status) == ("model", AgentStatus.FINISHED)
+    assert result.plan is not None and (result.plan.title, result.plan.steps) == ("Trip", ["book"])
+
+
+def test_the_planner_is_told_the_tool_choice_and_the_finalizer_is_not(local: dflow.Runtime) -> None:
+    doer, _ = executor("doer")
+    planner = ScriptedModel([reply(calls=[call("planning", command="create", title="T", steps=["a"])])])
+    finalizer = ScriptedModel([reply("summary")])
+    calls = ModelCalls(tool_choice="planning")
+    flow = PlanningFlow(unique("chosen"), doer, planner=planner, finalizer=finalizer, model_calls=calls)
+    assert flow.run("x").result(10).answer == "summary"
+    assert [r.options.get("tool_choice") for r in planner.requests + finalizer.requests] == ["planning", None]
+    with pytest.raises(ValueError, match="tool_choice 'search' is neither"):
+        PlanningFlow(unique("bad"), doer, planner, model_calls=ModelCalls(tool_choice="search"))
+
+
+def test_a_wrong_planning_call_is_answered_with_an_error_that_the_planner_corrects(
+    local: dflow.Runtime,
+) -> None:
     doer, doer_model = executor("doer")
-    planner = ScriptedModel([
-        reply(calls=[ToolCall(id="c1", name="planning", raw_arguments='{"command": "create", "title": ')]),
-        reply(calls=[call("planning", command="create", steps="find flights, book hotel")],
-              expect="not a JSON object"),
-        reply(calls=[call("planning", command="create", steps=["find flights", "book hotel"])],
-              expect="steps: Input should be a valid list"),
-        reply(calls=[call("planning", command="create", title="Trip", steps=["find flights", "book hotel"])],
-              expect="the plan needs a title"),
-    ])
-    flow = PlanningFlow(unique("corrected"), doer, planner=planner, plan_attempts=4)
+    planner = ScriptedModel(
+        [
+            reply(
+                calls=[ToolCall(id="c1", name="planning", raw_arguments='{"command": "create", "title": ')]
+            ),
+            reply(
+                calls=[call("planning", command="create", steps="find flights, book hotel")],
+                expect="not a JSON object",
+            ),
+            reply(
+                calls=[call("planning", command="create", steps=["find flights", "book hotel"])],
+                expect="steps: Input should be a valid list",
+            ),
+            reply(
+                calls=[
+                    call("planning", command="create", title="Trip", steps=["find flights", "book hotel"])
+                ],
+                expect="the plan needs a title",
+            ),
+        ]
+    )
+    flow = PlanningFlow(unique("corrected"), doer, planner=planner, options=PlanningOptions(plan_attempts=4))
     result = flow.run("Plan a trip").result(10)
 
     assert result.source == "model" and result.status is AgentStatus.FINISHED
@@ -249,7 +333,11 @@ def test_a_planner_that_keeps_failing_gets_the_default_plan(local: dflow.Runtime
     doer, _ = executor("doer")
     bad = reply(calls=[call("planning", command="get")])  # no plan exists yet: an error each time
     planner = ScriptedModel([bad, bad])
-    result = PlanningFlow(unique("stubborn"), doer, planner=planner, plan_attempts=2).run("x").result(10)
+    result = (
+        PlanningFlow(unique("stubborn"), doer, planner=planner, options=PlanningOptions(plan_attempts=2))
+        .run("x")
+        .result(10)
+    )
     assert result.source == "default" and len(planner.requests) == 2
     assert "failed 2 times" in result.reason and "there is no plan with ID" in result.reason
 
@@ -267,7 +355,10 @@ def test_a_failing_planner_or_finalizer(local: dflow.Runtime) -> None:
 
     draft = PlanDraft(title="t", steps=["one"])
     result = PlanningFlow(unique("no-finalizer"), doer, finalizer=FunctionModel(down)).run(draft).result(10)
-    assert result.status is AgentStatus.FINISHED and result.answer == "Step 0 (finished, by default): doer did one"
+    assert (
+        result.status is AgentStatus.FINISHED
+        and result.answer == "Step 0 (finished, by default): doer did one"
+    )
     assert result.reason == "every step was run; the finalizer failed: RuntimeError: no route to the model"
 
 
@@ -284,10 +375,18 @@ def test_retryable_model_errors_are_retried(local: dflow.Runtime) -> None:
 
         return FunctionModel(answer)
 
-    plan_call = ChatResponse(tool_calls=[ToolCall(id="", name="planning",
-                                                  arguments={"command": "create", "title": "t", "steps": ["a"]})])
-    flow = PlanningFlow(unique("flaky"), doer, planner=flaky("planner", plan_call),
-                        finalizer=flaky("finalizer", ChatResponse(content="summary")), model_retry_backoff=0.01)
+    plan_call = ChatResponse(
+        tool_calls=[
+            ToolCall(id="", name="planning", arguments={"command": "create", "title": "t", "steps": ["a"]})
+        ]
+    )
+    flow = PlanningFlow(
+        unique("flaky"),
+        doer,
+        planner=flaky("planner", plan_call),
+        finalizer=flaky("finalizer", ChatResponse(content="summary")),
+        model_calls=ModelCalls(retry_backoff=0.01),
+    )
     result = flow.run("x").result(10)
     assert (result.status, result.source, result.answer) == (AgentStatus.FINISHED, "model", "summary")
     assert failures == {"planner": 0, "finalizer": 0}
@@ -306,7 +405,13 @@ def test_replaceable_parts_an_ai_function_planner_a_step_prompt_and_a_finalizer(
     def finalize(request: str, plan: Plan, steps: Sequence[StepResult]) -> str:
         return f"{request}: " + "; ".join(s.answer for s in steps)
 
-    flow = PlanningFlow(unique("parts"), doer, planner=planner, finalizer=finalize, step_prompt=prompt)
+    flow = PlanningFlow(
+        unique("parts"),
+        doer,
+        planner=planner,
+        finalizer=finalize,
+        options=PlanningOptions(step_prompt=prompt),
+    )
     result = flow.run("go").result(10)
     assert result.answer == "go: doer did a; doer did b" and result.source == "model"
     assert seen == [("in_progress", 0), ("in_progress", 1)]
@@ -317,7 +422,9 @@ def test_replaceable_parts_an_ai_function_planner_a_step_prompt_and_a_finalizer(
 def test_embedded_in_another_flow_the_plan_is_kept_in_the_callers_run(local: dflow.Runtime) -> None:
     doer, _ = executor("doer")
     flow = PlanningFlow(unique("embedded"), doer)
-    run = DFlow.direct_run(PlanDraft(title="t", steps=["a"]), lambda d: DFlow.just(d).flat_map(flow.flow).id("plan"))
+    run = DFlow.direct_run(
+        PlanDraft(title="t", steps=["a"]), lambda d: DFlow.just(d).flat_map(flow.flow).id("plan")
+    )
     result = run.result(10)
     assert isinstance(result, PlanningResult) and result.source == "given"
     book = PlanBook(run.context())
@@ -352,13 +459,15 @@ def test_the_constructor_says_what_is_wrong() -> None:
     with pytest.raises(TypeError, match="executor 'x' is not an agent"):
         PlanningFlow(unique("bad"), {"x": object()})  # type: ignore[dict-item]
     with pytest.raises(ValueError, match="default_executor 'nobody'"):
-        PlanningFlow(unique("bad"), {"doer": doer}, default_executor="nobody")
+        PlanningFlow(unique("bad"), {"doer": doer}, options=PlanningOptions(default_executor="nobody"))
     with pytest.raises(ValueError, match="descriptions name executors that do not exist: ghost"):
-        PlanningFlow(unique("bad"), {"doer": doer}, descriptions={"ghost": "boo"})
+        PlanningFlow(unique("bad"), {"doer": doer}, options=PlanningOptions(descriptions={"ghost": "boo"}))
     with pytest.raises(TypeError, match="planner must be a ChatModel or an AIFunction"):
         PlanningFlow(unique("bad"), doer, planner="gpt")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="plan_attempts must be an int >= 1"):
-        PlanningFlow(unique("bad"), doer, plan_attempts=0)
+        PlanningOptions(plan_attempts=0)
+    with pytest.raises(TypeError, match="options is a PlanningOptions"):
+        PlanningFlow(unique("bad"), doer, options={"plan_attempts": 2})  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="planning flow name"):
         PlanningFlow("no spaces allowed", doer)
     flow = PlanningFlow(unique("ok"), doer)
@@ -398,20 +507,28 @@ def test_every_planning_command_and_its_errors_through_an_agent(local: dflow.Run
         ToolCall(id="", name="planning", raw_arguments="{'command': 'list'"),
     ]
     model = ScriptedModel([reply(calls=[c]) for c in script] + [reply("done")])
-    agent = ToolCallAgent(unique("planner-agent"), model, [planning_tool], max_steps=30, loop_guard=None)
+    agent = ToolCallAgent(
+        unique("planner-agent"), model, [planning_tool], limits=AgentLimits(max_steps=30, loop_guard=None)
+    )
     run = agent.run("make plans")
     assert run.result(10).status is AgentStatus.FINISHED
     seen = tool_observations(model)
     assert len(seen) == len(script)
     expected = [
         "Plan 'trip' created; it is the active plan.",
-        ("Error: tool 'planning' failed: PlanningError: a plan with ID 'trip' already exists: use the command "
-         "'update'"),
+        (
+            "Error: tool 'planning' failed: PlanningError: a plan with ID 'trip' already exists: use the command "
+            "'update'"
+        ),
         "Step 1 of plan 'trip' updated.",
-        ("Error: tool 'planning' failed: PlanningError: step_index 7 is out of range: plan 'trip' has 3 steps, "
-         "numbered 0 to 2"),
-        ("Error: invalid arguments for tool 'planning': step_status: Input should be 'not_started', "
-         "'in_progress', 'completed' or 'blocked'"),
+        (
+            "Error: tool 'planning' failed: PlanningError: step_index 7 is out of range: plan 'trip' has 3 steps, "
+            "numbered 0 to 2"
+        ),
+        (
+            "Error: invalid arguments for tool 'planning': step_status: Input should be 'not_started', "
+            "'in_progress', 'completed' or 'blocked'"
+        ),
         "Plan 'trip' updated.",
         "Plan 'other' created; it is the active plan.",
         "Plans:\n• other (active): Other - 0/1 steps completed\n• trip: Trip - 0/3 steps completed",
@@ -421,8 +538,10 @@ def test_every_planning_command_and_its_errors_through_an_agent(local: dflow.Run
         "Error: tool 'planning' failed: PlanningError: there is no plan with ID 'other': the plans are: trip",
         "Plan: Trip (ID: trip)",
         "Plan 'trip' deleted.",
-        ("Error: tool 'planning' failed: PlanningError: the command 'get' got no plan_id and no plan is active: "
-         "give the plan_id, or create a plan first"),
+        (
+            "Error: tool 'planning' failed: PlanningError: the command 'get' got no plan_id and no plan is active: "
+            "give the plan_id, or create a plan first"
+        ),
         "Error: tool 'planning' failed: PlanningError: plan_id 'bad id!' is not accepted",
         "Error: tool 'planning' failed: PlanningError: steps must be a non-empty list of texts",
         "Error: invalid arguments for tool 'planning': command: Input should be 'create', 'update'",
@@ -439,12 +558,22 @@ def test_every_planning_command_and_its_errors_through_an_agent(local: dflow.Run
 
 
 def test_plans_live_in_the_run_and_any_step_continues_them(local: dflow.Runtime) -> None:
-    model = ScriptedModel([
-        reply(calls=[call("planning", command="create", plan_id="p1", title="One", steps=["a", "b"]),
-                     call("planning", command="create", plan_id="p2", title="Two", steps=["c"])]),
-        reply(calls=[call("planning", command="mark_step", plan_id="p1", step_index=0, step_status="completed")]),
-        reply("ok"),
-    ])
+    model = ScriptedModel(
+        [
+            reply(
+                calls=[
+                    call("planning", command="create", plan_id="p1", title="One", steps=["a", "b"]),
+                    call("planning", command="create", plan_id="p2", title="Two", steps=["c"]),
+                ]
+            ),
+            reply(
+                calls=[
+                    call("planning", command="mark_step", plan_id="p1", step_index=0, step_status="completed")
+                ]
+            ),
+            reply("ok"),
+        ]
+    )
     run = ToolCallAgent(unique("two-plans"), model, [planning_tool]).run("go")
     run.result(10)
     book = PlanBook(run.context())
@@ -458,8 +587,20 @@ def test_two_concurrent_runs_keep_their_plans_apart(local: dflow.Runtime) -> Non
         if any(m.role == "tool" for m in messages):
             return ChatResponse(content="done")
         who = messages[-1].content.rsplit(" ", 1)[-1]
-        return ChatResponse(tool_calls=[ToolCall(id="", name="planning", arguments={
-            "command": "create", "plan_id": "trip", "title": f"Trip of {who}", "steps": [f"pack for {who}"]})])
+        return ChatResponse(
+            tool_calls=[
+                ToolCall(
+                    id="",
+                    name="planning",
+                    arguments={
+                        "command": "create",
+                        "plan_id": "trip",
+                        "title": f"Trip of {who}",
+                        "steps": [f"pack for {who}"],
+                    },
+                )
+            ]
+        )
 
     agent = ToolCallAgent(unique("sessions"), FunctionModel(planner_for), [planning_tool])
     runs = [agent.run("plan for ann"), agent.run("plan for bob")]
@@ -475,7 +616,8 @@ def test_two_concurrent_runs_keep_their_plans_apart(local: dflow.Runtime) -> Non
     flow = PlanningFlow(unique("apart"), doer, FunctionModel(planner_for))
     results = dflow.gather([flow.run("plan for cyd"), flow.run("plan for dan")], timeout=10)
     assert [(r.plan.title if r.plan else None, r.steps[0].answer) for r in results] == [
-        ("Trip of cyd", "doer did pack for cyd"), ("Trip of dan", "doer did pack for dan"),
+        ("Trip of cyd", "doer did pack for cyd"),
+        ("Trip of dan", "doer did pack for dan"),
     ]
     assert results[0].plan is not None and results[1].plan is not None
     assert results[0].plan.plan_id != results[1].plan.plan_id
@@ -524,7 +666,15 @@ def test_the_planning_tool_pickles_and_its_schema() -> None:
         assert again.spec == planning_tool.spec and again.is_flow
     props = planning_tool.spec.parameters["properties"]
     assert planning_tool.spec.parameters["required"] == ["command"]
-    assert props["command"]["enum"] == ["create", "update", "list", "get", "set_active", "mark_step", "delete"]
+    assert props["command"]["enum"] == [
+        "create",
+        "update",
+        "list",
+        "get",
+        "set_active",
+        "mark_step",
+        "delete",
+    ]
     assert set(props) == {"command", "plan_id", "title", "steps", "step_index", "step_status", "step_notes"}
 
 
@@ -548,17 +698,25 @@ def test_a_template_saved_and_run_twice_with_different_parameters(
     planner = ScriptedModel([])  # a template's run never asks the planner
     flow = PlanningFlow(unique("templated"), {"search": search, "write": write}, planner=planner)
     # a plan a run made, saved with its request's city as a parameter
-    made = Plan(plan_id="p", title="Weekend in Lisbon", steps=["[SEARCH] flights to Lisbon", "[WRITE] a {draft}"])
+    made = Plan(
+        plan_id="p", title="Weekend in Lisbon", steps=["[SEARCH] flights to Lisbon", "[WRITE] a {draft}"]
+    )
     first = PlanTemplate.from_plan("weekend", made, {"city": "Lisbon"}, request="A weekend in Lisbon")
-    assert first.steps == ["[SEARCH] flights to {city}", "[WRITE] a {{draft}}"] and first.parameters == ["city"]
+    assert first.steps == ["[SEARCH] flights to {city}", "[WRITE] a {{draft}}"] and first.parameters == [
+        "city"
+    ]
     assert first.request == "A weekend in {city}"
 
     async def scenario() -> list[PlanningResult]:
         try:
             saved = await templates.save(first)
             assert saved.version == 1
-            second = PlanTemplate(name="weekend", title=first.title, request=first.request + ", {days} days",
-                                  steps=[*first.steps, "[WRITE] pack for {days} days in {city}"])
+            second = PlanTemplate(
+                name="weekend",
+                title=first.title,
+                request=first.request + ", {days} days",
+                steps=[*first.steps, "[WRITE] pack for {days} days in {city}"],
+            )
             assert second.parameters == ["city", "days"]
             assert (await templates.save(second)).version == 2
             assert await templates.versions("weekend") == [1, 2] and await templates.names() == ["weekend"]
@@ -567,7 +725,9 @@ def test_a_template_saved_and_run_twice_with_different_parameters(
             for city, days in (("Porto", "2"), ("Madrid", "3")):
                 run = await flow.arun_template(templates, "weekend", {"city": city, "days": days})
                 results.append(await run.wait(10))
-            with pytest.raises(ValueError, match="takes the parameters: city, days; missing days and unknown nights"):
+            with pytest.raises(
+                ValueError, match="takes the parameters: city, days; missing days and unknown nights"
+            ):
                 await flow.arun_template(templates, "weekend", {"city": "Rome", "nights": "2"})
             with pytest.raises(PlanTemplateNotFoundError, match="has no version 7; its versions are 1, 2"):
                 await templates.get("weekend", 7)
@@ -585,10 +745,16 @@ def test_a_template_saved_and_run_twice_with_different_parameters(
         assert result.status is AgentStatus.FINISHED
         assert (result.source, result.template) == ("template", "weekend@2")
         assert result.plan is not None and result.plan.title == f"Weekend in {city}"
-        assert result.plan.steps == [f"[SEARCH] flights to {city}", "[WRITE] a {draft}",
-                                     f"[WRITE] pack for {days} days in {city}"]
-        assert [s.answer for s in result.steps] == [f"search did flights to {city}", "write did a {draft}",
-                                                    f"write did pack for {days} days in {city}"]
+        assert result.plan.steps == [
+            f"[SEARCH] flights to {city}",
+            "[WRITE] a {draft}",
+            f"[WRITE] pack for {days} days in {city}",
+        ]
+        assert [s.answer for s in result.steps] == [
+            f"search did flights to {city}",
+            "write did a {draft}",
+            f"write did pack for {days} days in {city}",
+        ]
     assert planner.requests == []
     assert steps_run(search_model) == [0, 0] and steps_run(write_model) == [1, 2, 1, 2]
     assert "A weekend in Porto, 2 days" in write_model.requests[0].messages[-1].content
@@ -623,8 +789,9 @@ def test_template_checks() -> None:
 def test_a_store_keeps_the_last_max_versions(kind: str, request: pytest.FixtureRequest) -> None:
     store: PlanTemplates
     if kind == "redis":
-        store = RedisPlanTemplates(request.getfixturevalue("redis_url"), prefix=request.getfixturevalue("prefix"),
-                                   max_versions=2)
+        store = RedisPlanTemplates(
+            request.getfixturevalue("redis_url"), prefix=request.getfixturevalue("prefix"), max_versions=2
+        )
     else:
         store = InMemoryPlanTemplates(max_versions=2)
 
@@ -646,3 +813,172 @@ def test_a_store_keeps_the_last_max_versions(kind: str, request: pytest.FixtureR
                 await store.aclose()
 
     assert asyncio.run(scenario()) == ([2, 3], "v3", [])
+
+
+# -- the planning tool and PlanningFlow ----------------------------------------------------------
+
+
+def run_planning_calls(*calls: ToolCall) -> tuple[list[str], dflow.Run[Any]]:
+    """Run an agent whose model makes ``calls`` one per turn, then answers; what each call was
+    told. (A model that counts turns by the request alone would lose count when the context
+    window leaves huge turns out: this one keeps its own count, fine in local mode.)"""
+    script = iter(calls)
+
+    def next_call(messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> ChatResponse:
+        planned = next(script, None)
+        return ChatResponse(tool_calls=[planned]) if planned is not None else ChatResponse(content="done")
+
+    model = FunctionModel(next_call)
+    agent = ToolCallAgent(
+        unique("rv-planner"),
+        model,
+        [planning_tool],
+        limits=AgentLimits(max_steps=len(calls) + 5, loop_guard=None),
+    )
+    run = agent.run("plan things")
+    assert run.result(20).status is AgentStatus.FINISHED
+    seen = [r.messages[-1].content for r in model.requests[1:]]  # each turn's observation, the last message
+    assert len(seen) == len(calls) and all(r.messages[-1].role == "tool" for r in model.requests[1:])
+    return seen, run
+
+
+CREATE = call("planning", command="create", plan_id="p", title="T", steps=["a", "b", "c"])
+
+
+def test_a_boolean_step_index_is_an_error_observation(runtime: dflow.Runtime) -> None:
+    seen, run = run_planning_calls(
+        CREATE, call("planning", command="mark_step", step_index=True, step_status="completed")
+    )
+    assert seen[1].startswith("Error"), seen[1]
+    plan = PlanBook(run.context()).get("p")
+    assert plan is not None and plan.step_statuses == [PlanStepStatus.NOT_STARTED] * 3
+
+
+def test_bad_step_indexes_are_error_observations_and_change_nothing(runtime: dflow.Runtime) -> None:
+    bad = [-1, 3, 10**12, -(10**12), 1.5, "one", [1], {"i": 1}, None]
+    calls = [call("planning", command="mark_step", step_index=i, step_status="completed") for i in bad]
+    seen, run = run_planning_calls(CREATE, *calls)
+    for index, said in zip(bad, seen[1:]):
+        assert said.startswith("Error"), (index, said)
+    assert "step_index -1 is out of range" in seen[1] and "numbered 0 to 2" in seen[2]
+    plan = PlanBook(run.context()).get("p")
+    assert plan is not None and plan.step_statuses == [PlanStepStatus.NOT_STARTED] * 3
+
+
+def test_huge_plans_are_refused_with_the_limit_and_store_nothing(runtime: dflow.Runtime) -> None:
+    seen, run = run_planning_calls(
+        call("planning", command="create", plan_id="big", title="T", steps=["s"] * 10_000),
+        call("planning", command="create", plan_id="big", title="T" * 100_000, steps=["s"]),
+        call("planning", command="create", plan_id="big", title="T", steps=["s" * 3000]),
+        call("planning", command="create", plan_id="big", title="T", steps=["s", "   "]),
+        call("planning", command="create", plan_id="big", title="T", steps="one, two"),
+        call("planning", command="create", plan_id="x" * 65, title="T", steps=["s"]),
+    )
+    assert "at most 100" in seen[0] and "10000 steps" in seen[0]
+    assert "at most 500" in seen[1]
+    assert "at most 2000" in seen[2]
+    assert "every step is a non-empty text" in seen[3]
+    assert all(s.startswith("Error") for s in seen), seen
+    assert PlanBook(run.context()).ids() == []
+
+
+def test_unicode_plans_round_trip_and_odd_plan_ids_are_refused(runtime: dflow.Runtime) -> None:
+    title = "Viagem a S\u00e3o Paulo \U0001f680 \u05e9\u05dc\u05d5\u05dd"
+    steps = ["\u6771\u4eac\u3078\u884c\u304f", "e\u0301te\u0301", "\u202eevil\u202c text", "tab\tand \\n"]
+    seen, run = run_planning_calls(
+        call("planning", command="create", plan_id="uni", title=title, steps=steps),
+        call("planning", command="create", plan_id="pl\u00e4n", title="T", steps=["s"]),
+        call("planning", command="create", plan_id="a/b", title="T", steps=["s"]),
+        call("planning", command="create", plan_id="../plan-active", title="T", steps=["s"]),
+        call("planning", command="get", plan_id="uni\u0000"),
+    )
+    plan = PlanBook(run.context()).get("uni")
+    assert plan is not None and plan.title == title and plan.steps == steps
+    for i, step in enumerate(steps):
+        assert f"{i}. [ ] {step}" in seen[0]
+    assert all(s.startswith("Error") and "plan_id" in s for s in seen[1:]), seen[1:]
+    assert PlanBook(run.context()).ids() == ["uni"]
+
+
+def test_a_run_never_reaches_the_plans_of_another_run(runtime: dflow.Runtime) -> None:
+    _, first = run_planning_calls(
+        call("planning", command="create", plan_id="shared", title="Mine", steps=["a"])
+    )
+    seen, second = run_planning_calls(
+        call("planning", command="get", plan_id="shared"),
+        call("planning", command="mark_step", plan_id="shared", step_index=0, step_status="blocked"),
+        call("planning", command="set_active", plan_id="shared"),
+        call("planning", command="delete", plan_id="shared"),
+        call("planning", command="list"),
+    )
+    assert all("there is no plan with ID 'shared'" in s for s in seen[:4]), seen
+    assert seen[4].startswith("There are no plans yet")
+    mine = PlanBook(first.context()).get("shared")
+    assert mine is not None and mine.title == "Mine" and mine.step_statuses == [PlanStepStatus.NOT_STARTED]
+    assert PlanBook(second.context()).ids() == []
+
+
+def test_a_planner_cannot_choose_its_plan_id(runtime: dflow.Runtime) -> None:
+    planner = ScriptedModel(
+        [reply(calls=[call("planning", command="create", plan_id="victim", title="Mine", steps=["do it"])])]
+    )
+    doer = ToolCallAgent(unique("rv-doer"), FunctionModel(lambda m, t: "done it"))
+    flow = PlanningFlow(unique("rv-plan-id"), doer, planner=planner)
+    run = flow.run("a task")
+    result = run.result(20)
+    assert result.status is AgentStatus.FINISHED and result.source == "model"
+    assert result.plan is not None and result.plan.plan_id.startswith("plan_") and result.plan.title == "Mine"
+    assert PlanBook(run.context()).ids() == [result.plan.plan_id]
+
+
+# -- plan templates ------------------------------------------------------------------------------
+
+
+def test_format_string_look_alikes_are_plain_text_or_plain_parameters() -> None:
+    template = PlanTemplate(
+        name="rv-fmt",
+        title="Trip to {city}",
+        steps=[
+            "{__class__} and {__init__}",
+            "{0.__init__} {a!r} {city:>10} {} { city } {city.upper}",
+            "{{city}} {{{city}}} }} {{ {",
+            "{city}{city}",
+        ],
+    )
+    assert template.parameters == ["__class__", "__init__", "city"]
+    draft = template.fill({"city": "{__class__.__mro__}", "__class__": "K", "__init__": "{0}"})
+    assert draft.title == "Trip to {__class__.__mro__}"  # a value is inserted as it is, never read again
+    assert draft.steps == [
+        "K and {0}",
+        "{0.__init__} {a!r} {city:>10} {} { city } {city.upper}",
+        "{city} {{__class__.__mro__}} } { {",
+        "{__class__.__mro__}{__class__.__mro__}",
+    ]
+    with pytest.raises(ValueError, match="missing __init__"):
+        template.fill({"city": "x", "__class__": "y"})
+    with pytest.raises(ValueError, match="unknown 0"):
+        template.fill({"city": "x", "__class__": "y", "__init__": "z", "0": "w"})
+    with pytest.raises(TypeError, match="parameters are text"):
+        template.fill({"city": object(), "__class__": "y", "__init__": "z"})  # type: ignore[dict-item]
+    with pytest.raises(ValueError, match="at most 4000"):
+        template.fill({"city": "x" * 4001, "__class__": "y", "__init__": "z"})
+
+
+def test_template_names_with_special_characters_are_refused() -> None:
+    store = InMemoryPlanTemplates()
+    for name in ("a b", "a/b", "a*", "{a}", "a\nb", "\u00e9", "", "x" * 65, "a\x00", "a;DEL *"):
+        with pytest.raises(ValueError, match="template name"):
+            PlanTemplate(name=name, title="T", steps=["s"])
+        for op in (store.get(name), store.versions(name), store.delete(name)):
+            with pytest.raises(ValueError, match="template name"):
+                asyncio.run(op)
+    saved = asyncio.run(store.save(PlanTemplate(name="a:b@c.d-e_f", title="T", steps=["s"])))
+    assert saved.version == 1 and asyncio.run(store.names()) == ["a:b@c.d-e_f"]
+
+
+def test_a_template_made_from_a_plan_fills_back_to_that_plan() -> None:
+    plan = PlanDraft(title="Lisbon trip", steps=["Fly to Lisbon", "Eat tarts"])
+    values = {"city": "Lisbon", "x": "t"}
+    template = PlanTemplate.from_plan("rv-roundtrip", plan, values)
+    again = template.fill(values)
+    assert (again.title, again.steps) == (plan.title, plan.steps)

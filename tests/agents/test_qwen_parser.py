@@ -6,7 +6,9 @@ from typing import Any
 
 import pytest
 
-from dflow_agents import parse_qwen_completion
+from dflow_agents import ChatResponse, ToolCall, ToolSpec, parse_qwen_completion, read_text_tool_calls
+
+from . import recorded as R
 
 Call = tuple[str, dict[str, Any]] | tuple[str, dict[str, Any], str]
 
@@ -282,3 +284,68 @@ def test_pathological_text_stays_text_quickly() -> None:
     assert parse_qwen_completion(deep).content == deep
     braces = "{" * 50_000 + " name"
     assert parse_qwen_completion(braces).tool_calls == []
+
+
+# -- calls a chat model wrote in its text (issue: a server without a tool-call parser) -----
+
+OFFERED = [ToolSpec(name="multiply"), ToolSpec(name="terminate")]
+MULTIPLY = ToolCall(id="call_0", name="multiply", arguments={"a": 17, "b": 23})
+
+
+@pytest.mark.parametrize(
+    ("text", "content"),
+    [
+        (R.CALL, ""),
+        (f"```json\n{R.CALL}\n```", ""),
+        (f"```\n{R.CALL}\n```", ""),
+        (f"<tool_call>\n{R.CALL}\n</tool_call>", ""),
+        (f"I will multiply them.\n{R.CALL}", "I will multiply them."),
+        (f"I will multiply them.\n```json\n{R.CALL}\n```", "I will multiply them."),
+        ('{"function": {"name": "multiply", "arguments": "{\\"a\\": 17, \\"b\\": 23}"}}', ""),
+    ],
+    ids=["bare", "fenced-json", "fenced", "tagged", "prose-then-call", "prose-then-fence", "openai-wrapper"],
+)
+def test_a_call_written_as_text_is_read_as_a_call(text: str, content: str) -> None:
+    read = read_text_tool_calls(ChatResponse(content=text), OFFERED)
+    assert read.tool_calls == [MULTIPLY] and read.content == content and read.calls_from_text
+
+
+def test_a_list_of_calls_written_as_text_is_read_in_order() -> None:
+    text = f'[{R.CALL}, {{"name": "terminate", "arguments": {{"status": "success"}}}}]'
+    read = read_text_tool_calls(ChatResponse(content=text), OFFERED, id_prefix="call_2_")
+    assert [(c.id, c.name) for c in read.tool_calls] == [("call_2_0", "multiply"), ("call_2_1", "terminate")]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "17 times 23 is 391.",
+        '{"result": 391}',
+        '{"name": "Ann", "age": 3}',  # a name but no arguments: data, not a call
+        'Here is an example request: {"name": "get_weather", "arguments": {"city": "Paris"}} as you asked.',
+        '```json\n{"name": "Ann", "arguments": "none"}\n```, and {"name": "Bob"}',
+        '[{"name": "multiply", "arguments": {"a": 1}}, {"id": 7}]',  # a list that is not only calls
+    ],
+    ids=["prose", "json-answer", "json-with-a-name", "call-of-no-tool-in-prose", "mixed", "list-with-data"],
+)
+def test_text_that_is_an_answer_stays_the_answer(text: str) -> None:
+    response = ChatResponse(content=text)
+    assert read_text_tool_calls(response, OFFERED) is response
+
+
+def test_a_call_of_a_tool_not_offered_counts_when_it_is_the_whole_reply() -> None:
+    # it goes back to the model as an unknown tool, as a native call of that name would
+    for text in (
+        '{"name": "multiplication", "arguments": {"a": 17, "b": 23}}',
+        '```json\n{"name": "multiplication", "arguments": {"a": 17, "b": 23}}\n```',
+        'Calling it.<tool_call>{"name": "multiplication", "arguments": {}}</tool_call>',
+    ):
+        read = read_text_tool_calls(ChatResponse(content=text), OFFERED)
+        assert [c.name for c in read.tool_calls] == ["multiplication"], text
+
+
+def test_native_calls_and_empty_replies_are_left_as_they_are() -> None:
+    native = ChatResponse(content=R.CALL, tool_calls=[MULTIPLY])
+    assert read_text_tool_calls(native, OFFERED) is native
+    empty = ChatResponse(content="  ")
+    assert read_text_tool_calls(empty, OFFERED) is empty

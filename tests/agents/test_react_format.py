@@ -21,6 +21,8 @@ from dflow_agents import (
     tool,
 )
 
+from . import recorded as R
+
 TOOLS = [
     ToolSpec(
         name="search",
@@ -207,7 +209,7 @@ CASES: list[tuple[str, str, Expected]] = [
         'Thought: x\nAction: search\nAction Input: {"q": "a"',
         fail(
             'Invalid action input for tool search: the Action Input is not valid JSON: {"q": "a". '
-            'Write the input as a JSON object, e.g. Action Input: {"name": "value"}.',
+            'Write the input as a JSON object, e.g. Action Input: {"q": "text"}.',
             'Thought: x\nAction: search\nAction Input: {"q": "a"',
             "x",
         ),
@@ -349,21 +351,24 @@ def test_prompt_renders_exactly() -> None:
     assert prompt == (
         "Answer the following question as best you can. You have access to the following tools:\n"
         "\n"
-        "search: Search the web.\n"
-        '    Input: {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}\n'
-        "calculator: Evaluate an arithmetic expression.\n"
-        '    Input: {"type": "object", "properties": {}}\n'
+        "search(q: string): Search the web.\n"
+        "calculator(): Evaluate an arithmetic expression.\n"
         "\n"
         "Use the following format:\n"
         "\n"
         "Question: the input question you must answer\n"
         "Thought: you should always think about what to do\n"
         "Action: the action to take, exactly one of [search, calculator]\n"
-        "Action Input: the input to the action, as a JSON object\n"
+        "Action Input: the input to the action: a JSON object with a value for each argument\n"
         "Observation: the result of the action\n"
         "... (this Thought/Action/Action Input/Observation can repeat N times)\n"
         "Thought: I now know the final answer\n"
         "Final Answer: the final answer to the original input question\n"
+        "\n"
+        "For example, a call of a tool:\n"
+        "Thought: I should use a tool.\n"
+        "Action: search\n"
+        'Action Input: {"q": "text"}\n'
         "\n"
         "Begin!\n"
         "\n"
@@ -394,7 +399,7 @@ def test_template_placeholders_are_replaced_once_and_other_braces_stay() -> None
     template = 'Tools: {tools}\nNames: {tool_names}\nExample: {"q": "x"}\nQ: {question}\n{scratchpad}'
     prompt = render_react_prompt([TOOLS[1]], "what is {scratchpad}?", template=template)
     assert prompt == (
-        'Tools: calculator: Evaluate an arithmetic expression.\n    Input: {"type": "object", "properties": {}}\n'
+        "Tools: calculator(): Evaluate an arithmetic expression.\n"
         'Names: calculator\nExample: {"q": "x"}\nQ: what is {scratchpad}?\n'
     )
     assert (
@@ -412,8 +417,11 @@ def test_tools_made_with_the_decorator_render_from_their_spec() -> None:
         """Add two numbers."""
         return a + b
 
-    prompt = render_react_prompt([add], "1+2?", template="{tools}{question}{scratchpad}")
-    assert prompt.startswith("add: Add two numbers.\n    Input: {") and '"a"' in prompt
+    prompt = render_react_prompt([add], "1+2?", template="{tools}\n{example}\n{question}{scratchpad}")
+    assert (
+        prompt
+        == 'add(a: integer, b: integer): Add two numbers.\nAction: add\nAction Input: {"a": 1, "b": 1}\n1+2?'
+    )
     assert parse_react_output('Action: add\nAction Input: {"a": 1, "b": 2}', [add]) == act(
         "add", {"a": 1, "b": 2}
     )
@@ -431,3 +439,68 @@ def test_steps_say_what_they_need() -> None:
     # results and steps are JSON data, to carry in agent state
     step = ReActStep.of(act("search", {"q": "a"}, "t"), "seen")
     assert ReActStep.model_validate(step.model_dump(mode="json")) == step
+
+
+# -- tools as small models read them (replies recorded from Qwen2.5-0.5B-Instruct) ------------
+
+
+def test_tools_are_shown_as_signatures_with_their_arguments_and_an_example() -> None:
+    shop = ToolSpec(
+        name="find",
+        description="Find products.\n  In the catalogue.",
+        parameters={
+            "type": "object",
+            "properties": {
+                "query": {"type": "string", "description": "what to look for"},
+                "sort": {"enum": ["price", "rating"], "default": "price"},
+                "tags": {"type": "array", "items": {"type": "string"}},
+                "limit": {"anyOf": [{"type": "integer"}, {"type": "null"}]},
+            },
+            "required": ["query"],
+        },
+    )
+    prompt = render_react_prompt(
+        [R.multiply, shop], "17 × 23?", template="{tools}\n--\n{example}{scratchpad}{question}"
+    )
+    assert prompt == (
+        "multiply(a: number, b: number): Multiply two numbers.\n"
+        "    a: the first number.\n"
+        "    b: the second number.\n"
+        'find(query: string, sort: "price" or "rating" = "price", tags: array of string (optional), '
+        "limit: integer or null (optional)): Find products. In the catalogue.\n"
+        "    query: what to look for\n"
+        "--\n"
+        'Action: multiply\nAction Input: {"a": 1.5, "b": 1.5}'
+        "17 × 23?"
+    )
+    assert '"properties"' not in render_react_prompt([R.multiply], "q"), (
+        "no JSON schema for the model to copy"
+    )
+
+
+def test_the_tools_schema_sent_as_the_input_is_answered_with_what_to_send() -> None:
+    parsed = parse_react_output(R.SCHEMA_AS_INPUT, [R.multiply])
+    assert isinstance(parsed, ReActParseFailure)
+    assert parsed.thought == "I need to multiply 17 by 23."
+    assert parsed.message == (
+        "Invalid action input for tool multiply: you sent the description of its arguments (their types "
+        "and descriptions), not their values. Send a JSON object with a value for each argument, e.g. "
+        'Action Input: {"a": 1.5, "b": 1.5} for multiply(a: number, b: number): Multiply two numbers.'
+    )
+    whole = 'Action: multiply\nAction Input: {"type": "object", "properties": {"a": {"type": "number"}}}'
+    assert isinstance(parse_react_output(whole, [R.multiply]), ReActParseFailure)
+    assert parse_react_output('Action: multiply\nAction Input: {"a": 17, "b": 23}', [R.multiply]) == act(
+        "multiply", {"a": 17, "b": 23}
+    )
+
+
+def test_an_object_argument_that_looks_like_a_schema_is_still_an_input() -> None:
+    @tool
+    def catalogue(filter: dict[str, str]) -> str:
+        """Filter the catalogue."""
+        return "ok"
+
+    text = 'Action: catalogue\nAction Input: {"filter": {"type": "book", "description": "blue"}}'
+    assert parse_react_output(text, [catalogue]) == act(
+        "catalogue", {"filter": {"type": "book", "description": "blue"}}
+    )

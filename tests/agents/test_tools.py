@@ -4,6 +4,7 @@ flow tools, pickling."""
 from __future__ import annotations
 
 import asyncio
+import math
 import pickle
 import threading
 from enum import Enum
@@ -15,7 +16,17 @@ from pydantic import BaseModel, Field
 
 import dflow
 from dflow import DFlow
-from dflow_agents import ChatMessage, Tool, ToolCall, ToolResult, ToolSpec, terminate, terminate_tool, tool
+from dflow_agents import (
+    ChatMessage,
+    Tool,
+    ToolCall,
+    ToolResult,
+    ToolSpec,
+    terminate,
+    terminate_status,
+    terminate_tool,
+    tool,
+)
 
 
 class Unit(str, Enum):
@@ -315,6 +326,45 @@ def test_timeout_of_a_sync_tool_runs_it_in_a_thread() -> None:
     assert run(quick.run({"x": 21})).output == 42
 
 
+def test_a_default_timeout_applies_to_tools_without_their_own() -> None:
+    release = threading.Event()
+
+    @tool
+    def stuck() -> str:
+        """Never answers (a call with no timeout of its own)."""
+        release.wait(5)
+        return "late"
+
+    @tool(timeout=math.inf)
+    async def patient() -> str:
+        """Takes its time, and may."""
+        await asyncio.sleep(0.3)
+        return "in time"
+
+    @tool(timeout=0.1)
+    async def own() -> str:
+        """Has its own timeout, shorter than the default."""
+        await asyncio.sleep(1)
+        return "never"
+
+    async def main() -> list[ToolResult]:
+        try:
+            return [
+                await stuck.run(default_timeout=0.2),
+                await patient.run(default_timeout=0.1),
+                await own.run(default_timeout=30),
+            ]
+        finally:
+            release.set()
+
+    abandoned, waited, shorter = run(main())
+    assert abandoned.observation == "Error: tool 'stuck' did not finish within 0.2 seconds and was abandoned."
+    assert waited.output == "in time", "math.inf: never abandoned"
+    assert "within 0.1 seconds" in shorter.observation, "a tool's own timeout wins"
+    release.clear()
+    assert run(patient.run()).ok and stuck.timeout is None
+
+
 def test_flow_tools_are_detected_and_embedded(local: dflow.Runtime) -> None:
     assert fetch_page.is_flow and not search.is_flow
     assert tool(flow=True, name="echo")(lambda url: DFlow.just(url)).is_flow
@@ -411,6 +461,36 @@ def test_terminate_reads_a_validated_status() -> None:
     assert custom.spec.name == "finish" and custom.spec.description == "Stop."
 
 
+@pytest.mark.parametrize(
+    ("said", "status"),
+    [
+        ("Success", "success"),
+        (" success ", "success"),
+        ("succeeded", "success"),
+        ("SUCCESSFUL.", "success"),
+        ("completed", "success"),
+        ("failure", "failure"),
+        ("Failed", "failure"),
+        ("error!", "failure"),
+        ("'unsuccessful'", "failure"),
+    ],
+)
+def test_terminate_reads_the_status_leniently(said: str, status: str) -> None:
+    assert terminate_status(said) == status
+    assert run(terminate.run({"status": said})).output == {"status": status, "conclusion": None}
+
+
+@pytest.mark.parametrize("said", ["maybe", "not a success", "partly done", "", 1, None])
+def test_terminate_refuses_a_status_it_cannot_read(said: object) -> None:
+    assert terminate_status(said) is None
+    refused = run(terminate.run({"status": said}))
+    assert (
+        not refused.ok
+        and refused.error == "ValidationError"
+        and "'success' or 'failure'" in refused.observation
+    )
+
+
 def test_pickling_round_trips() -> None:
     by_reference = pickle.dumps(search)  # a module-level @tool travels by name
     assert pickle.loads(by_reference) is search
@@ -443,7 +523,11 @@ def test_callable_objects_and_partials_are_tools() -> None:
 
     counter = tool(name="count_words")(Counter())
     assert counter.description == "Count words."
-    assert counter.parameters == {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
+    assert counter.parameters == {
+        "type": "object",
+        "properties": {"text": {"type": "string"}},
+        "required": ["text"],
+    }
     assert run(counter.run({"text": "one two three"})).output == 3
 
     def power(base: int, exponent: int) -> int:

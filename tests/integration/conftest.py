@@ -7,7 +7,7 @@ import os
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -35,7 +35,7 @@ def redis_url() -> str:
 
     try:
         redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2).ping()
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         require(f"Redis at {REDIS_URL}", False, str(exc))
     return REDIS_URL
 
@@ -127,7 +127,9 @@ def cluster_client(url: str) -> RedisCluster:
     from redis.cluster import ClusterNode, RedisCluster
 
     hosts = url.split("//", 1)[1].rstrip("/").split(",")
-    return RedisCluster(startup_nodes=[ClusterNode(h.rpartition(":")[0], int(h.rpartition(":")[2])) for h in hosts])
+    return RedisCluster(
+        startup_nodes=[ClusterNode(h.rpartition(":")[0], int(h.rpartition(":")[2])) for h in hosts]
+    )
 
 
 @pytest.fixture
@@ -144,3 +146,20 @@ def cluster_prefix(redis_cluster_url: str) -> Iterator[str]:
             r.delete(key)
         r.close()
     client.close()
+
+
+@pytest.fixture
+def rig_factory(fresh_redis_cluster: RedisClusterProcs, redis_url: str, prefix: str) -> Iterator[Any]:
+    """Makes ``cluster_rig.Rig``s (workers and their client) on the test's own cluster;
+    closes them after the test."""
+    from .cluster_rig import Rig
+
+    made: list[Rig] = []
+
+    def make(**opts: Any) -> Rig:
+        made.append(Rig(fresh_redis_cluster, redis_url, prefix, **opts))
+        return made[-1]
+
+    yield make
+    for rig in made:
+        rig.close()

@@ -1,5 +1,5 @@
 """Agents on real worker processes: ``dflow worker`` subprocesses serving
-``tests.integration.agent_app`` over Redis Streams or Kafka, with the Redis store.
+``tests.integration.apps.agent_app`` over Redis Streams or Kafka, with the Redis store.
 
 * the same ``ToolCallAgent`` gives the same ``AgentResult`` in local mode and on workers;
 * a worker killed (``kill -9``) while a tool call is in flight costs only that step: a new
@@ -20,9 +20,9 @@ import dflow
 from dflow import DFlow, StepStatus
 from dflow_agents import AgentResult, AgentStatus, RedisChatMemory
 from tests.support.runs import runs_of, wait_for, worker_pids
+from tests.support.workers import Cluster, kafka_transport, streams_transport
 
-from . import agent_app as app
-from .workers import Cluster, kafka_transport, streams_transport
+from .apps import agent_app as app
 
 # kafka-python 3.0's connection layer sometimes leaves a socket for the garbage collector.
 pytestmark = [
@@ -39,7 +39,7 @@ def cluster(request: pytest.FixtureRequest, redis_url: str, prefix: str) -> Iter
     else:
         url = streams_transport(redis_url, prefix)
     env = {"DFLOW_TEST_REDIS": redis_url, "DFLOW_TEST_PREFIX": prefix}
-    with Cluster("tests.integration.agent_app", redis_url, prefix, transport_url=url, env=env) as c:
+    with Cluster("tests.integration.apps.agent_app", redis_url, prefix, transport_url=url, env=env) as c:
         yield c
 
 
@@ -53,8 +53,12 @@ def committed_tools(trace_id: str) -> Counter[str]:
     )
 
 
-EXPECTED = AgentResult(status=AgentStatus.FINISHED, answer=app.CALC_ANSWER,
-                       reason="terminate was called with status success", steps=3)
+EXPECTED = AgentResult(
+    status=AgentStatus.FINISHED,
+    answer=app.CALC_ANSWER,
+    reason="terminate was called with status success",
+    steps=3,
+)
 
 
 @pytest.mark.timeout(120)
@@ -103,7 +107,9 @@ def test_worker_killed_while_a_tool_call_is_in_flight(cluster: Cluster) -> None:
     assert execs == {f"{job}:add": 1, f"{job}:capital": 2, f"{job}:multiply": 1}, (
         "every tool call ran exactly once, except the one in flight at the kill, which ran again"
     )
-    assert c.counts(f"{job}:model-calls") == {"turn-0": 1, "turn-1": 1, "turn-2": 1}, "no model call ran twice"
+    assert c.counts(f"{job}:model-calls") == {"turn-0": 1, "turn-1": 1, "turn-2": 1}, (
+        "no model call ran twice"
+    )
     assert committed_tools(run.trace_id) == {"add": 1, "capital": 1, "multiply": 1, "terminate": 1}
     assert worker_pids(run.trace_id) == {first, second}
     assert recovery < 30, f"the step of the killed worker was taken over after {recovery:.1f} s"
@@ -126,7 +132,8 @@ def test_sessions_keep_apart_and_outlive_the_workers(cluster: Cluster) -> None:
     assert c.workers.stop() == [0], "the worker exits cleanly on SIGTERM"
     c.workers.start(1)  # a new process: the memory is in Redis, not in a worker
     assert ask((bob, "and now?"), (ann, "and now?")) == [
-        "I am Bob | who am I? | and now?", "I am Ann | who am I? | and now?",
+        "I am Bob | who am I? | and now?",
+        "I am Ann | who am I? | and now?",
     ]
     assert ask((f"{c.prefix}-cyd", "hello")) == ["hello"], "a new session starts empty"
 
@@ -139,9 +146,11 @@ def test_sessions_keep_apart_and_outlive_the_workers(cluster: Cluster) -> None:
 
     stored = asyncio.run(load(ann))
     assert stored == [
-        ("user", "I am Ann"), ("assistant", "I am Ann"),
-        ("user", "who am I?"), ("assistant", "I am Ann | who am I?"),
-        ("user", "and now?"), ("assistant", "I am Ann | who am I? | and now?"),
+        ("user", "I am Ann"),
+        ("assistant", "I am Ann"),
+        ("user", "who am I?"),
+        ("assistant", "I am Ann | who am I?"),
+        ("user", "and now?"),
+        ("assistant", "I am Ann | who am I? | and now?"),
     ], "each run appended its task and answer once, under the test's prefix"
     assert "Bob" not in repr(stored)
-

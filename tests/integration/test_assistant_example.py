@@ -26,24 +26,33 @@ from typing import IO, Any
 import pytest
 import redis
 
+from tests.support.workers import ROOT, Served, kafka_transport, streams_transport
+
 from .conftest import SECRET
-from .workers import ROOT, Served, kafka_transport, streams_transport
 
 APP = "examples.assistant.app"
 ADMIN = "admin-token-of-the-assistant-integration-tests-0123"
 SERVER_SECRET = "server-secret-of-the-assistant-integration-tests-01"
-LOOKS = ["Striped T-shirt, Beige chinos and White canvas sneakers",
-         "Striped T-shirt, Straight jeans and White canvas sneakers",
-         "Linen shirt, Beige chinos and White canvas sneakers"]
+LOOKS = [
+    "Striped T-shirt, Beige chinos and White canvas sneakers",
+    "Striped T-shirt, Straight jeans and White canvas sneakers",
+    "Linen shirt, Beige chinos and White canvas sneakers",
+]
 PAGES = ["", "c/top", "p/striped-tee.html"]
 
 pytestmark = [pytest.mark.filterwarnings("ignore::ResourceWarning")]
 
 
 def _env(redis_url: str, prefix: str) -> dict[str, str]:
-    return {"DFLOW_SECRET": SECRET, "DFLOW_SERVER_SECRET": SERVER_SECRET, "DFLOW_SERVER_TOKEN": ADMIN,
-            "DFLOW_AGENTS_BLOCK_NETWORK": "1", "OPENAI_BASE_URL": "", "OPENAI_MODEL": "",  # the scripted model
-            "PYTHONPATH": str(ROOT)}
+    return {
+        "DFLOW_SECRET": SECRET,
+        "DFLOW_SERVER_SECRET": SERVER_SECRET,
+        "DFLOW_SERVER_TOKEN": ADMIN,
+        "DFLOW_AGENTS_BLOCK_NETWORK": "1",
+        "OPENAI_BASE_URL": "",
+        "OPENAI_MODEL": "",  # the scripted model
+        "PYTHONPATH": str(ROOT),
+    }
 
 
 class Plugin:
@@ -51,10 +60,26 @@ class Plugin:
 
     def __init__(self, server: str, env: dict[str, str], *, ask: str) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "examples.assistant.client", "--server", server, "--admin-token", ADMIN,
-             "--ask", ask, "--json", "--timeout", "60"],
-            cwd=ROOT, env={**os.environ, **env}, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, text=True,
+            [
+                sys.executable,
+                "-m",
+                "examples.assistant.client",
+                "--server",
+                server,
+                "--admin-token",
+                ADMIN,
+                "--ask",
+                ask,
+                "--json",
+                "--timeout",
+                "60",
+            ],
+            cwd=ROOT,
+            env={**os.environ, **env},
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
         self.lines: list[str] = []
         self._new: queue.Queue[str] = queue.Queue()
@@ -70,7 +95,9 @@ class Plugin:
         deadline = time.monotonic() + timeout
         while not any(text in line for line in self.lines):
             left = deadline - time.monotonic()
-            assert left > 0 and self.proc.poll() is None, f"no {text!r} from the plug-in:\n" + "\n".join(self.lines)
+            assert left > 0 and self.proc.poll() is None, f"no {text!r} from the plug-in:\n" + "\n".join(
+                self.lines
+            )
             try:
                 self._new.get(timeout=min(left, 0.5))
             except queue.Empty:
@@ -95,7 +122,9 @@ class Cluster(Served):
     """A worker and ``dflow serve`` on one transport; the store and the jobs in Redis."""
 
     def __init__(self, redis_url: str, prefix: str, transport: str) -> None:
-        super().__init__(APP, redis_url, prefix, transport, _env(redis_url, prefix), "--pipeline", "planning.assistant")
+        super().__init__(
+            APP, redis_url, prefix, transport, _env(redis_url, prefix), "--pipeline", "planning.assistant"
+        )
         self.r = redis.Redis.from_url(redis_url, decode_responses=True)
 
     def plugin(self, ask: str = "first") -> Plugin:
@@ -111,14 +140,22 @@ def check_chat(c: Cluster, out: dict[str, Any], chosen: int) -> None:
     """The chat ended as planned, its jobs done by the plug-in over HTTP and kept in Redis."""
     result = out["result"]
     assert out["status"] == "done" and result["status"] == "finished", out
-    assert [(s["index"], s["status"]) for s in result["steps"]] == [(0, "finished"), (1, "finished"), (2, "finished")]
+    assert [(s["index"], s["status"]) for s in result["steps"]] == [
+        (0, "finished"),
+        (1, "finished"),
+        (2, "finished"),
+    ]
     shop = out["jobs"][0]["arguments"]["url"]
     assert [(j["tool"], j["http"]) for j in out["jobs"]] == [("fetch_page", 200)] * 3 + [("ask_user", 200)]
     assert [j["arguments"]["url"] for j in out["jobs"][:3]] == [shop + p for p in PAGES]
-    assert out["jobs"][3]["arguments"]["choices"] == LOOKS and out["jobs"][3]["report"] == {"result": LOOKS[chosen]}
+    assert out["jobs"][3]["arguments"]["choices"] == LOOKS and out["jobs"][3]["report"] == {
+        "result": LOOKS[chosen]
+    }
     assert "The Striped T-shirt is made of organic cotton jersey" in result["steps"][1]["answer"]
     worn = LOOKS[chosen].replace(",", " and").split(" and ")
-    assert result["answer"].startswith(f"Now wearing: {worn[0]} (top), {worn[1]} (bottom), {worn[2]} (shoes).")
+    assert result["answer"].startswith(
+        f"Now wearing: {worn[0]} (top), {worn[1]} (bottom), {worn[2]} (shoes)."
+    )
     jobs = [k for k in c.r.scan_iter(f"{c.prefix}:assistant-jobs:job:*")]
     assert {c.r.hget(k, "state") for k in jobs} == {"answered"} and len(jobs) >= 4, "the jobs waited in Redis"
     workers = {s["worker"] for s in out["steps"] if s["status"] == "done"}
@@ -151,7 +188,9 @@ def test_a_worker_killed_while_the_question_to_the_user_is_outstanding(streams: 
     out = plugin.outcome()
     check_chat(streams, out, chosen=1)
     pids = [int(s["worker"].split(":")[1]) for s in out["steps"] if s["status"] == "done"]
-    assert pids[0] == victim.pid and pids[-1] == second.pid, "the killed worker began the chat, the second ended it"
+    assert pids[0] == victim.pid and pids[-1] == second.pid, (
+        "the killed worker began the chat, the second ended it"
+    )
 
 
 @pytest.mark.timeout(180)

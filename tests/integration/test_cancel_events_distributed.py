@@ -18,10 +18,10 @@ import redis
 
 import dflow
 from dflow import RunStatus
+from tests.support.workers import ROOT, Workers
 
-from . import cancel_flows
+from .apps import cancel_flows
 from .conftest import SECRET
-from .workers import ROOT, Workers
 
 
 class Setup:
@@ -31,7 +31,9 @@ class Setup:
         self.transport_url = f"{redis_url}?stream={prefix}:steps&redeliver_after=2"
         self.env = {"DFLOW_SECRET": SECRET, "DFLOW_TEST_REDIS": redis_url, "DFLOW_TEST_PREFIX": prefix}
         self.r = redis.Redis.from_url(redis_url)
-        self.workers = Workers("tests.integration.cancel_flows", self.transport_url, self.store_url, self.env)
+        self.workers = Workers(
+            "tests.integration.apps.cancel_flows", self.transport_url, self.store_url, self.env
+        )
         self.workers.start(1)
         cancel_flows.PREFIX = prefix
         dflow.configure(self.transport_url, self.store_url, secret=SECRET, consume=False)
@@ -49,7 +51,9 @@ class Setup:
             for m in self.r.zrange(f"{self.prefix}:{z}", 0, -1):
                 if trace.encode() in m:
                     out.append(f"{z}: {m!r}")
-        out += [f"leases: {t!r}" for t in self.r.zrange(f"{self.prefix}:leases", 0, -1) if trace.encode() in t]
+        out += [
+            f"leases: {t!r}" for t in self.r.zrange(f"{self.prefix}:leases", 0, -1) if trace.encode() in t
+        ]
         return out
 
     def close(self) -> None:
@@ -95,8 +99,11 @@ def test_cancel_while_waiting_and_with_branches_in_flight(setup: Setup) -> None:
         time.sleep(0.02)
     fanned.cancel("stop the fan")
     time.sleep(2)  # the running branch step ends meanwhile
-    branches = [k.decode().split(":")[-1] for k in setup.r.zrange(f"{setup.prefix}:runs", 0, -1)
-                if k.decode().startswith(fanned.trace_id + "/")]
+    branches = [
+        k.decode().split(":")[-1]
+        for k in setup.r.zrange(f"{setup.prefix}:runs", 0, -1)
+        if k.decode().startswith(fanned.trace_id + "/")
+    ]
     assert len(branches) == 3
     for b in branches:
         assert dflow.Run(b).status() is RunStatus.CANCELLED
@@ -104,7 +111,9 @@ def test_cancel_while_waiting_and_with_branches_in_flight(setup: Setup) -> None:
     assert setup.scheduled(waiting.trace_id) == []
 
 
-def test_a_client_in_another_process_receives_every_step_of_an_agent_run(setup: Setup, tmp_path: Path) -> None:
+def test_a_client_in_another_process_receives_every_step_of_an_agent_run(
+    setup: Setup, tmp_path: Path
+) -> None:
     script = tmp_path / "follow.py"
     script.write_text(
         "import json, sys\n"
@@ -118,7 +127,10 @@ def test_a_client_in_another_process_receives_every_step_of_an_agent_run(setup: 
     run = cancel_flows.agent.run("look things up")
     follower = subprocess.Popen(
         [sys.executable, str(script), setup.transport_url, setup.store_url, SECRET, run.trace_id],
-        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
     try:
         assert run.result(20).answer == "all looked up"

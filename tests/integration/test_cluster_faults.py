@@ -12,184 +12,36 @@ the step to run again.
 from __future__ import annotations
 
 import asyncio
-import re
-import signal
-import subprocess
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
 import dflow
-from dflow import StepStatus
-from dflow._codec import Message
 from dflow.adapters.redis import RedisStore, RedisStreamsTransport
-from dflow.adapters.redis._keyspace import Keyspace
-from dflow.testing._made import advance, new_run, rec
+from dflow.store import Finish
+from dflow.testing.cases import advance, new_run, rec
+from dflow.wire.values import Message, encode
 
-from . import flows
-from .test_distributed import Cluster
+from .apps import flows
+from .cluster_rig import Rig, Stopped, check_exactly_once, kill_busiest_master, rejoin
 
 if TYPE_CHECKING:
     from tests.support.redis_cluster import RedisClusterProcs
 
-COUNTED = {"inc", "square", "sum", "finish", "c0", "c1", "c2", "c3", "c4", "c5", "c6", "c7", "c8", "c9"}
-_REFUSED = re.compile(r"step (\S+) of run (\S+) could not be processed"
-                      r"|lost the lease of step (\S+) of run (\S+);")
-
-
-@dataclass
-class Tally:
-    """Commits in the final records, executions, and what the workers said went wrong."""
-
-    commits: Counter[str] = field(default_factory=Counter)  # idempotency key -> committed records
-    steps: dict[str, tuple[str, str]] = field(default_factory=dict)  # idempotency key -> (run, step key)
-    executions: Counter[str] = field(default_factory=Counter)
-    refused: set[tuple[str, str]] = field(default_factory=set)  # (run, step key) a worker handed back
-
-    @property
-    def reexecuted(self) -> list[str]:
-        return sorted(k for k, n in self.executions.items() if n > 1)
-
-    @property
-    def unexplained(self) -> list[str]:
-        """Steps run again though no worker reported a failed commit or a lost lease for
-        them: a commit acknowledged, then lost."""
-        return [k for k in self.reexecuted if self.steps.get(k) not in self.refused]
-
-
-class Rig(Cluster):
-    """Workers serving ``tests.integration.flows`` on a cluster (store and Redis Streams
-    transport, fused), this process their client (``test_distributed.Cluster``: the approver,
-    closing); executions are counted in ``redis_url``."""
-
-    def __init__(self, cluster: RedisClusterProcs, redis_url: str, prefix: str, *, wait: bool,
-                 step_sleep: float, concurrency: int) -> None:
-        self.cluster = cluster
-        self.keyspace = Keyspace(16, cluster=True)  # the store's and transport's default on a cluster
-        super().__init__(redis_url, prefix, f"{cluster.url}?stream={prefix}:steps&redeliver_after=2",
-                         store_url=f"{cluster.url}?prefix={prefix}&redispatch_after=2" + ("&wait=1" if wait else ""),
-                         env={"DFLOW_TEST_STEP_SLEEP": str(step_sleep)}, concurrency=concurrency, lease=2.0)
-
-    def tag_key(self, trace: str) -> str:
-        """A key in the slot of run ``trace``'s bucket: its tag alone."""
-        return "{" + self.keyspace.tags[self.keyspace.index(trace)] + "}"
-
-    def executed(self) -> int:
-        return int(self.r.hlen(f"{self.prefix}:execs"))
-
-    def results(self, runs: list[dflow.Run[Any]], timeout: float) -> list[Any]:
-        """Every run's result; fails naming the runs that did not finish."""
-        deadline = time.monotonic() + timeout
-        out: dict[str, Any] = {}
-        for run in runs:
-            while run.trace_id not in out:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    infos = (r.info() for r in runs if r.trace_id not in out)
-                    stuck = [i for i in infos if not i.status.finished]
-                    pytest.fail(f"{len(stuck)} runs stuck, e.g. {stuck[:3]}\n{self.workers.output()}")
-                try:
-                    out[run.trace_id] = run.result(min(left, 5))
-                except (dflow.StoreError, dflow.RunTimeoutError):
-                    time.sleep(0.2)
-        return [out[r.trace_id] for r in runs]
-
-    def tally(self, runs: list[dflow.Run[Any]]) -> Tally:
-        t = Tally()
-        todo = [r.trace_id for r in runs]
-        while todo:
-            trace = todo.pop()
-            for s in dflow.Run(trace).context().steps:
-                if s.status is StepStatus.DONE and re.split("[>/]", s.key)[0] in COUNTED:
-                    t.commits[f"{trace}:{s.seq}"] += 1
-                    t.steps[f"{trace}:{s.seq}"] = (trace, s.key)
-                if s.status is StepStatus.FORKED:
-                    todo += list(s.output)
-        execs = self.r.hgetall(f"{self.prefix}:execs")
-        t.executions = Counter({k.decode(): int(v) for k, v in execs.items()})
-        for log in self.workers.logs:
-            for m in _REFUSED.finditer(log.read_text(errors="replace")):
-                t.refused.add((m[2], m[1]) if m[1] else (m[4], m[3]))
-        return t
-
-
-def check_exactly_once(t: Tally, steps: int) -> None:
-    assert set(t.commits.values()) == {1}, "every step committed exactly once"
-    assert len(t.commits) == steps
-    assert set(t.executions) == set(t.commits), "each step run was committed, each one committed run"
-    assert all(n >= 1 for n in t.executions.values())
-
-
-def run_seqs(cluster: RedisClusterProcs, port: int, prefix: str,
-             keys: list[str] | None = None) -> dict[str, int]:
-    """The ``seq`` of every run hash on the node on ``port`` (or of ``keys``, missing ones left out)."""
-    with cluster.node(port) as node:
-        keys = keys if keys is not None else list(node.scan_iter(f"{prefix}:*:r:*", count=1000))
-        pipe = node.pipeline(transaction=False)
-        for key in keys:
-            pipe.hget(key, "seq")
-        return {k: int(v) for k, v in zip(keys, pipe.execute()) if v is not None}
-
-
-def repl_offset(cluster: RedisClusterProcs, port: int, field: str = "master_repl_offset") -> int:
-    """A node's replication offset (``second_repl_offset`` on a promoted replica: where it
-    stopped following its old master, plus one)."""
-    with cluster.node(port) as node:
-        return int(node.info("replication")[field])
-
-
-def rejoin(cluster: RedisClusterProcs, port: int) -> None:
-    """Start the killed node again on its port and files: it comes back as a replica of the
-    node that took its place, and syncs from it."""
-    old = cluster.procs[port]
-    home = cluster.dir / str(port)
-    with open(home / "redis.log", "ab") as log:
-        cluster.procs[port] = subprocess.Popen(old.args, cwd=home, stdout=log, stderr=subprocess.STDOUT,
-                                               stdin=subprocess.DEVNULL)
-    cluster.killed.discard(port)
-    cluster.wait_ok()
-
-
-class _Stopped:
-    """The node on ``port`` stopped (SIGSTOP) for the block, if any: it keeps its connections
-    and acknowledges nothing."""
-
-    def __init__(self, cluster: RedisClusterProcs, port: int | None) -> None:
-        self.proc = None if port is None else cluster.procs[port]
-
-    def __enter__(self) -> None:
-        if self.proc is not None:
-            self.proc.send_signal(signal.SIGSTOP)
-
-    def __exit__(self, *exc: object) -> None:
-        if self.proc is not None:
-            self.proc.send_signal(signal.SIGCONT)
-
-
-@pytest.fixture
-def rig_factory(fresh_redis_cluster: RedisClusterProcs, redis_url: str, prefix: str) -> Iterator[Any]:
-    made: list[Rig] = []
-
-    def make(**opts: Any) -> Rig:
-        made.append(Rig(fresh_redis_cluster, redis_url, prefix, **opts))
-        return made[-1]
-
-    yield make
-    for rig in made:
-        rig.close()
-
 
 @pytest.mark.timeout(90)
 # (Without a lagging replica the same test passes both ways, nothing lost: kept out for time.)
-@pytest.mark.parametrize(("wait", "lagging"), [(True, True), (False, True)],
-                         ids=["wait1-lagging-replica", "nowait-lagging-replica"])
-def test_master_killed_under_load(rig_factory: Any, fresh_redis_cluster: RedisClusterProcs, wait: bool,
-                                  lagging: bool) -> None:
+@pytest.mark.parametrize(
+    ("wait", "lagging"),
+    [(True, True), (False, True)],
+    ids=["wait1-lagging-replica", "nowait-lagging-replica"],
+)
+def test_master_killed_under_load(
+    rig_factory: Any, fresh_redis_cluster: RedisClusterProcs, wait: bool, lagging: bool
+) -> None:
     """kill -9 the master holding the most runs once 30% of the steps ran; its replica takes
     over, the old master rejoins as its replica. ``lagging``: for the last 0.5 s before the
     kill the replica is cut off (its link dropped, its process stopped), so the master has
@@ -200,48 +52,36 @@ def test_master_killed_under_load(rig_factory: Any, fresh_redis_cluster: RedisCl
     rig: Rig = rig_factory(wait=wait, step_sleep=0.03, concurrency=4)
     rig.workers.start(3)
     runs = [flows.chain10.call(i) for i in range(100)]
-    owners = Counter(cluster.owner_of(cluster.slot_of(rig.tag_key(r.trace_id))) for r in runs)
-    victim = owners.most_common(1)[0][0]
-    replica = cluster.replica_of(victim)
     deadline = time.monotonic() + 30
     while rig.executed() < 300:  # of 1000 counted steps
         assert time.monotonic() < deadline, f"the workers did not get going\n{rig.workers.output()}"
         time.sleep(0.01)
-    with _Stopped(cluster, replica if lagging else None):
-        cut = repl_offset(cluster, victim)
-        if lagging:
-            with cluster.node(victim) as node:
-                assert node.execute_command("CLIENT", "KILL", "TYPE", "replica") == 1
-            time.sleep(0.5)
-        before = run_seqs(cluster, victim, rig.prefix)
-        offset = repl_offset(cluster, victim)
-        cluster.kill(victim)
-    killed_at = time.monotonic()
-    assert cluster.wait_failover(victim, timeout=20) == replica
-    failover = time.monotonic() - killed_at
-    lost = max(0, offset - (repl_offset(cluster, replica, "second_repl_offset") - 1))
-    after = run_seqs(cluster, replica, rig.prefix, list(before))
-    went_back = sorted(k for k, s in before.items() if after.get(k, -1) < s)
+    k = kill_busiest_master(cluster, rig, runs, lagging=lagging)
+    killed_at = k.at
     label = f"[wait={int(wait)} lagging={int(lagging)}]"
-    window = f", wrote {offset - cut} B while its replica was cut off" if lagging else ""
-    print(f"\n{label} victim held {owners[victim]} runs{window}; {lost} B never reached the replica; "
-          f"failover {failover:.1f}s; runs gone back {len(went_back)}")
+    window = f", wrote {k.written} B while its replica was cut off" if lagging else ""
+    print(
+        f"\n{label} victim held {k.held} runs{window}; {k.lost} B never reached the replica; "
+        f"failover {k.failover:.1f}s; runs gone back {k.went_back}"
+    )
     if lagging:
-        assert lost > 0, f"the master had writes its replica never got (it wrote {offset - cut} B meanwhile)"
+        assert k.lost > 0, f"the master had writes its replica never got (it wrote {k.written} B meanwhile)"
     # With wait=1, every write to a master without a replica raises StoreError (applied all
     # the same): the old master rejoins as its replica (the usual repair). Without wait it
     # rejoins too: the same steps both ways.
-    rejoin(cluster, victim)
+    rejoin(cluster, k.victim)
     rejoined = time.monotonic() - killed_at
     assert rig.results(runs, timeout=30) == [i + 10 for i in range(100)]
     finished = time.monotonic() - killed_at
     t = rig.tally(runs)
     check_exactly_once(t, 100 * 10)
     extra = sum(t.executions.values()) - sum(t.commits.values())
-    print(f"{label} rejoined {rejoined:.1f}s, all done {finished:.1f}s after the kill; steps re-executed "
-          f"{len(t.reexecuted)} ({extra} extra executions); steps handed back by workers {len(t.refused)}; "
-          f"re-executed with no failure reported (acked commit lost) {len(t.unexplained)}; "
-          f"test {time.monotonic() - t0:.1f}s")
+    print(
+        f"{label} rejoined {rejoined:.1f}s, all done {finished:.1f}s after the kill; steps re-executed "
+        f"{len(t.reexecuted)} ({extra} extra executions); steps handed back by workers {len(t.refused)}; "
+        f"re-executed with no failure reported (acked commit lost) {len(t.unexplained)}; "
+        f"test {time.monotonic() - t0:.1f}s"
+    )
     if wait:
         assert t.unexplained == [], "with wait=1 no acknowledged commit is lost"
 
@@ -287,10 +127,12 @@ def test_busy_bucket_slot_moved_under_load(rig_factory: Any, fresh_redis_cluster
         assert int(node.execute_command("CLUSTER", "COUNTKEYSINSLOT", slot)) > 0
     with cluster.node(old) as node:
         assert int(node.execute_command("CLUSTER", "COUNTKEYSINSLOT", slot)) == 0
-    print(f"\n[reshard] bucket {bucket}: {in_flight} runs in flight, slot {slot} moved {old}->{new} in "
-          f"{took:.2f}s, {still} of them still unfinished after; steps re-executed {len(t.reexecuted)}, "
-          f"handed back {len(t.refused)}, unexplained {len(t.unexplained)}; "
-          f"test {time.monotonic() - t0:.1f}s")
+    print(
+        f"\n[reshard] bucket {bucket}: {in_flight} runs in flight, slot {slot} moved {old}->{new} in "
+        f"{took:.2f}s, {still} of them still unfinished after; steps re-executed {len(t.reexecuted)}, "
+        f"handed back {len(t.refused)}, unexplained {len(t.unexplained)}; "
+        f"test {time.monotonic() - t0:.1f}s"
+    )
     assert t.unexplained == [], "nothing lost: no node died"
 
 
@@ -327,7 +169,7 @@ def test_wait_after_a_slot_moved_asks_the_node_that_wrote(fresh_redis_cluster: R
             old = _owner(cluster, store, 3)
             new = next(p for p in cluster.masters() if p != old)
             cluster.reshard(cluster.slot_of("{" + store.keyspace.tags[3] + "}"), new)
-            stopped = _Stopped(cluster, cluster.replica_of(new))
+            stopped = Stopped(cluster, cluster.replica_of(new))
             with stopped, pytest.raises(dflow.StoreError, match="0 of the 1 replicas"):
                 await _write(store, 3)
         finally:
@@ -347,11 +189,12 @@ def test_wait_after_a_dropped_connection_asks_the_node_that_wrote(
     async def body() -> None:
         store = RedisStore(cluster.url, prefix="w", wait=1, wait_timeout=0.5)
         try:
-            bucket = next(b for b in range(store.keyspace.n)
-                          if _owner(cluster, store, b) != cluster.owner_of(0))
+            bucket = next(
+                b for b in range(store.keyspace.n) if _owner(cluster, store, b) != cluster.owner_of(0)
+            )
             await _write(store, bucket)
             owner = _owner(cluster, store, bucket)
-            with _Stopped(cluster, cluster.replica_of(owner)):
+            with Stopped(cluster, cluster.replica_of(owner)):
                 with pytest.raises(dflow.StoreError, match="0 of the 1 replicas"):
                     await _write(store, bucket)  # the control: the replica acks nothing
                 with cluster.node(owner) as node:
@@ -390,7 +233,7 @@ def test_a_claim_lost_with_its_master_leaves_the_step_to_run(fresh_redis_cluster
             owner = _owner(cluster, store, store.keyspace.index(run.trace_id))
             replica = cluster.replica_of(owner)
             await asyncio.sleep(0.2)  # the replica has the run and the delivery
-            with _Stopped(cluster, replica):
+            with Stopped(cluster, replica):
                 with cluster.node(owner) as node:
                     assert node.execute_command("CLIENT", "KILL", "TYPE", "replica") == 1
                 claim = await store.claim(run.message, "w", 30)
@@ -410,6 +253,44 @@ def test_a_claim_lost_with_its_master_leaves_the_step_to_run(fresh_redis_cluster
         finally:
             await other.close()
             await transport.close()
+            await store.close()
+
+    asyncio.run(body())
+
+
+# -- with wait=1, a wait returns only an end a replica has ----------------------------------
+
+
+def test_with_wait_a_wait_for_a_run_returns_its_end_only_once_a_replica_has_it(
+    fresh_redis_cluster: RedisClusterProcs,
+) -> None:
+    """A run's end reaches its master but not the master's replica (stopped): a worker was
+    told its commit failed, but a client reading the master sees the run ended; if the master
+    died now the end would be lost and the run would end again. With ``wait=1`` a wait does
+    not return that end until the replica has it; without, it returns it at once."""
+    cluster = fresh_redis_cluster
+
+    async def body() -> None:
+        store = RedisStore(cluster.url, prefix="w", wait=1, wait_timeout=0.3)
+        plain = RedisStore(cluster.url, prefix="w")
+        try:
+            run = new_run()
+            assert run.message is not None
+            await store.create_run(run)
+            claim = await store.claim(run.message, "w", 30)
+            assert claim is not None
+            owner = _owner(cluster, store, store.keyspace.index(run.trace_id))
+            with Stopped(cluster, cluster.replica_of(owner)):
+                with pytest.raises(dflow.StoreError, match="0 of the 1 replicas"):
+                    await store.commit(claim, [rec(claim.message, 5)], {}, Finish(encode(5)))
+                (seen,) = await plain.wait_many([run.trace_id], 2)
+                assert seen.status is dflow.RunStatus.DONE, "the master has the end"
+                with pytest.raises(dflow.RunTimeoutError):
+                    await store.wait_many([run.trace_id], 1.0)
+            (info,) = await store.wait_many([run.trace_id], 5)  # the replica caught up
+            assert info.status is dflow.RunStatus.DONE and info.result == 5
+        finally:
+            await plain.close()
             await store.close()
 
     asyncio.run(body())

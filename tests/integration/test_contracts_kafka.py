@@ -31,8 +31,14 @@ class TestKafkaTransport(TransportContract):
         def make(n: int, **opts: Any) -> list[Transport]:
             opts.pop("redeliver_after", None)  # the group's session timeout plays this part
             return [
-                KafkaTransport(kafka_bootstrap, topic=topic, group=f"{topic}-g", partitions=4,
-                               **kafka_test_settings(), **opts)
+                KafkaTransport(
+                    kafka_bootstrap,
+                    topic=topic,
+                    group=f"{topic}-g",
+                    partitions=4,
+                    **kafka_test_settings(),
+                    **opts,
+                )
                 for _ in range(n)
             ]
 

@@ -1,4 +1,5 @@
-"""The Redis store and the Redis Streams transport pass the adapter contracts."""
+"""The Redis store, its shared state and the Redis Streams transport pass the adapter
+contracts."""
 
 from __future__ import annotations
 
@@ -11,7 +12,10 @@ import pytest
 
 from dflow import Store, Transport
 from dflow.adapters.redis import RedisStore, RedisStreamsTransport
-from dflow.testing import FusedStoreContract, StoreContract, TransportContract
+from dflow.adapters.redis.client import disconnect
+from dflow.adapters.redis.state import RedisStateBackend
+from dflow.shared_state import StateBackend
+from dflow.testing import FusedStoreContract, StateBackendContract, StoreContract, TransportContract
 
 
 class TestRedisStore(StoreContract):
@@ -29,10 +33,24 @@ class TestFusedRedisStore(FusedStoreContract):
     @pytest.fixture
     def make_fused(self, redis_url: str, prefix: str) -> Callable[..., tuple[Store, Transport]]:
         def make(**opts: Any) -> tuple[Store, Transport]:
-            transport = RedisStreamsTransport(redis_url, stream=f"{prefix}:steps", consumer="c1", redeliver_after=60)
+            transport = RedisStreamsTransport(
+                redis_url, stream=f"{prefix}:steps", consumer="c1", redeliver_after=60
+            )
             return RedisStore(redis_url, prefix=prefix, transport=transport, **opts), transport
 
         return make
+
+
+class TestRedisStateBackend(StateBackendContract):
+    """Times are the Redis server's: time passes by sleeping."""
+
+    @pytest.fixture
+    def make_backend(self, redis_url: str, prefix: str) -> Callable[[], StateBackend]:
+        return lambda: RedisStore(redis_url, prefix=prefix).shared_state
+
+    async def close_backend(self, backend: StateBackend) -> None:
+        assert isinstance(backend, RedisStateBackend)
+        await disconnect(backend.redis)
 
 
 class TestRedisStreamsTransport(TransportContract):
@@ -40,7 +58,8 @@ class TestRedisStreamsTransport(TransportContract):
     def make_transports(self, redis_url: str, prefix: str) -> Callable[..., list[Transport]]:
         def make(n: int, **opts: Any) -> list[Transport]:
             return [
-                RedisStreamsTransport(redis_url, stream=f"{prefix}:steps", consumer=f"c{i}", **opts) for i in range(n)
+                RedisStreamsTransport(redis_url, stream=f"{prefix}:steps", consumer=f"c{i}", **opts)
+                for i in range(n)
             ]
 
         return make
@@ -75,8 +94,9 @@ class TestFusedRedisStoreInBuckets(FusedStoreContract):
     @pytest.fixture
     def make_fused(self, redis_url: str, prefix: str) -> Callable[..., tuple[Store, Transport]]:
         def make(**opts: Any) -> tuple[Store, Transport]:
-            transport = RedisStreamsTransport(redis_url, stream=f"{prefix}:steps", consumer="c1", redeliver_after=60,
-                                              streams=4)
+            transport = RedisStreamsTransport(
+                redis_url, stream=f"{prefix}:steps", consumer="c1", redeliver_after=60, streams=4
+            )
             return RedisStore(redis_url, prefix=prefix, transport=transport, streams=4, **opts), transport
 
         return make
@@ -87,7 +107,9 @@ class TestRedisStreamsTransportOverStreams(TransportContract):
     def make_transports(self, redis_url: str, prefix: str) -> Callable[..., list[Transport]]:
         def make(n: int, **opts: Any) -> list[Transport]:
             return [
-                RedisStreamsTransport(redis_url, stream=f"{prefix}:steps", consumer=f"c{i}", streams=4, **opts)
+                RedisStreamsTransport(
+                    redis_url, stream=f"{prefix}:steps", consumer=f"c{i}", streams=4, **opts
+                )
                 for i in range(n)
             ]
 

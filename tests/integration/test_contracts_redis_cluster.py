@@ -10,7 +10,10 @@ import pytest
 
 from dflow import Store, Transport
 from dflow.adapters.redis import RedisStore, RedisStreamsTransport
-from dflow.testing import FusedStoreContract, StoreContract, TransportContract
+from dflow.adapters.redis.client import disconnect
+from dflow.adapters.redis.state import RedisStateBackend
+from dflow.shared_state import StateBackend
+from dflow.testing import FusedStoreContract, StateBackendContract, StoreContract, TransportContract
 
 from .test_contracts_redis import same_bucket_ids
 
@@ -29,13 +32,28 @@ class TestClusterFusedRedisStore(FusedStoreContract):
         return same_bucket_ids(store, n)
 
     @pytest.fixture
-    def make_fused(self, redis_cluster_url: str, cluster_prefix: str) -> Callable[..., tuple[Store, Transport]]:
+    def make_fused(
+        self, redis_cluster_url: str, cluster_prefix: str
+    ) -> Callable[..., tuple[Store, Transport]]:
         def make(**opts: Any) -> tuple[Store, Transport]:
-            transport = RedisStreamsTransport(redis_cluster_url, stream=f"{cluster_prefix}:steps", consumer="c1",
-                                              redeliver_after=60)
-            return RedisStore(redis_cluster_url, prefix=cluster_prefix, transport=transport, **opts), transport
+            transport = RedisStreamsTransport(
+                redis_cluster_url, stream=f"{cluster_prefix}:steps", consumer="c1", redeliver_after=60
+            )
+            return RedisStore(
+                redis_cluster_url, prefix=cluster_prefix, transport=transport, **opts
+            ), transport
 
         return make
+
+
+class TestClusterRedisStateBackend(StateBackendContract):
+    @pytest.fixture
+    def make_backend(self, redis_cluster_url: str, cluster_prefix: str) -> Callable[[], StateBackend]:
+        return lambda: RedisStore(redis_cluster_url, prefix=cluster_prefix).shared_state
+
+    async def close_backend(self, backend: StateBackend) -> None:
+        assert isinstance(backend, RedisStateBackend)
+        await disconnect(backend.redis)
 
 
 class TestClusterRedisStreamsTransport(TransportContract):
@@ -43,7 +61,9 @@ class TestClusterRedisStreamsTransport(TransportContract):
     def make_transports(self, redis_cluster_url: str, cluster_prefix: str) -> Callable[..., list[Transport]]:
         def make(n: int, **opts: Any) -> list[Transport]:
             return [
-                RedisStreamsTransport(redis_cluster_url, stream=f"{cluster_prefix}:steps", consumer=f"c{i}", **opts)
+                RedisStreamsTransport(
+                    redis_cluster_url, stream=f"{cluster_prefix}:steps", consumer=f"c{i}", **opts
+                )
                 for i in range(n)
             ]
 

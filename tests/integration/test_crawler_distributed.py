@@ -1,5 +1,5 @@
 """The deep crawler on real worker processes: ``dflow worker`` subprocesses serving
-``tests.integration.crawler_app`` over Redis Streams, the Redis store, and the shop of
+``tests.integration.apps.crawler_app`` over Redis Streams, the Redis store, and the shop of
 ``tests/agents/site.py`` served by this process on 127.0.0.1.
 
 * a crawl on a worker process gives what it gives in local mode, and requests the same
@@ -20,22 +20,26 @@ from dflow import DFlow, StepStatus
 from dflow_agents import AgentStatus
 from tests.agents import site as S
 from tests.support.runs import runs_of, wait_for, worker_pids
+from tests.support.workers import Cluster
 
-from . import crawler_app as app
-from .workers import Cluster
+from .apps import crawler_app as app
 
 
 @pytest.fixture
 def cluster(redis_url: str, prefix: str) -> Iterator[Cluster]:
-    with Cluster("tests.integration.crawler_app", redis_url, prefix) as c:
+    with Cluster("tests.integration.apps.crawler_app", redis_url, prefix) as c:
         yield c
 
 
 def committed_fetches(trace_id: str) -> list[str]:
     """The URLs of the fetch steps a run has committed (one step per page; its input is
     ``[url, max_bytes, keep]``)."""
-    return [s.input[0] for steps in runs_of(trace_id) for s in steps
-            if s.status is StepStatus.DONE and s.key.split(">")[0] == "fetch"]
+    return [
+        s.input[0]
+        for steps in runs_of(trace_id)
+        for s in steps
+        if s.status is StepStatus.DONE and s.key.split(">")[0] == "fetch"
+    ]
 
 
 @pytest.mark.timeout(120)
@@ -73,7 +77,9 @@ def test_a_crawl_survives_a_worker_killed_while_a_page_is_in_flight(cluster: Clu
         wait_for("the held page to be requested", lambda: site.holding == [held], 30)
 
         def rest_of_the_wave_committed() -> bool:  # the wave cannot end (and no later page start) without it
-            requested = {h.path for h in site.hits if h.path.startswith(("/p/", "/c/laptops/")) and h.path != held}
+            requested = {
+                h.path for h in site.hits if h.path.startswith(("/p/", "/c/laptops/")) and h.path != held
+            }
             committed = {u.removeprefix(site.base_url) for u in committed_fetches(run.trace_id)}
             return len(requested) == 15 and requested <= committed
 

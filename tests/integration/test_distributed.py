@@ -19,11 +19,11 @@ import redis
 
 import dflow
 from dflow import DFlow, RunStatus, StepStatus
-from dflow._connect import transport_from_url
+from dflow.runtime.connect import transport_from_url
+from tests.support.workers import Workers, kafka_transport, streams_transport
 
-from . import flows
+from .apps import flows
 from .conftest import SECRET
-from .workers import Workers, kafka_transport, streams_transport
 
 COUNTED = {"inc", "square", "sum", "finish", "c0"}
 
@@ -31,8 +31,16 @@ COUNTED = {"inc", "square", "sum", "finish", "c0"}
 class Cluster:
     """URLs, worker processes and a client for one test."""
 
-    def __init__(self, redis_url: str, prefix: str, transport_url: str, *, store_url: str | None = None,
-                 env: dict[str, str] | None = None, **workers: Any) -> None:
+    def __init__(
+        self,
+        redis_url: str,
+        prefix: str,
+        transport_url: str,
+        *,
+        store_url: str | None = None,
+        env: dict[str, str] | None = None,
+        **workers: Any,
+    ) -> None:
         """``store_url``: the Redis of ``redis_url`` by default (which keeps the bookkeeping:
         executions, approvals, either way); ``env`` for the workers besides the test's own;
         ``workers``: options of ``Workers``."""
@@ -40,11 +48,17 @@ class Cluster:
         self.prefix = prefix
         self.transport_url = transport_url
         self.store_url = store_url or f"{redis_url}?prefix={prefix}&redispatch_after=2"
-        self.env = {"DFLOW_SECRET": SECRET, "DFLOW_TEST_REDIS": redis_url, "DFLOW_TEST_PREFIX": prefix, **(env or {})}
-        self.workers = Workers("tests.integration.flows", transport_url, self.store_url, self.env, **workers)
-        self.r = redis.Redis.from_url(redis_url)
-        self.runtime = dflow.configure(transport_url, self.store_url, secret=SECRET, consume=False
+        self.env = {
+            "DFLOW_SECRET": SECRET,
+            "DFLOW_TEST_REDIS": redis_url,
+            "DFLOW_TEST_PREFIX": prefix,
+            **(env or {}),
+        }
+        self.workers = Workers(
+            "tests.integration.apps.flows", transport_url, self.store_url, self.env, **workers
         )
+        self.r = redis.Redis.from_url(redis_url)
+        self.runtime = dflow.configure(transport_url, self.store_url, secret=SECRET, consume=False)
         self._stop = threading.Event()
         self._approver: threading.Thread | None = None
         self.approved: list[str] = []
@@ -139,8 +153,12 @@ def dead_letters(c: Cluster) -> list[str]:
         from kafka import KafkaConsumer
 
         bootstrap = c.transport_url.split("//")[1].split("?")[0]
-        consumer = KafkaConsumer(f"{c.prefix}-steps.dead", bootstrap_servers=bootstrap, auto_offset_reset="earliest",
-                                 consumer_timeout_ms=3000)
+        consumer = KafkaConsumer(
+            f"{c.prefix}-steps.dead",
+            bootstrap_servers=bootstrap,
+            auto_offset_reset="earliest",
+            consumer_timeout_ms=3000,
+        )
         try:
             return [dict(m.headers)["reason"].decode() for m in consumer]
         finally:
@@ -266,10 +284,14 @@ def test_bad_input_keeps_workers_serving(cluster: Cluster) -> None:
     assert len(reasons) == 3 and all("not a dflow step message" in r for r in reasons)
 
 
-unknown_to_workers = DFlow.from_call("secret-entry").map(lambda x: x + 1).id("known-here-only").init("client-only")
+unknown_to_workers = (
+    DFlow.from_call("secret-entry").map(lambda x: x + 1).id("known-here-only").init("client-only")
+)
 
 
-def test_unknown_step_is_parked_then_served_by_a_worker_that_knows_it(cluster: Cluster, tmp_path: Any) -> None:
+def test_unknown_step_is_parked_then_served_by_a_worker_that_knows_it(
+    cluster: Cluster, tmp_path: Any
+) -> None:
     c = cluster
     c.workers.start(1)
     run = unknown_to_workers.call(41)
@@ -278,16 +300,21 @@ def test_unknown_step_is_parked_then_served_by_a_worker_that_knows_it(cluster: C
         assert time.monotonic() < deadline, "the unknown step was not parked"
         time.sleep(0.1)
     info = run.info()
-    assert info.status is RunStatus.RUNNING and "does not import the module" in info.extra["parked"]
-    from dflow._tree import render
+    assert info.status is RunStatus.RUNNING and "import the module that builds it" in info.extra["parked"]
     from dflow.client import _current
+    from dflow.ops.tree import render
 
     assert "PARKED" in _current().run(render(_current().runtime.store, run.trace_id))
-    # A worker that imports the module appears: the run completes.
+    # A worker that imports the module appears (the first one leaves, as in a redeploy: were it
+    # to stay, each time it took the step again it would park it for twice as long, up to 30 s,
+    # and how often it wins that race is up to the machine's load): the run completes there.
     knows = Workers("tests.integration.test_distributed", c.transport_url, c.store_url, c.env)
     knows.start(1)
     try:
+        c.workers.stop()
         assert run.result(60) == 42
+        (served,) = [s for s in run.context().steps if s.key == "known-here-only"]
+        assert int(served.worker.split(":")[1]) == knows.procs[0].pid, "served by the worker that knows it"
     finally:
         knows.stop()
 
@@ -310,8 +337,12 @@ def test_base_exceptions_in_steps_fail_the_step_not_the_worker(redis_cluster: Cl
     for kind, run in zip(kinds, failing):
         with pytest.raises(dflow.RunFailedError) as info:
             run.result(30)
-        expected = {"custom": "LibraryCancelled", "keyboard-interrupt": "KeyboardInterrupt",
-                    "generator-exit": "GeneratorExit", "system-exit": "SystemExit"}[kind]
+        expected = {
+            "custom": "LibraryCancelled",
+            "keyboard-interrupt": "KeyboardInterrupt",
+            "generator-exit": "GeneratorExit",
+            "system-exit": "SystemExit",
+        }[kind]
         assert info.value.error["type"].endswith(expected)
     assert len(c.workers.alive()) == 1, c.workers.output()
     check_all(c, start_orders(10), timeout=60)  # the consumers still serve

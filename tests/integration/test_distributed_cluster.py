@@ -20,7 +20,7 @@ from redis.crc import key_slot
 
 import dflow
 from dflow.adapters.redis import RedisStore
-from dflow.adapters.redis._keyspace import Keyspace
+from dflow.adapters.redis.keyspace import Keyspace
 
 from .test_distributed import Cluster, check_all, start_orders
 
@@ -50,13 +50,22 @@ class OnCluster(Cluster):
 
     def __init__(self, redis_url: str, prefix: str, cluster_url: str, lease: float = 5.0) -> None:
         self.masters = masters(cluster_url)
-        super().__init__(redis_url, prefix, f"{cluster_url}?stream={prefix}:steps&redeliver_after=2",
-                         store_url=f"{cluster_url}?prefix={prefix}&redispatch_after=2", lease=lease)
+        super().__init__(
+            redis_url,
+            prefix,
+            f"{cluster_url}?stream={prefix}:steps&redeliver_after=2",
+            store_url=f"{cluster_url}?prefix={prefix}&redispatch_after=2",
+            lease=lease,
+        )
 
     def worker_errors(self) -> list[str]:
         """Lines of the workers' logs that report an error or a traceback."""
-        return [line for log in self.workers.logs for line in log.read_text(errors="replace").splitlines()
-                if " ERROR " in line or " CRITICAL " in line or line.startswith("Traceback")]
+        return [
+            line
+            for log in self.workers.logs
+            for line in log.read_text(errors="replace").splitlines()
+            if " ERROR " in line or " CRITICAL " in line or line.startswith("Traceback")
+        ]
 
     def check_committed_once(self, runs: list[dflow.Run]) -> tuple[Counter[str], Counter[str]]:
         """Each counted step committed exactly once; every executed step committed and every

@@ -16,10 +16,10 @@ from collections import Counter
 import redis
 
 import dflow
+from tests.support.workers import Workers
 
-from . import idle_app
+from .apps import idle_app
 from .conftest import SECRET
-from .workers import Workers
 
 WORKERS = 3
 WINDOW = 5.0  # seconds counted
@@ -59,26 +59,32 @@ def count_commands(redis_url: str, prefix: str, seconds: float) -> tuple[Counter
     return sent, inner
 
 
-def test_idle_workers_cost_little_yet_fire_timers_and_take_over_leases_at_once(redis_url: str, prefix: str) -> None:
+def test_idle_workers_cost_little_yet_fire_timers_and_take_over_leases_at_once(
+    redis_url: str, prefix: str
+) -> None:
     transport = f"{redis_url}?stream={prefix}:steps"  # the defaults of a deployment
     store = f"{redis_url}?prefix={prefix}"
     env = {"DFLOW_SECRET": SECRET, "DFLOW_TEST_REDIS": redis_url, "DFLOW_TEST_PREFIX": prefix}
-    workers = Workers("tests.integration.idle_app", transport, store, env, lease=LEASE)
+    workers = Workers("tests.integration.apps.idle_app", transport, store, env, lease=LEASE)
     r = redis.Redis.from_url(redis_url)
     workers.start(WORKERS)
     try:
         time.sleep(1.0)  # past start-up
         sent, inner = count_commands(redis_url, prefix, WINDOW)
         per = WORKERS * WINDOW
-        assert sum(sent.values()) / per <= 5, f"commands/s per idle worker: {sum(sent.values()) / per}: {sent}"
+        assert sum(sent.values()) / per <= 5, (
+            f"commands/s per idle worker: {sum(sent.values()) / per}: {sent}"
+        )
         assert sum(inner.values()) / per <= 5, f"run in scripts, per idle worker and s: {inner}"
-        assert sent["XREADGROUP"] > 0 and sent["EVALSHA"] > 0, "the workers read the stream and scan the timers"
+        assert sent["XREADGROUP"] > 0 and sent["EVALSHA"] > 0, (
+            "the workers read the stream and scan the timers"
+        )
 
         # (this client scans rarely: the workers fire the timers)
         dflow.configure(transport, store, secret=SECRET, consume=False, poll_interval=60)
         # A delay set by an idle worker falls due when it should, not at a scan a second later.
         late = [idle_app.delay_flow.call(None).result(10) for _ in range(8)]
-        assert 0 <= min(late) and max(late) < 0.25, late
+        assert min(late) >= 0 and max(late) < 0.25, late
 
         # The step of a worker killed with kill -9 runs again as soon as its lease runs out.
         run = idle_app.stall_flow.call(None)

@@ -7,7 +7,7 @@ branch runs alongside its siblings, and the parent's JOIN message, keyed by the 
 goes back to the parent's partition; the store orders a run's steps (a claim names the
 step's seq, a stale message is dropped), the partition only keeps the messages of one
 key in order. A repeated attempt is keyed ``<trace>/<attempt>`` on purpose (see
-``dflow._dispatch.route``), so it may land anywhere too.
+``dflow.runtime.dispatch.route``), so it may land anywhere too.
 """
 
 from __future__ import annotations
@@ -22,15 +22,15 @@ import pytest
 
 import dflow
 from dflow import StepStatus
-from dflow._codec import JOIN, Message
-from dflow._dispatch import route
-from dflow._ids import branch_id
 from dflow.adapters.kafka import KafkaTransport
 from dflow.context import StepRecord
+from dflow.runtime.dispatch import route
+from dflow.wire.ids import branch_id
+from dflow.wire.values import JOIN, Message
+from tests.support.workers import KAFKA_GROUP
 
 from .conftest import kafka_test_settings
 from .test_distributed import Cluster, check_all, start_orders
-from .workers import KAFKA_GROUP
 
 PARTITIONS = 6
 
@@ -83,8 +83,9 @@ def test_step_messages_are_keyed_by_trace_id(kafka_bootstrap: str) -> None:
     messages.append(retry)
 
     async def publish() -> None:
-        t = KafkaTransport(kafka_bootstrap, topic=topic, group=f"{topic}-g", partitions=PARTITIONS,
-                           **kafka_test_settings())
+        t = KafkaTransport(
+            kafka_bootstrap, topic=topic, group=f"{topic}-g", partitions=PARTITIONS, **kafka_test_settings()
+        )
         try:
             await t.ping()  # creates the topic with its partitions
             await t.publish_many([(m.encode(), route(m)) for m in messages])
@@ -142,8 +143,10 @@ def test_rebalances_under_load_lose_nothing_and_commit_once(
     # Short sessions: tansu completes a join after about half the session timeout.
     group = {**kafka_test_settings(), **KAFKA_GROUP, "session_timeout_ms": 2000, "heartbeat_interval_ms": 200}
     settings = "&".join(f"{k}={v}" for k, v in group.items())
-    url = (f"kafka://{kafka_bootstrap}?topic={prefix}-steps&group={prefix}-workers"
-           f"&partitions={PARTITIONS}&{settings}")
+    url = (
+        f"kafka://{kafka_bootstrap}?topic={prefix}-steps&group={prefix}-workers"
+        f"&partitions={PARTITIONS}&{settings}"
+    )
     c = Cluster(redis_url, prefix, url)
     try:
         c.workers.concurrency = 4  # with slow counted steps, the load lasts through both rebalances
@@ -180,7 +183,9 @@ def test_rebalances_under_load_lose_nothing_and_commit_once(
 
         records = [(t, rec) for r in runs for t, rec in step_records(r.trace_id)]
         assert {pid_of(rec) for _, rec in records} == {w1.pid, w2.pid}
-        before = {record_partition(t, rec) for t, rec in records if pid_of(rec) == w2.pid and rec.started < term}
+        before = {
+            record_partition(t, rec) for t, rec in records if pid_of(rec) == w2.pid and rec.started < term
+        }
         after = {record_partition(t, rec) for t, rec in records if rec.started > gone}
         assert before and len(before) < PARTITIONS, f"worker 2 had some partitions beside worker 1: {before}"
         assert after - before, f"worker 1's partitions {after - before} went to worker 2 when it left"

@@ -11,9 +11,10 @@ import time
 
 import pytest
 
+from tests.support.workers import KAFKA_GROUP
+
 from .conftest import kafka_test_settings
 from .test_distributed import Cluster, check_all, start_orders
-from .workers import KAFKA_GROUP
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore::ResourceWarning"),
@@ -44,8 +45,12 @@ def test_tombstones_and_garbage_are_dead_lettered_and_release_their_partition(
         c.workers.start(1)
         c.approve_forever()
         check_all(c, start_orders(20), timeout=90)
-        dead = KafkaConsumer(f"{topic}.dead", bootstrap_servers=kafka_bootstrap, auto_offset_reset="earliest",
-                             consumer_timeout_ms=5000)
+        dead = KafkaConsumer(
+            f"{topic}.dead",
+            bootstrap_servers=kafka_bootstrap,
+            auto_offset_reset="earliest",
+            consumer_timeout_ms=5000,
+        )
         records = list(dead)
         dead.close()
         assert len(records) == 41

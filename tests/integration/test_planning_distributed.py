@@ -1,38 +1,48 @@
 """A PlanningFlow on real worker processes: ``dflow worker`` subprocesses serving
-``tests.integration.planning_app`` over Redis Streams, with the Redis store.
+``tests.integration.apps.planning_app`` over Redis Streams, with the Redis store.
 
 * a plan runs to completion on a worker, each step on the executor its tag names, every
   side effect once and every model call once;
 * a worker killed (``kill -9``) while a step's tool call is in flight costs only that step: a
-  new worker runs it again and the plan completes, every other side effect once.
+  new worker runs it again and the plan completes, every other side effect once;
+* plan templates in Redis: names with special characters are refused and write nothing.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
 
 import pytest
+import redis
 
 from dflow_agents import AgentStatus
 from dflow_agents.plans import PlanningResult, PlanStepStatus
+from dflow_agents.templates import PlanTemplate, RedisPlanTemplates
 from tests.support.runs import wait_for, worker_pids
+from tests.support.workers import Cluster
 
-from . import planning_app as app
-from .workers import Cluster
+from .apps import planning_app as app
 
 STEP_KEYS = ("step-0", "step-1", "step-2")
 MODEL_CALLS = {
-    "planner": 1, "finalizer": 1,
-    "search-step0-turn0": 1, "search-step0-turn1": 1,
-    "write-step1-turn0": 1, "write-step1-turn1": 1,
-    "search-step2-turn0": 1, "search-step2-turn1": 1,
+    "planner": 1,
+    "finalizer": 1,
+    "search-step0-turn0": 1,
+    "search-step0-turn1": 1,
+    "write-step1-turn0": 1,
+    "write-step1-turn1": 1,
+    "search-step2-turn0": 1,
+    "search-step2-turn1": 1,
 }
 
 
 @pytest.fixture
 def cluster(redis_url: str, prefix: str) -> Iterator[Cluster]:
-    with Cluster("tests.integration.planning_app", redis_url, prefix, env={"DFLOW_TEST_REDIS": redis_url}) as c:
+    with Cluster(
+        "tests.integration.apps.planning_app", redis_url, prefix, env={"DFLOW_TEST_REDIS": redis_url}
+    ) as c:
         yield c
 
 
@@ -42,7 +52,9 @@ def check_completed(result: PlanningResult, job: str) -> None:
     assert result.plan is not None and result.plan.title == f"Trip {job}" and result.plan.steps == app.STEPS
     assert result.plan.step_statuses == [PlanStepStatus.COMPLETED] * 3
     assert [(s.index, s.executor, s.status) for s in result.steps] == [
-        (0, "search", AgentStatus.FINISHED), (1, "write", AgentStatus.FINISHED), (2, "search", AgentStatus.FINISHED),
+        (0, "search", AgentStatus.FINISHED),
+        (1, "write", AgentStatus.FINISHED),
+        (2, "search", AgentStatus.FINISHED),
     ]
 
 
@@ -84,3 +96,54 @@ def test_a_worker_killed_mid_plan(cluster: Cluster) -> None:
     assert c.counts(f"{job}:model-calls") == MODEL_CALLS, "no model call ran twice"
     assert worker_pids(run.trace_id) == {first, second}
     assert recovery < 30, f"the step of the killed worker was taken over after {recovery:.1f} s"
+
+
+# -- plan templates in Redis ------------------------------------------------------------
+
+
+def test_plan_template_names_with_special_characters_are_refused_and_write_nothing(
+    redis_url: str, prefix: str
+) -> None:
+    async def go() -> None:
+        store = RedisPlanTemplates(redis_url, prefix=prefix)
+        try:
+            for name in (
+                "a b",
+                "a*",
+                "{a}",
+                "a}b",
+                "*",
+                "a\nb",
+                "a\r\nFLUSHALL",
+                "\u00e9",
+                "",
+                "x" * 65,
+                "a/b",
+            ):
+                for op in (store.get(name), store.versions(name), store.delete(name)):
+                    with pytest.raises(ValueError, match="template name"):
+                        await op
+            # names that are odd but allowed are kept apart, and none of them is the names set
+            odd = ["names", "latest", "a:b", "a", "a.b", "a@b", "1", "_-_"]
+            for name in odd:
+                await store.save(PlanTemplate(name=name, title=f"title of {name}", steps=["s"]))
+            assert await store.names() == sorted(odd)
+            for name in odd:
+                got = await store.get(name)
+                assert (got.title, got.version) == (f"title of {name}", 1)
+                assert await store.versions(name) == [1]
+            assert await store.delete("names")
+            assert await store.names() == sorted(n for n in odd if n != "names")
+        finally:
+            await store.aclose()
+
+    asyncio.run(go())
+    r = redis.Redis.from_url(redis_url)
+    try:
+        keys = sorted(k.decode() for k in r.scan_iter(f"{prefix}:*"))
+    finally:
+        r.close()
+    expected = sorted(
+        [f"{prefix}:names"] + [f"{prefix}:{{{n}}}" for n in ("latest", "a:b", "a", "a.b", "a@b", "1", "_-_")]
+    )
+    assert keys == expected

@@ -1,5 +1,5 @@
 """Pulled jobs with every part in its own process: ``dflow serve`` and ``dflow worker``
-subprocesses serving ``tests.integration.pulling_app`` on Redis Streams (and Kafka), the jobs
+subprocesses serving ``tests.integration.apps.pulling_app`` on Redis Streams (and Kafka), the jobs
 in Redis, and this test as the client (the browser plug-in) over real HTTP:
 
 * the happy path: the job is pulled with a long poll, reported, and the run resumes on a
@@ -9,24 +9,30 @@ in Redis, and this test as the client (the browser plug-in) over real HTTP:
   the run on after the report;
 * sessions apart (403), two concurrent reports (one wins, atomically in Redis), and no
   token in the server's log;
-* the Redis job board itself: posted once, handed out once, decided once.
+* the Redis job board itself: posted once, handed out once, decided once; one client's
+  long polls do not each hold a Redis connection; sessions whose ids look alike never get
+  each other's jobs.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
+import uuid
 from collections.abc import Iterator
 
 import httpx
 import pytest
 import redis
 
-from dflow_agents.pulling import Job, RedisJobBoard
+import dflow
+from dflow.server import ServerThread, create_app
+from dflow_agents.pulling import Job, RedisJobBoard, job_routes
 from tests.support.http_api import SessionClient
+from tests.support.workers import Served, kafka_transport, streams_transport
 
 from .conftest import SECRET
-from .workers import Served, kafka_transport, streams_transport
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore::ResourceWarning"),
@@ -42,10 +48,18 @@ class Cluster(Served):
     a client of the server."""
 
     def __init__(self, redis_url: str, prefix: str, transport: str) -> None:
-        env = {"DFLOW_SECRET": SECRET, "DFLOW_SERVER_SECRET": SERVER_SECRET, "DFLOW_SERVER_TOKEN": ADMIN,
-               "DFLOW_TEST_REDIS": redis_url, "DFLOW_TEST_PREFIX": prefix, "DFLOW_TEST_ASK_TIMEOUT": "1.5",
-               "DFLOW_AGENTS_BLOCK_NETWORK": "1"}
-        super().__init__("tests.integration.pulling_app", redis_url, prefix, transport, env, "--log-level", "INFO")
+        env = {
+            "DFLOW_SECRET": SECRET,
+            "DFLOW_SERVER_SECRET": SERVER_SECRET,
+            "DFLOW_SERVER_TOKEN": ADMIN,
+            "DFLOW_TEST_REDIS": redis_url,
+            "DFLOW_TEST_PREFIX": prefix,
+            "DFLOW_TEST_ASK_TIMEOUT": "1.5",
+            "DFLOW_AGENTS_BLOCK_NETWORK": "1",
+        }
+        super().__init__(
+            "tests.integration.apps.pulling_app", redis_url, prefix, transport, env, "--log-level", "INFO"
+        )
         self.http = httpx.Client(base_url=self.serve.url, timeout=60)
 
     def close(self) -> int:
@@ -150,10 +164,18 @@ def test_expired_tokens_garbage_oversized_and_repeated_reports_change_nothing(cl
     http, path = cluster.http, f"/jobs/{job['id']}"
     expired = Tokens(SERVER_SECRET).issue(me.session, 60, now=time.time() - 61)[0]
     old = {"Authorization": f"Bearer {expired}"}
-    for r in (http.get("/jobs", headers=old), http.post(path, headers=old, json={"result": "x"}),
-              http.get(f"/runs/{trace}/events", headers=old)):
+    for r in (
+        http.get("/jobs", headers=old),
+        http.post(path, headers=old, json={"result": "x"}),
+        http.get(f"/runs/{trace}/events", headers=old),
+    ):
         assert r.status_code == 401 and "expired" in r.json()["detail"]
-    assert http.post(path, headers={**me.h, "Content-Type": "application/json"}, content=b"\x00garbage").status_code == 400
+    assert (
+        http.post(
+            path, headers={**me.h, "Content-Type": "application/json"}, content=b"\x00garbage"
+        ).status_code
+        == 400
+    )
     assert http.post(path, headers=me.h, json={"answer": 1}).status_code == 422
     assert http.post(path, headers=me.h, json={"result": "x" * (1024 * 1024 + 1)}).status_code == 413
     assert http.get(path, headers=me.h).json()["state"] == "pending"  # nothing changed
@@ -181,8 +203,17 @@ def test_no_token_reaches_the_servers_log(cluster: Cluster) -> None:
 
 def _job(job_id: str, session: str = "s1", in_seconds: float = 30) -> Job:
     now = time.time()
-    return Job(id=job_id, tool="t", arguments={"a": 1}, session=session, run="r", trace="r/1-0", call_type="c",
-               created=now, deadline=now + in_seconds)
+    return Job(
+        id=job_id,
+        tool="t",
+        arguments={"a": 1},
+        session=session,
+        run="r",
+        trace="r/1-0",
+        call_type="c",
+        created=now,
+        deadline=now + in_seconds,
+    )
 
 
 def test_the_redis_board_posts_hands_out_and_settles_each_job_once(redis_url: str, prefix: str) -> None:
@@ -209,10 +240,13 @@ def test_the_redis_board_posts_hands_out_and_settles_each_job_once(redis_url: st
     asyncio.run(main())
 
 
-def test_a_redis_long_poll_wakes_on_a_post_and_a_cancelled_pull_hands_jobs_back(redis_url: str, prefix: str) -> None:
+def test_a_redis_long_poll_wakes_on_a_post_and_a_cancelled_pull_hands_jobs_back(
+    redis_url: str, prefix: str
+) -> None:
     async def main() -> None:
         b = RedisJobBoard(redis_url, prefix=f"{prefix}:jobs")
         try:
+
             async def post_later() -> None:
                 await asyncio.sleep(0.2)
                 await b.post(_job("late"))
@@ -231,3 +265,80 @@ def test_a_redis_long_poll_wakes_on_a_post_and_a_cancelled_pull_hands_jobs_back(
             await b.aclose()
 
     asyncio.run(main())
+
+
+# -- the job board's long polls and sessions, without worker processes ---------------------
+
+POLLS = 40
+
+
+def _connections(url: str, name: str) -> int:
+    r = redis.Redis.from_url(url)
+    try:
+        return sum(1 for c in r.client_list() if c.get("name") == name)
+    finally:
+        r.close()
+
+
+def test_one_clients_long_polls_do_not_each_hold_a_redis_connection(
+    local: dflow.Runtime, redis_url: str, prefix: str
+) -> None:
+    name = f"rv-{uuid.uuid4().hex[:8]}"
+    board = RedisJobBoard(redis_url, prefix=prefix, client_name=name)
+    app = create_app(secret=SECRET, admin_token=ADMIN, routes=[job_routes(board)])
+    with ServerThread(app) as base:
+        with httpx.Client(base_url=base) as api:
+            token = api.post("/sessions", headers={"Authorization": f"Bearer {ADMIN}"}).json()["token"]
+        codes: list[int] = []
+
+        def poll() -> None:
+            with httpx.Client(base_url=base, timeout=20) as c:
+                codes.append(
+                    c.get(
+                        "/jobs", params={"wait": 3}, headers={"Authorization": f"Bearer {token}"}
+                    ).status_code
+                )
+
+        threads = [threading.Thread(target=poll) for _ in range(POLLS)]
+        for t in threads:
+            t.start()
+        time.sleep(1.5)  # every poll is waiting now
+        held = _connections(redis_url, name)
+        for t in threads:
+            t.join()
+    assert len(codes) == POLLS
+    assert held <= 10, f"{POLLS} long polls of one session held {held} Redis connections"
+
+
+def test_sessions_that_look_alike_never_get_each_others_jobs(redis_url: str, prefix: str) -> None:
+    sessions = ["a", "a:b", "a*", "a:queue:a", "queue", "job", "A", "a-"]
+
+    async def go() -> dict[str, list[str]]:
+        board = RedisJobBoard(redis_url, prefix=prefix)
+        try:
+            now = time.time()
+            for s in sessions:
+                job = Job(
+                    id=f"job-{sessions.index(s)}",
+                    tool="t",
+                    arguments={"for": s},
+                    session=s,
+                    run="r",
+                    trace="r",
+                    call_type="c",
+                    created=now,
+                    deadline=now + 30,
+                )
+                assert await board.post(job)
+            got = {
+                s: [j.arguments["for"] for j in await board.pull(s, wait=0.05, limit=100)] for s in sessions
+            }
+            got["again"] = [j.id for s in sessions for j in await board.pull(s, wait=0.05, limit=100)]
+            return got
+        finally:
+            await board.aclose()
+
+    got = asyncio.run(go())
+    for s in sessions:
+        assert got[s] == [s], (s, got[s])
+    assert got["again"] == []  # each job was handed out once

@@ -22,8 +22,9 @@ URL = re.compile(r"redis\+cluster://127\.0\.0\.1:(\d+),127\.0\.0\.1:(\d+),127\.0
 
 @contextmanager
 def cluster_client(ports: Iterable[int]) -> Iterator[RedisCluster]:
-    client = RedisCluster(startup_nodes=[ClusterNode("127.0.0.1", p) for p in ports],
-                          decode_responses=True, socket_timeout=5)
+    client = RedisCluster(
+        startup_nodes=[ClusterNode("127.0.0.1", p) for p in ports], decode_responses=True, socket_timeout=5
+    )
     try:
         yield client
     finally:

@@ -16,17 +16,17 @@ import redis
 
 import dflow
 from dflow import DFlow
-from dflow._codec import Message, encode
-from dflow._connect import store_from_url
-from dflow._model import Frame
 from dflow.adapters.redis import RedisStore, RedisStreamsTransport
-from dflow.adapters.redis._errors import connect
-from dflow.adapters.redis._same import fusable
+from dflow.adapters.redis.client import connect
+from dflow.adapters.redis.fusable import fusable
 from dflow.context import RunStatus, StepStatus
+from dflow.model.nodes import Frame
+from dflow.runtime.connect import store_from_url
 from dflow.store import Finish, wait_finished
 from dflow.testing import MALFORMED_MESSAGES
-from dflow.testing.conformance import _new_run as new_run
-from dflow.testing.conformance import _rec as record
+from dflow.testing.cases import new_run
+from dflow.testing.cases import rec as record
+from dflow.wire.values import Message, encode
 
 from .conftest import SECRET
 
@@ -36,7 +36,9 @@ def run(coro: Coroutine[Any, Any, Any]) -> Any:
 
 
 def make(redis_url: str, prefix: str, consumer: str = "c1") -> tuple[RedisStore, RedisStreamsTransport]:
-    transport = RedisStreamsTransport(redis_url, stream=f"{prefix}:steps", consumer=consumer, redeliver_after=60)
+    transport = RedisStreamsTransport(
+        redis_url, stream=f"{prefix}:steps", consumer=consumer, redeliver_after=60
+    )
     return RedisStore(redis_url, prefix=prefix, transport=transport), transport
 
 
@@ -56,7 +58,9 @@ def test_only_a_stream_on_the_same_server_and_db_is_fused(redis_url: str, prefix
         other_db = RedisStreamsTransport(redis_url.rsplit("/", 1)[0] + "/15", stream=f"{prefix}:steps")
         same = RedisStreamsTransport(redis_url, stream=f"{prefix}:steps")
         try:
-            with pytest.raises(dflow.ConfigurationError, match="only to a stream on its own server and database"):
+            with pytest.raises(
+                dflow.ConfigurationError, match="only to a stream on its own server and database"
+            ):
                 RedisStore(redis_url, prefix=prefix, transport=other_db)
             assert not fusable(redis_url, other_db) and fusable(redis_url, same)
             assert not store_from_url(f"{redis_url}?prefix={prefix}", transport=other_db).fused
@@ -97,7 +101,9 @@ def test_take_hands_back_every_malformed_message_by_the_rules_of_message_decode(
             seen = []
             claim = ca
             for _ in odd:
-                done = await store.commit(claim, [record(claim.message, 1)], {}, Finish(encode(1)), take_lease=30)
+                done = await store.commit(
+                    claim, [record(claim.message, 1)], {}, Finish(encode(1)), take_lease=30
+                )
                 assert done.taken is not None and done.taken.claim is None
                 seen.append(done.taken.body)
                 nxt = new_run(f"next-{len(seen)}")  # another step to commit, to take again
@@ -111,7 +117,9 @@ def test_take_hands_back_every_malformed_message_by_the_rules_of_message_decode(
             done = await store.commit(claim, [record(claim.message, 1)], {}, Finish(encode(1)), take_lease=30)
             assert done.taken is not None and done.taken.claim is None
             assert done.taken.body == Message("no-such-run", 1, "k").encode()
-            assert await store.claim(Message.decode(done.taken.body), "w", 30) is None, "the worker's claim drops it"
+            assert await store.claim(Message.decode(done.taken.body), "w", 30) is None, (
+                "the worker's claim drops it"
+            )
             assert (await store.commit(cb, [], {}, Finish(encode(2)))).applied, "b kept its lease"
 
     run(body())
@@ -225,7 +233,9 @@ def test_process_takes_nothing_and_a_cancelled_wait_leaves_no_waiter(redis_url: 
             (d,) = await transport.receive(1, timeout=2)
             await rt.process(Message.decode(d.body))
             info = await store.get_run("p2")
-            assert info is not None and "leased_until" not in info.extra, "process() leaves the next step alone"
+            assert info is not None and "leased_until" not in info.extra, (
+                "process() leaves the next step alone"
+            )
             waiting = asyncio.ensure_future(wait_finished(store, "p2", 30))
             await asyncio.sleep(0.05)
             waiting.cancel()

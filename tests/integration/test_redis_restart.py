@@ -3,76 +3,31 @@ on, is restarted while worker processes run 200 runs. No run is lost."""
 
 from __future__ import annotations
 
-import shutil
-import socket
-import subprocess
 import time
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
-import redis
 
 import dflow
+from tests.support.workers import Workers
 
-from . import flows
-from .conftest import SECRET, require
-from .workers import Workers
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from .apps import flows
+from .conftest import SECRET
+from .own_redis import OwnRedis, own_redis  # noqa: F401 (a fixture)
 
 
-class OwnRedis:
-    def __init__(self, workdir: Path) -> None:
-        self.port = _free_port()
-        self.dir = workdir
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--appendonly", "yes",
-             "--save", "", "--dir", str(self.dir)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )
-        client = redis.Redis(port=self.port)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                assert time.monotonic() < deadline, "redis-server did not start"
-                time.sleep(0.05)
-        client.close()
-
-    def stop(self) -> None:
-        """A clean shutdown (SIGTERM): Redis flushes its append-only file."""
-        if self.proc is not None:
-            self.proc.terminate()
-            self.proc.wait(10)
-            self.proc = None
-
-
-@pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[OwnRedis]:
-    require("redis-server", shutil.which("redis-server") is not None)
-    r = OwnRedis(tmp_path)
-    r.start()
-    yield r
-    r.stop()
-
-
-def test_redis_restart_during_load_loses_no_run(own_redis: OwnRedis, redis_url: str, prefix: str) -> None:
+def test_redis_restart_during_load_loses_no_run(
+    own_redis: OwnRedis,  # noqa: F811 (the fixture)
+    redis_url: str,
+    prefix: str,
+) -> None:
     url = f"redis://127.0.0.1:{own_redis.port}/0"
     transport_url = f"{url}?stream=steps&redeliver_after=2"
     store_url = f"{url}?prefix=dflow&redispatch_after=2"
-    env = {"DFLOW_SECRET": SECRET, "DFLOW_TEST_REDIS": redis_url, "DFLOW_TEST_PREFIX": prefix,
-           "DFLOW_TEST_STEP_SLEEP": "0.002"}
-    workers = Workers("tests.integration.flows", transport_url, store_url, env)
+    env = {
+        "DFLOW_SECRET": SECRET,
+        "DFLOW_TEST_REDIS": redis_url,
+        "DFLOW_TEST_PREFIX": prefix,
+        "DFLOW_TEST_STEP_SLEEP": "0.002",
+    }
+    workers = Workers("tests.integration.apps.flows", transport_url, store_url, env)
     dflow.configure(transport_url, store_url, secret=SECRET, consume=False)
     try:
         workers.start(2)

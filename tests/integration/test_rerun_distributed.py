@@ -15,10 +15,10 @@ import pytest
 import redis
 
 import dflow
+from tests.support.workers import ROOT, Workers, streams_transport
 
-from . import rerun_flows
+from .apps import rerun_flows
 from .conftest import SECRET
-from .workers import ROOT, Workers, streams_transport
 
 
 class Setup:
@@ -35,7 +35,7 @@ class Setup:
         if self.workers is not None:
             assert self.workers.stop() == [0]
         env = {**self.env, "DFLOW_TEST_RERUN_FIXED": "1"} if fixed else self.env
-        self.workers = Workers("tests.integration.rerun_flows", self.transport_url, self.store_url, env)
+        self.workers = Workers("tests.integration.apps.rerun_flows", self.transport_url, self.store_url, env)
         self.workers.start(1)
 
     def calls(self) -> dict[str, int]:
@@ -45,7 +45,11 @@ class Setup:
         """``dflow ARGS --store URL``."""
         return subprocess.run(
             [sys.executable, "-m", "dflow.cli", *args, "--store", self.store_url],
-            check=False, capture_output=True, text=True, timeout=60, cwd=ROOT,
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=ROOT,
             env={**os.environ, "DFLOW_SECRET": SECRET, "PYTHONPATH": str(ROOT)},
         )
 
@@ -78,12 +82,16 @@ def test_a_run_failed_by_buggy_code_reruns_from_step_4_on_a_fixed_worker(setup: 
     assert setup.calls() == {"one": 2, "two": 2, "three": 2, "four": 3, "five": 1}
     assert [s.output for s in again.context().steps] == [1, 2, 4, 8, 16, 32]
 
-    out = setup.cli("rerun", second.trace_id, "--from", "4", "--transport", setup.transport_url)  # the same from the command line
+    out = setup.cli(
+        "rerun", second.trace_id, "--from", "4", "--transport", setup.transport_url
+    )  # the same from the command line
     assert out.returncode == 0, out.stderr
     rerun = dflow.Run(out.stdout.strip())
     assert rerun.result(15) == 32
     assert setup.calls() == {"one": 2, "two": 2, "three": 2, "four": 4, "five": 2}
-    assert rerun.context().get("four") == 8 and rerun.context().get("dflow/rerun")["trace_id"] == second.trace_id
+    assert (
+        rerun.context().get("four") == 8 and rerun.context().get("dflow/rerun")["trace_id"] == second.trace_id
+    )
     shown = setup.cli("inspect", rerun.trace_id)
     assert f"rerun of run {second.trace_id} from step 4" in shown.stdout, shown.stdout + shown.stderr
 

@@ -20,10 +20,10 @@ import redis
 
 import dflow
 from dflow import DFlow, RunStatus
-from dflow._codec import JOIN, NONE, Message, encode
 from dflow.adapters.redis import RedisStore
 from dflow.store import Finish, Fork, NewRun, Parent, Wait
-from dflow.testing._made import KEYS, advance, frames_of, new_run
+from dflow.testing.cases import KEYS, advance, frames_of, new_run
+from dflow.wire.values import JOIN, NONE, Message, encode
 
 from .conftest import SECRET
 
@@ -49,7 +49,11 @@ def listing_writes(redis_url: str, prefix: str) -> Iterator[Callable[[], list[st
                     ready.set()
                 elif len(words) > 1 and words[1] == stop:
                     return
-                elif len(words) > 1 and words[0] in ("ZADD", "ZREM", "HSET", "HDEL") and words[1].startswith(keys):
+                elif (
+                    len(words) > 1
+                    and words[0] in ("ZADD", "ZREM", "HSET", "HDEL")
+                    and words[1].startswith(keys)
+                ):
                     seen.append(f"{words[0]} {words[1].removeprefix(prefix + ':')}")
 
     thread = threading.Thread(target=watch, daemon=True)
@@ -59,7 +63,7 @@ def listing_writes(redis_url: str, prefix: str) -> Iterator[Callable[[], list[st
 
     def since() -> list[str]:
         time.sleep(0.05)  # the monitor's reader is behind the server by a moment
-        got = seen[marks[0]:]
+        got = seen[marks[0] :]
         marks[0] = len(seen)
         return got
 
@@ -100,9 +104,16 @@ def test_a_status_change_is_one_zadd_per_listing_and_a_step_that_keeps_it_writes
         assert claim is not None
         assert since() == ["ZADD ix", "ZADD ixp:listing-writes"], "a claimed timer: -> running"
         join = Message(run.trace_id, claim.message.seq + 1, KEYS[2], 0, JOIN)
-        children = [NewRun(f"{run.trace_id}/{join.seq}-{i}", frames_of("b"), encode(i),
-                           Message(f"{run.trace_id}/{join.seq}-{i}", 0, "branch"),
-                           parent=Parent(run.trace_id, join.seq, i)) for i in range(3)]
+        children = [
+            NewRun(
+                f"{run.trace_id}/{join.seq}-{i}",
+                frames_of("b"),
+                encode(i),
+                Message(f"{run.trace_id}/{join.seq}-{i}", 0, "branch"),
+                parent=Parent(run.trace_id, join.seq, i),
+            )
+            for i in range(3)
+        ]
         await store.commit(claim, [], {}, Fork("zip", children, join))
         assert since() == ["ZADD ix", "ZADD ixp:listing-writes"], "-> waiting; the branches are not listed"
         for child in children:
@@ -126,7 +137,9 @@ def test_a_status_change_is_one_zadd_per_listing_and_a_step_that_keeps_it_writes
         asyncio.run(body(since))
 
 
-def test_an_id_used_again_before_due_saw_its_run_expire_leaves_no_stale_entry(redis_url: str, prefix: str) -> None:
+def test_an_id_used_again_before_due_saw_its_run_expire_leaves_no_stale_entry(
+    redis_url: str, prefix: str
+) -> None:
     async def body() -> None:
         store = RedisStore(redis_url, prefix=prefix, ttl=0.2)
         trace = uuid.uuid4().hex
@@ -141,7 +154,11 @@ def test_an_id_used_again_before_due_saw_its_run_expire_leaves_no_stale_entry(re
                 "counted until DUE takes it out"
             )
             (listed,) = (await store.page_runs()).runs
-            assert (listed.trace_id, listed.pipeline, listed.status) == (trace, "listing-new", RunStatus.RUNNING)
+            assert (listed.trace_id, listed.pipeline, listed.status) == (
+                trace,
+                "listing-new",
+                RunStatus.RUNNING,
+            )
             assert (await store.count_runs(pipeline="listing-new"))[RunStatus.RUNNING] == 1
             assert sum((await store.count_runs()).values()) == 1
             if not due:
@@ -159,8 +176,9 @@ def test_pages_through_many_runs_of_one_millisecond(redis_url: str, prefix: str)
         infos = [i for i in [await store.get_run(r.trace_id) for r in made] if i is not None]
         per_ms = Counter(int(i.created * 1000) for i in infos)
         assert max(per_ms.values()) >= 5, "the runs share milliseconds (else this tests nothing)"
-        expected = [i.trace_id for i in sorted(infos, key=lambda i: (int(i.created * 1000), i.trace_id),
-                                               reverse=True)]
+        expected = [
+            i.trace_id for i in sorted(infos, key=lambda i: (int(i.created * 1000), i.trace_id), reverse=True)
+        ]
         got: list[str] = []
         cursor = None
         while True:
@@ -178,8 +196,14 @@ def test_pages_through_many_runs_of_one_millisecond(redis_url: str, prefix: str)
 
 
 def _dflow(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "dflow.cli", *args], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "DFLOW_SECRET": SECRET}, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "dflow.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "DFLOW_SECRET": SECRET},
+        check=False,
+    )
 
 
 def test_dflow_ls_filters_by_status_and_pipeline_and_shows_the_pipeline(redis_url: str, prefix: str) -> None:
@@ -188,13 +212,23 @@ def test_dflow_ls_filters_by_status_and_pipeline_and_shows_the_pipeline(redis_ur
     dflow.configure(f"{redis_url}?stream={prefix}:steps", store_url, secret=SECRET)
     try:
         doubled = DFlow.from_call(f"{name}-go").map(lambda x: x * 2).id(f"{name}-double").init(name)
-        waits = DFlow.from_call(f"{name}-ask").flat_map(
-            lambda x: DFlow.from_call(f"{name}-answer").map(lambda a: [x, a]).id(f"{name}-both")
-        ).id(f"{name}-wait").init(f"{name}-waits")
+        waits = (
+            DFlow.from_call(f"{name}-ask")
+            .flat_map(lambda x: DFlow.from_call(f"{name}-answer").map(lambda a: [x, a]).id(f"{name}-both"))
+            .id(f"{name}-wait")
+            .init(f"{name}-waits")
+        )
         done = [doubled.call(i) for i in range(3)]
         assert [r.result(10) for r in done] == [0, 2, 4]
-        fanned = DFlow.direct_run(2, lambda x: DFlow.zip([DFlow.just(x).map(lambda v: v + 1).id("listing-inc"),
-                                                          DFlow.just(x).map(lambda v: v * 3).id("listing-tri")]))
+        fanned = DFlow.direct_run(
+            2,
+            lambda x: DFlow.zip(
+                [
+                    DFlow.just(x).map(lambda v: v + 1).id("listing-inc"),
+                    DFlow.just(x).map(lambda v: v * 3).id("listing-tri"),
+                ]
+            ),
+        )
         assert fanned.result(10) == [3, 6]
         waiting = waits.call("q")
         deadline = time.monotonic() + 10
@@ -214,7 +248,11 @@ def test_dflow_ls_filters_by_status_and_pipeline_and_shows_the_pipeline(redis_ur
     every = lines()
     assert len(every) == 5, "the zip's branches are not listed"
     assert [row.split()[0] for row in every[:1]] == [waiting.trace_id]
-    assert {row.split()[0] for row in every} == {waiting.trace_id, fanned.trace_id, *(r.trace_id for r in done)}
+    assert {row.split()[0] for row in every} == {
+        waiting.trace_id,
+        fanned.trace_id,
+        *(r.trace_id for r in done),
+    }
     (row,) = lines("--status", "waiting")
     assert row.split()[:3] == [waiting.trace_id, "waiting", f"{name}-waits"]
     assert {r.split()[0] for r in lines("--pipeline", name)} == {r.trace_id for r in done}

@@ -1,11 +1,13 @@
 """Shared ``State`` and ``Circuit`` on Redis, used by three real ``dflow worker`` processes
 (``state_app``) with this process as their client; and the Redis backend's own edges
-(rollback, probe leases, keys) driven from here."""
+(rollback, probe leases, keys, odd names and bad versions, a client whose clock is off)
+driven from here."""
 
 from __future__ import annotations
 
 import itertools
 import time
+import types
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -15,15 +17,19 @@ import redis
 
 import dflow
 from dflow import Circuit, CircuitOpenError, ConflictError, State, VersionNotFoundError
+from tests.support.workers import Cluster
 
-from . import state_app
-from .workers import Cluster
+from .apps import state_app
 
 
 @pytest.fixture(scope="module")
 def cluster(redis_url: str, module_prefix: str) -> Iterator[Cluster]:
-    c = Cluster("tests.integration.state_app", redis_url, module_prefix,
-                env={"DFLOW_TEST_REDIS": redis_url, "DFLOW_TEST_PREFIX": module_prefix})
+    c = Cluster(
+        "tests.integration.apps.state_app",
+        redis_url,
+        module_prefix,
+        env={"DFLOW_TEST_REDIS": redis_url, "DFLOW_TEST_PREFIX": module_prefix},
+    )
     try:
         c.workers.start(3)
         c.connect()
@@ -54,8 +60,13 @@ def test_fifty_runs_on_three_workers_count_to_exactly_one_thousand(cluster: Clus
     assert state.rollback(990) == 1001
     assert state.get() == (990, 1001)
     newest = state.history()[0]
-    assert (newest.version, newest.value, newest.restores, newest.run, newest.step) == (1001, 990, 990, "external",
-                                                                                        None)
+    assert (newest.version, newest.value, newest.restores, newest.run, newest.step) == (
+        1001,
+        990,
+        990,
+        "external",
+        None,
+    )
     kept = State(name, history=3)  # a write trims what is kept to the writer's history
     kept.set(7)
     assert [v.version for v in kept.history()] == [1002, 1001, 1000]
@@ -152,3 +163,49 @@ def _until(check: Callable[[], bool], what: str, timeout: float = 30) -> None:
     while not check():
         assert time.monotonic() < deadline, f"timed out waiting until {what}"
         time.sleep(0.05)
+
+
+def test_retry_after_is_measured_by_the_store_clock_not_a_skewed_local_one(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import dflow.patterns.circuit as circuit_module
+
+    behind = types.SimpleNamespace(time=lambda: time.time() - 600.0, monotonic=time.monotonic)
+    monkeypatch.setattr(circuit_module, "time", behind, raising=False)  # this machine's clock: 10 min behind
+    c = Circuit(f"skew-{uuid.uuid4().hex[:8]}", failures=1, cool_down=2.0)
+    with pytest.raises(ZeroDivisionError), c:
+        _ = 1 / 0
+    with pytest.raises(CircuitOpenError) as info:
+        c.call(lambda: None)
+    assert 0 < info.value.retry_after <= 2.0, f"a retry would wait {info.value.retry_after:.0f}s"
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "a:b",
+        "a*",
+        "*",
+        "ключ:значение",
+        "x" * 200,
+        "a]b[c?",
+        "a:{",
+    ],
+)
+def test_odd_names_are_separate_states(cluster: Cluster, name: str) -> None:
+    if "{" in name:
+        with pytest.raises(ValueError, match="'{'"):
+            State(name)
+        return
+    tag = uuid.uuid4().hex[:6]
+    full = (name + tag)[-200:]
+    s, other = State(full), State(full + "x" if len(full) < 200 else full[:-1])
+    assert s.set({"v": 1}) == 1 and other.get() == (None, 0)
+    assert s.set({"v": 2}) == 2 and s.rollback(1) == 3
+    assert s.get() == ({"v": 1}, 3) and [v.restores for v in s.history()] == [1, None, None]
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match="version number"):
+            s.rollback(bad)
+    for unknown in (4, 2**70):
+        with pytest.raises(VersionNotFoundError, match="versions 1 to 3 are kept"):
+            s.rollback(unknown)

@@ -53,7 +53,9 @@ def raw_request(base_url: str, request_line: str, headers: dict[str, str] | None
     return int(status_line.split()[1]), rest.partition("\r\n\r\n")[2]
 
 
-def stream_events(api: httpx.Client, path: str, *, until: str = "end", limit: int = 50) -> list[tuple[str, Any]]:
+def stream_events(
+    api: httpx.Client, path: str, *, until: str = "end", limit: int = 50
+) -> list[tuple[str, Any]]:
     """(event, data) of the console stream at ``path``, read until an ``until`` event (or
     ``limit`` events, or the stream's end)."""
     out: list[tuple[str, Any]] = []

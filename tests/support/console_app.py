@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from dflow import DFlow
-from dflow_agents import ChatMessage, ChatResponse, ToolCall, ToolCallAgent, ToolSpec, tool
+from dflow_agents import AgentLimits, ChatMessage, ChatResponse, ToolCall, ToolCallAgent, ToolSpec, tool
 from dflow_agents.testing import FunctionModel
 
 
@@ -17,8 +17,17 @@ def _answer(question: Any) -> DFlow[Any]:
     return DFlow.from_call("ci-answer").map(lambda a: {"question": question, "answer": a}).id("pair")
 
 
-asking = DFlow.from_call("ci-ask").map(lambda q: f"Q: {q}").id("question").flat_map(_answer).id("wait").init("ci-ask")
-counting = DFlow.from_call("ci-count").map(lambda x: x + 1).id("inc").map(lambda x: x * 2).id("dbl").init("ci-count")
+asking = (
+    DFlow.from_call("ci-ask")
+    .map(lambda q: f"Q: {q}")
+    .id("question")
+    .flat_map(_answer)
+    .id("wait")
+    .init("ci-ask")
+)
+counting = (
+    DFlow.from_call("ci-count").map(lambda x: x + 1).id("inc").map(lambda x: x * 2).id("dbl").init("ci-count")
+)
 
 TEMPERATURES = {"oslo": -3, "rome": 14, "tokyo": 9}
 
@@ -37,11 +46,29 @@ def weather_model(messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) ->
     """Turn 0 asks for three cities at once (a zip of three tool steps); turn 1 concludes."""
     results = [m.content for m in messages if m.role == "tool"]
     if not results:
-        return ChatResponse(content="I will check the three cities at once.", tool_calls=[
-            ToolCall(id="", name="temperature", arguments={"city": c}) for c in ("Oslo", "Rome", "Tokyo")
-        ])
-    return ChatResponse(tool_calls=[ToolCall(id="", name="terminate", arguments={
-        "status": "success", "conclusion": f"Rome is the warmest ({max(int(r) for r in results)} °C)"})])
+        return ChatResponse(
+            content="I will check the three cities at once.",
+            tool_calls=[
+                ToolCall(id="", name="temperature", arguments={"city": c}) for c in ("Oslo", "Rome", "Tokyo")
+            ],
+        )
+    return ChatResponse(
+        tool_calls=[
+            ToolCall(
+                id="",
+                name="terminate",
+                arguments={
+                    "status": "success",
+                    "conclusion": f"Rome is the warmest ({max(int(r) for r in results)} °C)",
+                },
+            )
+        ]
+    )
 
 
-weather = ToolCallAgent("ci-weather", FunctionModel(weather_model, name="weather-model"), [temperature], max_steps=4)
+weather = ToolCallAgent(
+    "ci-weather",
+    FunctionModel(weather_model, name="weather-model"),
+    [temperature],
+    limits=AgentLimits(max_steps=4),
+)

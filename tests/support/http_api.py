@@ -32,7 +32,9 @@ def start(api: httpx.Client, token: str, pipeline: str, param: Any = None, **ext
     return api.post("/runs", headers=bearer(token), json={"pipeline": pipeline, "param": param, **extra})
 
 
-def wait_status(api: httpx.Client, token: str, trace: str, *, until: str, timeout: float = 10) -> dict[str, Any]:
+def wait_status(
+    api: httpx.Client, token: str, trace: str, *, until: str, timeout: float = 10
+) -> dict[str, Any]:
     """The run's status once it is ``until``; fails after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while True:
@@ -44,8 +46,9 @@ def wait_status(api: httpx.Client, token: str, trace: str, *, until: str, timeou
         time.sleep(0.01)
 
 
-def sse_events(api: httpx.Client, path: str, headers: dict[str, Any], *,
-               content_type: str | None = None) -> list[tuple[str, str, Any]]:
+def sse_events(
+    api: httpx.Client, path: str, headers: dict[str, Any], *, content_type: str | None = None
+) -> list[tuple[str, str, Any]]:
     """(event, id, data) of each event of the stream at ``path``, read until the server ends
     it; with ``content_type``, the response's type must start with it."""
     events: list[tuple[str, str, Any]] = []
@@ -57,7 +60,9 @@ def sse_events(api: httpx.Client, path: str, headers: dict[str, Any], *,
         for line in r.iter_lines():
             if not line:
                 if "data" in fields:
-                    events.append((fields.get("event", "message"), fields.get("id", ""), json.loads(fields["data"])))
+                    events.append(
+                        (fields.get("event", "message"), fields.get("id", ""), json.loads(fields["data"]))
+                    )
                 fields = {}
             elif not line.startswith(":"):
                 name, _, value = line.partition(": ")

@@ -1,5 +1,5 @@
 """The tools and the scripted model of the pulled-job tests (in process, and in the
-processes of ``tests/integration/pulling_app.py``): signatures for ``PullingJobTool``
+processes of ``tests/integration/apps/pulling_app.py``): signatures for ``PullingJobTool``
 (a module gives each tool a name of its own, as pulling tools are known by name in a
 process) and a model that calls them."""
 

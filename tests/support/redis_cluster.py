@@ -56,10 +56,15 @@ def parse_nodes(text: str) -> list[NodeLine]:
     for line in text.strip().splitlines():
         parts = line.split()
         address = parts[1].split("@")[0]
-        nodes.append(NodeLine(
-            id=parts[0], port=int(address.rsplit(":", 1)[1]), flags=frozenset(parts[2].split(",")),
-            master_id=None if parts[3] == "-" else parts[3], slots=tuple(parts[8:]),
-        ))
+        nodes.append(
+            NodeLine(
+                id=parts[0],
+                port=int(address.rsplit(":", 1)[1]),
+                flags=frozenset(parts[2].split(",")),
+                master_id=None if parts[3] == "-" else parts[3],
+                slots=tuple(parts[8:]),
+            )
+        )
     return nodes
 
 
@@ -129,14 +134,26 @@ class RedisClusterProcs:
         for _ in range(self.n_masters * (1 + self.n_replicas)):
             self._start_node()
         create = subprocess.run(
-            [self.cli, "--cluster", "create", *(f"127.0.0.1:{p}" for p in self.procs),
-             "--cluster-replicas", str(self.n_replicas), "--cluster-yes"],
-            check=False, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
+            [
+                self.cli,
+                "--cluster",
+                "create",
+                *(f"127.0.0.1:{p}" for p in self.procs),
+                "--cluster-replicas",
+                str(self.n_replicas),
+                "--cluster-yes",
+            ],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
         )
         output = create.stdout + create.stderr
         if create.returncode != 0:
-            raise RuntimeError(f"redis-cli --cluster create failed ({create.returncode}):\n{output}\n"
-                               + self.logs())
+            raise RuntimeError(
+                f"redis-cli --cluster create failed ({create.returncode}):\n{output}\n" + self.logs()
+            )
         self.ids = {p: str(self._ask(p, "CLUSTER", "MYID")) for p in self.procs}
         self.wait_ok(timeout, extra=output)
         self.url = "redis+cluster://" + ",".join(f"127.0.0.1:{p}" for p in self.masters()) + "/"
@@ -151,15 +168,39 @@ class RedisClusterProcs:
             home.mkdir()
             with open(home / "redis.log", "wb") as log:
                 proc = subprocess.Popen(
-                    [self.server, "--port", str(port), "--cluster-port", str(bus),
-                     "--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{port}.conf",
-                     "--cluster-node-timeout", str(self.node_timeout_ms),
-                     "--cluster-replica-validity-factor", "0",
-                     "--cluster-allow-replica-migration", "no",
-                     "--repl-diskless-sync-delay", "0",
-                     "--save", "", "--appendonly", "no", "--dir", str(home),
-                     "--bind", "127.0.0.1", "--protected-mode", "no"],
-                    cwd=home, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    [
+                        self.server,
+                        "--port",
+                        str(port),
+                        "--cluster-port",
+                        str(bus),
+                        "--cluster-enabled",
+                        "yes",
+                        "--cluster-config-file",
+                        f"nodes-{port}.conf",
+                        "--cluster-node-timeout",
+                        str(self.node_timeout_ms),
+                        "--cluster-replica-validity-factor",
+                        "0",
+                        "--cluster-allow-replica-migration",
+                        "no",
+                        "--repl-diskless-sync-delay",
+                        "0",
+                        "--save",
+                        "",
+                        "--appendonly",
+                        "no",
+                        "--dir",
+                        str(home),
+                        "--bind",
+                        "127.0.0.1",
+                        "--protected-mode",
+                        "no",
+                    ],
+                    cwd=home,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
                 )
             deadline = time.monotonic() + 10
             while proc.poll() is None and time.monotonic() < deadline:
@@ -191,8 +232,9 @@ class RedisClusterProcs:
 
     def node(self, port: int) -> redis.Redis:
         """A plain (non-cluster) client of one node, decoding replies."""
-        return redis.Redis(host="127.0.0.1", port=port, decode_responses=True,
-                           socket_connect_timeout=1, socket_timeout=5)
+        return redis.Redis(
+            host="127.0.0.1", port=port, decode_responses=True, socket_connect_timeout=1, socket_timeout=5
+        )
 
     def _ask(self, port: int, *command: str | int) -> object:
         with self.node(port) as client:
@@ -222,8 +264,9 @@ class RedisClusterProcs:
 
     def masters(self) -> list[int]:
         """The ports of the current masters that are alive, sorted."""
-        return sorted(n.port for n in self.nodes()
-                      if n.is_master and not n.failed and n.port not in self.killed)
+        return sorted(
+            n.port for n in self.nodes() if n.is_master and not n.failed and n.port not in self.killed
+        )
 
     def replica_of(self, port: int) -> int:
         """The port of a live replica of the master on ``port``."""
@@ -259,13 +302,19 @@ class RedisClusterProcs:
             views = set()
             for port in self.live_ports:
                 info, role = self._info(port)
-                if (info.get("cluster_state") != "ok" or int(info["cluster_slots_ok"]) != SLOTS
-                        or int(info["cluster_slots_assigned"]) != SLOTS):
+                if (
+                    info.get("cluster_state") != "ok"
+                    or int(info["cluster_slots_ok"]) != SLOTS
+                    or int(info["cluster_slots_assigned"]) != SLOTS
+                ):
                     return False
                 if role["role"] == "slave" and role["master_link_status"] != "up":
                     return False
-                live = [n for n in parse_nodes(str(self._ask(port, "CLUSTER", "NODES")))
-                        if n.port not in self.killed]
+                live = [
+                    n
+                    for n in parse_nodes(str(self._ask(port, "CLUSTER", "NODES")))
+                    if n.port not in self.killed
+                ]
                 if any(n.failed for n in live):
                     return False
                 roles = tuple(sorted((n.port, n.is_master, n.master_id or "") for n in live))
@@ -285,8 +334,9 @@ class RedisClusterProcs:
             try:
                 lines.append(f"--- CLUSTER NODES of {port} ---\n{self._ask(port, 'CLUSTER', 'NODES')}")
                 info, _ = self._info(port)
-                lines.append(f"cluster_state:{info.get('cluster_state')} "
-                             f"slots_ok:{info.get('cluster_slots_ok')}")
+                lines.append(
+                    f"cluster_state:{info.get('cluster_state')} slots_ok:{info.get('cluster_slots_ok')}"
+                )
             except redis.RedisError as exc:
                 lines.append(f"--- {port}: {exc!r}")
         return "\n".join(lines)
@@ -337,8 +387,9 @@ class RedisClusterProcs:
 
 
 @contextmanager
-def redis_cluster(masters: int = 3, replicas: int = 1, node_timeout_ms: int = 2000,
-                  timeout: float = 30.0) -> Iterator[RedisClusterProcs]:
+def redis_cluster(
+    masters: int = 3, replicas: int = 1, node_timeout_ms: int = 2000, timeout: float = 30.0
+) -> Iterator[RedisClusterProcs]:
     """Start a cluster, wait until it is ok, yield it; kill its processes and delete its files after.
 
     RuntimeError if ``redis-server``/``redis-cli`` is missing or the cluster does not come up

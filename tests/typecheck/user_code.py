@@ -162,7 +162,9 @@ def joins() -> None:
     assert_type(DFlow.any(a, b), DFlow[str])
     assert_type(DFlow.any(a, n), DFlow[str | int])
     assert_type(DFlow.any(DFlow.just(x).id(f"b{x}") for x in range(3)), DFlow[int])
-    assert_type(DFlow.zip(DFlow.just(x).map(lambda v: str(v)).id(f"b{x}") for x in range(3)), DFlow[list[str]])
+    assert_type(
+        DFlow.zip(DFlow.just(x).map(lambda v: str(v)).id(f"b{x}") for x in range(3)), DFlow[list[str]]
+    )
 
 
 def calls() -> None:
@@ -233,4 +235,3 @@ def runs_misuse() -> None:
     pipeline = DFlow.just(1).id("one").init("one")
     text: str = pipeline.call().result()  # type: ignore[assignment]  # pyright: ignore[reportAssignmentType]
     del text
-

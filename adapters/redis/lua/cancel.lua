@@ -2,11 +2,12 @@
 -- each gets the status and the error, its join is closed (so no branch arrives at it), its
 -- timer goes, and ``finished`` drops its lease, its wait and its frames, tells its waiters,
 -- and hands the cancelled run to its own parent's join (where it counts as failed). Queued
--- messages of these runs are dropped when they come: the run no longer expects them. A run that
--- holds compensations runs them instead of ending (see ``compensates`` in finish).
+-- messages of these runs are dropped when they come: the run no longer expects them. A run whose
+-- compensations flag is 'held' runs them instead of ending, one whose flag is 'running' is left
+-- as it is (see ``compensates`` in finish).
 -- Returns false when there is no such run, else {the status it had, messages to publish}.
 --
--- ARGV, as _scripts.CANCEL lays it out (a test holds this list to it):
+-- ARGV, as scripts.CANCEL lays it out (a test holds this list to it):
 --   ARGV[1]  prefix       P, before every key
 --   ARGV[2]  trace        the run id
 --   ARGV[3]  now          seconds
@@ -14,11 +15,13 @@
 --   ARGV[5]  redispatch   seconds before an unclaimed outbox message is published again
 --   ARGV[6]  stream       the stream step messages go to ('' for the outbox)
 --   ARGV[7]  error        the error recorded on each cancelled run (msgpack)
--- KEYS: not read (every key is built from P; on a cluster the store declares those it can name: _scripts).
-local P, t = ARGV[1], ARGV[2]
-local now, ttl, redispatch = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-STREAM = ARGV[6]
-local err = ARGV[7]
+-- KEYS: not read (every key is built from P; on a cluster the store declares those it can name: scripts).
+-- The arguments are bound to locals by their names (scripts.Script.preamble).
+local P, t = prefix, trace
+local ttl
+now, ttl, redispatch = tonumber(now), tonumber(ttl_ms), tonumber(redispatch)
+STREAM = stream
+local err = error
 local rk = P..':r:'..t
 local status = redis.call('HGET', rk, 'status')
 if not status then return false end
@@ -44,7 +47,7 @@ while i <= #todo do
   i = i + 1
   local crk = P..':r:'..ct
   -- a run running its compensations goes on: a cancel (a second one, say) must not cut them short
-  if redis.call('HEXISTS', P..':d:'..ct, 'dflow/compensating') == 0 then
+  if compensations_of(P, ct, crk) ~= 'running' then
     local r = redis.call('HMGET', crk, 'due', 'ix', 'pipeline')
     if r[1] then drop_timer(ct, r[1]) end
     local comp = compensates(P, ct, crk, err, now, redispatch, out)  -- it runs its compensations first

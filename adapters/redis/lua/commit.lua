@@ -4,7 +4,7 @@
 -- for blobs not stored, {'exists', child} for a branch id taken (in those cases only the
 -- delivery is acknowledged), else {'ok', messages to publish, taken}.
 --
--- ARGV, as _scripts.COMMIT lays it out (a test holds this list to it):
+-- ARGV, as scripts.COMMIT lays it out (a test holds this list to it):
 --   ARGV[1]  prefix          P, before every key
 --   ARGV[2]  trace           the run id
 --   ARGV[3]  token           the claim's lease token
@@ -22,34 +22,37 @@
 --   ARGV[15] blob_refs       the blobs the transition references (children's too), space-separated
 --   ARGV[16] children        the ids of the branches it creates, space-separated
 --   ARGV[17] transition      advance, wait, fork, finish or fail: what its fields are (below)
---   ARGV[18] n_records       how many ARGV slots each part takes
---   ARGV[19] n_sets
---   ARGV[20] n_dels
---   ARGV[21] n_fields
---   ARGV[22..] records, sets, dels, fields   the parts, in this order: step records; (field,
+--   ARGV[18] compensations   the run's compensations flag from now: held or running ('' to leave it)
+--   ARGV[19] n_records       how many ARGV slots each part takes
+--   ARGV[20] n_sets
+--   ARGV[21] n_dels
+--   ARGV[22] n_fields
+--   ARGV[23..] records, sets, dels, fields   the parts, in this order: step records; (field,
 --            value) pairs to set; fields to delete; the transition's fields
--- KEYS: not read (every key is built from P; on a cluster the store declares those it can name: _scripts).
+-- KEYS: not read (every key is built from P; on a cluster the store declares those it can name: scripts).
 -- With a stream: the delivery ``receipt`` is acknowledged, and when ``taker`` is given the
 -- next new message of the stream is read for that consumer and claimed (``take``).
-local P, t = ARGV[1], ARGV[2]
-STREAM, GRACE = ARGV[8], tonumber(ARGV[14])
-local GROUP, RECEIPT, TAKER, TAKE_TOKEN, TAKE_LEASE = ARGV[9], ARGV[10], ARGV[11], ARGV[12], ARGV[13]
-if RECEIPT ~= '' then
-  redis.call('XACK', STREAM, GROUP, RECEIPT)
-  redis.call('XDEL', STREAM, RECEIPT)
+-- The arguments are bound to locals by their names (scripts.Script.preamble).
+local P, t = prefix, trace
+STREAM, GRACE = stream, tonumber(blob_grace_ms)
+if receipt ~= '' then
+  redis.call('XACK', stream, group, receipt)
+  redis.call('XDEL', stream, receipt)
 end
 local rk = P..':r:'..t
 local lease = redis.call('HMGET', rk, 'lease_token', 'lease_len', 'lease_msg', 'p_trace', 'status', 'ix',
-                         'pipeline')
-if lease[1] ~= ARGV[3] then return false end
+                         'pipeline', 'comp')
+if lease[1] ~= token then return false end
 -- Nothing is written before these checks pass.
 local missing = {}
-missing_blobs(P, ARGV[15], missing)
+missing_blobs(P, blob_refs, missing)
 if #missing > 0 then return {'need', missing} end
-for ct in string.gmatch(ARGV[16], '%S+') do
+for ct in string.gmatch(children, '%S+') do
   if redis.call('EXISTS', P..':r:'..ct) == 1 then return {'exists', ct} end
 end
-local now, ttl, redispatch = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local updated = now
+local ttl
+now, ttl, redispatch = tonumber(now), tonumber(ttl_ms), tonumber(redispatch)
 
 -- A step message exactly as Message.decode accepts it (the same rules, tested on one table):
 -- an array of 5 [trace, seq, key, attempt, kind]: a run id, a non-empty UTF-8 key, counts from
@@ -79,7 +82,7 @@ local function utf8_ok(s)
   return true
 end
 
--- A run id, as dflow._ids.is_run_id: a user's id, then /seq-index for each level of branches.
+-- A run id, as dflow.wire.ids.is_run_id: a user's id, then /seq-index for each level of branches.
 local function run_id_ok(s)
   if #s > 1024 then return false end
   local head, rest = string.match(s, '^([A-Za-z0-9_.:@%-]+)(.*)$')
@@ -109,7 +112,7 @@ end
 
 local function take()
   for _ = 1, 8 do
-    local rep = redis.pcall('XREADGROUP', 'GROUP', GROUP, TAKER, 'COUNT', 1, 'STREAMS', STREAM, '>')
+    local rep = redis.pcall('XREADGROUP', 'GROUP', group, taker, 'COUNT', 1, 'STREAMS', stream, '>')
     if type(rep) ~= 'table' or rep.err or not rep[1] then return false end
     local entry = rep[1][2][1]
     local id, fields = entry[1], entry[2]
@@ -121,116 +124,111 @@ local function take()
     local f = as_step(body)
     if not f then return {id, body} end  -- not a step message: the worker sets it aside
     local c = claim_step(P, f[1], body, string.format('%d', f[2]), string.format('%d', f[4]), f[3],
-                         string.format('%d', f[5]), now, TAKE_LEASE, TAKE_TOKEN)
+                         string.format('%d', f[5]), now, take_lease, take_token)
     if c and c[1] == 'refused' then return {id, body} end  -- the worker's own claim refuses it too
     if c then return {id, body, c} end
     -- no such run here: it may be another bucket's (a message published under another key),
     -- so the worker claims it the usual way
     if redis.call('EXISTS', P..':r:'..f[1]) == 0 then return {id, body} end
-    redis.call('XACK', STREAM, GROUP, id)  -- stale: its step was committed or is leased
-    redis.call('XDEL', STREAM, id)
+    redis.call('XACK', stream, group, id)  -- stale: its step was committed or is leased
+    redis.call('XDEL', stream, id)
   end
   return false
 end
 local dk = P..':d:'..t
 local child = lease[4] ~= false
-local i = 22
-local n = tonumber(ARGV[18])
-if n > 0 then redis.call('RPUSH', P..':s:'..t, unpack(ARGV, i, i + n - 1)) end
+if n_records > 0 then redis.call('RPUSH', P..':s:'..t, unpack(ARGV, at_records, at_records + n_records - 1)) end
 tell_watchers(P, t)
-i = i + n
-n = tonumber(ARGV[19])
-if n > 0 then
-  redis.call('HSET', dk, unpack(ARGV, i, i + n - 1))
+if n_sets > 0 then
+  redis.call('HSET', dk, unpack(ARGV, at_sets, at_sets + n_sets - 1))
   if child then
-    for j = i, i + n - 1, 2 do redis.call('SADD', P..':c:'..t, ARGV[j]) end
+    for j = at_sets, at_sets + n_sets - 1, 2 do redis.call('SADD', P..':c:'..t, ARGV[j]) end
   end
 end
-i = i + n
-n = tonumber(ARGV[20])
-if n > 0 then
-  redis.call('HDEL', dk, unpack(ARGV, i, i + n - 1))
-  if child then redis.call('SADD', P..':c:'..t, unpack(ARGV, i, i + n - 1)) end
+if n_dels > 0 then
+  redis.call('HDEL', dk, unpack(ARGV, at_dels, at_dels + n_dels - 1))
+  if child then redis.call('SADD', P..':c:'..t, unpack(ARGV, at_dels, at_dels + n_dels - 1)) end
 end
-i = i + n
+-- the flag only goes up: none, held, running (a run of an earlier release without one gets it now)
+if compensations ~= '' and lease[8] ~= 'running' and lease[8] ~= compensations then
+  redis.call('HSET', rk, 'comp', compensations)
+end
 redis.call('HDEL', rk, 'lease_token', 'lease_until', 'lease_len', 'lease_msg', 'parked', 'due')
 redis.call('ZREM', P..':leases', t)
-redis.call('HSET', rk, 'updated', ARGV[4])
-if ARGV[7] == '2' then redis.call('DEL', P..':j:'..t, P..':js:'..t, P..':ja:'..t, P..':jc:'..t) end
-local kind = ARGV[17]
+redis.call('HSET', rk, 'updated', updated)
+if claim_kind == '2' then redis.call('DEL', P..':j:'..t, P..':js:'..t, P..':ja:'..t, P..':jc:'..t) end
 local out = {}
 -- the run's status is now ``status``: a root run whose status changed moves in the listings
 local function moved(status)
   if status ~= lease[5] then listed(P, t, lease[6], lease[7], status) end
 end
-if kind == 'advance' then
-  -- frames, value, msg, seq, attempt, key, at, message kind, blobs ('=' when unchanged)
-  local at = tonumber(ARGV[i + 6])
+local i = at_fields
+if transition == 'advance' then
+  local frames, value, msg, seq, attempt, key, at, msg_kind, blobs = unpack(ARGV, i, i + 8)
+  local due = tonumber(at)
   local status = 'running'
-  if at > now then status = 'sleeping' end
-  redis.call('HSET', rk, 'status', status, 'frames', ARGV[i], 'value', ARGV[i + 1], 'seq', ARGV[i + 3],
-             'attempt', ARGV[i + 4], 'key', ARGV[i + 5], 'kind', ARGV[i + 7])
-  if ARGV[i + 8] ~= '=' then set_blobs(P, rk, ARGV[i + 8]) end  -- '=': the same blobs as before
-  if at > now then
-    redis.call('ZADD', P..':timers', at, ARGV[i + 2])
-    redis.call('HSET', rk, 'due', ARGV[i + 6])
+  if due > now then status = 'sleeping' end
+  redis.call('HSET', rk, 'status', status, 'frames', frames, 'value', value, 'seq', seq, 'attempt', attempt,
+             'key', key, 'kind', msg_kind)
+  if blobs ~= '=' then set_blobs(P, rk, blobs) end  -- '=': the same blobs as before
+  if due > now then
+    redis.call('ZADD', P..':timers', due, msg)
+    redis.call('HSET', rk, 'due', at)
   else
-    emit(P, now, redispatch, ARGV[i + 2], out)
+    emit(P, now, redispatch, msg, out)
   end
   moved(status)
-elseif kind == 'wait' then
-  -- call_type, init_pending
-  redis.call('HSET', rk, 'status', 'waiting', 'waiting', ARGV[i], 'init_pending', ARGV[i + 1])
+elseif transition == 'wait' then
+  local call_type, init_pending = unpack(ARGV, i, i + 1)
+  redis.call('HSET', rk, 'status', 'waiting', 'waiting', call_type, 'init_pending', init_pending)
   moved('waiting')
-  if ARGV[i + 1] == '1' then
+  if init_pending == '1' then
     local until_ = tostring(now + tonumber(lease[2]))
-    redis.call('HSET', rk, 'lease_token', ARGV[3], 'lease_until', until_, 'lease_len', lease[2],
+    redis.call('HSET', rk, 'lease_token', token, 'lease_until', until_, 'lease_len', lease[2],
                'lease_msg', lease[3])
     redis.call('ZADD', P..':leases', until_, t)
   end
-elseif kind == 'fork' then
-  -- kind, join msg, join seq, join key, n, frames ('' when unchanged), blobs ('=' when unchanged),
-  -- then per child: trace, frames, value, msg, key, index, blobs
+elseif transition == 'fork' then
+  local join_kind, join_msg, join_seq, join_key, n, frames, blobs = unpack(ARGV, i, i + 6)
   local jk = P..':j:'..t
   redis.call('DEL', jk, P..':js:'..t, P..':ja:'..t, P..':jc:'..t)
-  local nchild = tonumber(ARGV[i + 4])
-  redis.call('HSET', jk, 'kind', ARGV[i], 'n', ARGV[i + 4], 'msg', ARGV[i + 1], 'closed', '0')
-  redis.call('HSET', rk, 'status', 'waiting', 'seq', ARGV[i + 2], 'attempt', '0', 'key', ARGV[i + 3], 'kind', '2')
+  redis.call('HSET', jk, 'kind', join_kind, 'n', n, 'msg', join_msg, 'closed', '0')
+  redis.call('HSET', rk, 'status', 'waiting', 'seq', join_seq, 'attempt', '0', 'key', join_key, 'kind', '2')
   moved('waiting')
-  if ARGV[i + 5] ~= '' then  -- the run moved to the zip/any (a flat_map that returned it forks at once)
-    redis.call('HSET', rk, 'frames', ARGV[i + 5])
-    if ARGV[i + 6] ~= '=' then set_blobs(P, rk, ARGV[i + 6]) end
+  if frames ~= '' then  -- the run moved to the zip/any (a flat_map that returned it forks at once)
+    redis.call('HSET', rk, 'frames', frames)
+    if blobs ~= '=' then set_blobs(P, rk, blobs) end
   end
   local data = redis.call('HGETALL', dk)
-  local jseq = ARGV[i + 2]
   i = i + 7
-  for c = 1, nchild do
-    local ct = ARGV[i]
+  for _ = 1, tonumber(n) do
+    local ct, c_frames, c_value, c_msg, c_key, c_index, c_blobs = unpack(ARGV, i, i + 6)
     local crk = P..':r:'..ct
-    redis.call('HSET', crk, 'status', 'running', 'frames', ARGV[i + 1], 'value', ARGV[i + 2], 'seq', '0',
-               'attempt', '0', 'key', ARGV[i + 4], 'kind', '0', 'created', ARGV[4], 'updated', ARGV[4],
-               'p_trace', t, 'p_seq', jseq, 'p_index', ARGV[i + 5])
-    set_blobs(P, crk, ARGV[i + 6])
+    redis.call('HSET', crk, 'status', 'running', 'frames', c_frames, 'value', c_value, 'seq', '0',
+               'attempt', '0', 'key', c_key, 'kind', '0', 'created', updated, 'updated', updated,
+               'p_trace', t, 'p_seq', join_seq, 'p_index', c_index, 'comp', 'none')
+    set_blobs(P, crk, c_blobs)
     if #data > 0 then redis.call('HSET', P..':d:'..ct, unpack(data)) end
     redis.call('ZADD', P..':runs', now, ct)
     redis.call('ZREM', P..':expiry', ct)
     redis.call('RPUSH', P..':jc:'..t, ct)
-    emit(P, now, redispatch, ARGV[i + 3], out)
+    emit(P, now, redispatch, c_msg, out)
     i = i + 7
   end
-elseif kind == 'finish' then
+elseif transition == 'finish' then
   redis.call('HSET', rk, 'status', 'done', 'result', ARGV[i])
   moved('done')
   finished(P, t, rk, now, redispatch, ttl, out, lease[6] and lease[7])
-elseif kind == 'fail' then
+elseif transition == 'fail' then
+  local err, outcome = unpack(ARGV, i, i + 1)
   local ended = 'failed'
-  if ARGV[i + 1] == 'compensated' then ended = 'compensated' end
-  redis.call('HSET', rk, 'status', ended, 'error', ARGV[i])
+  if outcome == 'compensated' then ended = 'compensated' end
+  redis.call('HSET', rk, 'status', ended, 'error', err)
   moved(ended)
   finished(P, t, rk, now, redispatch, ttl, out, lease[6] and lease[7])
 else
-  return redis.error_reply('unknown transition ' .. kind)
+  return redis.error_reply('unknown transition ' .. transition)
 end
 local taken = false
-if TAKER ~= '' and STREAM ~= '' then taken = take() end
+if taker ~= '' and stream ~= '' then taken = take() end
 return {'ok', out, taken}

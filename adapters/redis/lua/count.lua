@@ -2,12 +2,13 @@
 -- of all: one ZCOUNT of a band of scores per status, O(log N) each. A listed run whose keys
 -- expired counts until DUE takes it out. Reads only. Returns {status, count, ...}.
 --
--- ARGV, as _scripts.COUNT lays it out (a test holds this list to it):
+-- ARGV, as scripts.COUNT lays it out (a test holds this list to it):
 --   ARGV[1]  prefix     P, before every key
 --   ARGV[2]  pipeline   '' for the runs of every pipeline (and of none)
--- KEYS: not read (every key is built from P; on a cluster the store declares those it can name: _scripts).
-local key = ARGV[1]..':ix'
-if ARGV[2] ~= '' then key = ARGV[1]..':ixp:'..ARGV[2] end
+-- KEYS: not read (every key is built from P; on a cluster the store declares those it can name: scripts).
+-- The arguments are bound to locals by their names (scripts.Script.preamble).
+local key = prefix..':ix'
+if pipeline ~= '' then key = prefix..':ixp:'..pipeline end
 local out = {}
 for b, status in ipairs(LISTED_STATUS) do
   local lo = b * LISTED_SPAN

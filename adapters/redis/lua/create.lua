@@ -4,7 +4,7 @@
 -- (its ``token``: a client may send a script again when the connection dropped before the
 -- reply) finds the run it made and returns {'ok', its first message when not on a stream}.
 --
--- ARGV, as _scripts.CREATE lays it out (a test holds this list to it):
+-- ARGV, as scripts.CREATE lays it out (a test holds this list to it):
 --   ARGV[1]  prefix          P, before every key
 --   ARGV[2]  trace           the run id
 --   ARGV[3]  now             seconds
@@ -26,50 +26,49 @@
 --   ARGV[19] pipeline        the pipeline that starts it ('' for none)
 --   ARGV[20] listed_ms       its creation in whole milliseconds, for the listings ('' for a branch)
 --   ARGV[21] token           this call's own id, kept in the run as ``ctok``
---   ARGV[22] n_records       how many ARGV slots each part takes
---   ARGV[23] n_data
---   ARGV[24..] records, data   the parts, in this order: step records; (field, value) pairs
--- KEYS: not read (every key is built from P; on a cluster the store declares those it can name: _scripts).
-local P, t = ARGV[1], ARGV[2]
-STREAM, GRACE = ARGV[6], tonumber(ARGV[7])
+--   ARGV[22] compensations   its compensations flag: none, held or running (dflow.store.Compensations)
+--   ARGV[23] n_records       how many ARGV slots each part takes
+--   ARGV[24] n_data
+--   ARGV[25..] records, data   the parts, in this order: step records; (field, value) pairs
+-- KEYS: not read (every key is built from P; on a cluster the store declares those it can name: scripts).
+-- The arguments are bound to locals by their names (scripts.Script.preamble).
+local P, t = prefix, trace
+STREAM, GRACE = stream, tonumber(blob_grace_ms)
 local rk = P..':r:'..t
 if redis.call('EXISTS', rk) == 1 then
-  if redis.call('HGET', rk, 'ctok') ~= ARGV[21] then return false end
-  if ARGV[6] == '' and ARGV[11] ~= '' then return {'ok', {ARGV[11]}} end
+  if redis.call('HGET', rk, 'ctok') ~= token then return false end
+  if stream == '' and msg ~= '' then return {'ok', {msg}} end
   return {'ok', {}}
 end
 local missing = {}
-missing_blobs(P, ARGV[8], missing)
+missing_blobs(P, blobs, missing)
 if #missing > 0 then return {'need', missing} end
-local now, redispatch, ttl = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-local pl, ix = ARGV[19] ~= '' and ARGV[19], ARGV[20] ~= '' and ARGV[20]
-local fields = {'frames', ARGV[9], 'value', ARGV[10], 'seq', ARGV[12], 'attempt', '0', 'key', ARGV[13],
-                'kind', ARGV[14], 'created', ARGV[3], 'updated', ARGV[3], 'ctok', ARGV[21]}
+local created = now
+now, redispatch, ttl_ms = tonumber(now), tonumber(redispatch), tonumber(ttl_ms)
+local pl, ix = pipeline ~= '' and pipeline, listed_ms ~= '' and listed_ms
+local fields = {'frames', frames, 'value', value, 'seq', seq, 'attempt', '0', 'key', key,
+                'kind', kind, 'created', created, 'updated', created, 'ctok', token, 'comp', compensations}
 if pl then fields[#fields + 1] = 'pipeline'; fields[#fields + 1] = pl end
 if ix then fields[#fields + 1] = 'ix'; fields[#fields + 1] = ix end
 redis.call('HSET', rk, unpack(fields))
-set_blobs(P, rk, ARGV[8])
-if ARGV[16] ~= '' then
-  redis.call('HSET', rk, 'p_trace', ARGV[16], 'p_seq', ARGV[17], 'p_index', ARGV[18])
+set_blobs(P, rk, blobs)
+if parent_trace ~= '' then
+  redis.call('HSET', rk, 'p_trace', parent_trace, 'p_seq', parent_seq, 'p_index', parent_index)
 end
-local i = 24
-local n = tonumber(ARGV[22])
-if n > 0 then redis.call('RPUSH', P..':s:'..t, unpack(ARGV, i, i + n - 1)) end
-i = i + n
-n = tonumber(ARGV[23])
-if n > 0 then redis.call('HSET', P..':d:'..t, unpack(ARGV, i, i + n - 1)) end
+if n_records > 0 then redis.call('RPUSH', P..':s:'..t, unpack(ARGV, at_records, at_records + n_records - 1)) end
+if n_data > 0 then redis.call('HSET', P..':d:'..t, unpack(ARGV, at_data, at_data + n_data - 1)) end
 redis.call('ZADD', P..':runs', now, t)
 -- the id of a run whose keys expired before DUE saw them go: a new root run takes its place in
 -- the listings (of another pipeline: DUE takes the old one out, and pages pass it over)
 if redis.call('ZREM', P..':expiry', t) == 1 and not ix then unlisted(P, t, false) end
 local out = {}
-if ARGV[11] ~= '' then
+if msg ~= '' then
   redis.call('HSET', rk, 'status', 'running')
   listed(P, t, ix, pl, 'running')
-  emit(P, now, redispatch, ARGV[11], out)
+  emit(P, now, redispatch, msg, out)
 else
-  redis.call('HSET', rk, 'status', 'done', 'result', ARGV[15])
+  redis.call('HSET', rk, 'status', 'done', 'result', result)
   listed(P, t, ix, pl, 'done')
-  finished(P, t, rk, now, redispatch, ttl, out, ix and pl)
+  finished(P, t, rk, now, redispatch, ttl_ms, out, ix and pl)
 end
 return {'ok', out}

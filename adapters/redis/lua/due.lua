@@ -2,17 +2,19 @@
 -- claimed, leases that ran out (their steps run again), and finished runs whose keys
 -- expired. Returns {messages to publish, the next due time or false, unreadable entries}.
 --
--- ARGV, as _scripts.DUE lays it out (a test holds this list to it):
+-- ARGV, as scripts.DUE lays it out (a test holds this list to it):
 --   ARGV[1]  prefix       P, before every key
 --   ARGV[2]  now          seconds
 --   ARGV[3]  limit        at most this many entries of each kind
 --   ARGV[4]  redispatch   seconds before an unclaimed outbox message is published again
 --   ARGV[5]  stream       the stream step messages go to ('' for the outbox)
--- KEYS: not read (every key is built from P; on a cluster the store declares those it can name: _scripts).
+-- KEYS: not read (every key is built from P; on a cluster the store declares those it can name: scripts).
 -- Entries that cannot be read (written by hand, or by another program) are dropped and
 -- counted, never allowed to stall the timers of every worker.
-local P, now, limit, redispatch = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-STREAM = ARGV[5]
+-- The arguments are bound to locals by their names (scripts.Script.preamble).
+local P = prefix
+now, limit, redispatch = tonumber(now), tonumber(limit), tonumber(redispatch)
+STREAM = stream
 local out = {}
 local bad = 0
 -- The soonest entry of each set first: an idle store costs five reads, and a set with

@@ -11,15 +11,17 @@ local CANCELLED = cmsgpack.pack({type = 'dflow.Cancelled', step = '',
   message = 'cancelled: its zip/any join closed without it (a winner was found, or a branch failed)'})
 local finished
 
--- Whether run ``t`` holds compensations of its own (data fields 'dflow/saga/<its prefix>...', see
+-- The compensations flag of run ``t`` (field 'comp' of its hash: none, held or running, see
+-- dflow.store.Compensations), which create and commit write. A run stored by a release before
+-- the flag has none: it is derived from the run's data as that release did, from the field
+-- 'dflow/compensating' (running) and the data fields 'dflow/saga/<its prefix>...' (held; see
 -- dflow.store.saga_prefix: a branch's data starts as a copy of its parent's, whose entries are the
--- parent's), or runs them already (field 'dflow/compensating': then it is left as it is); if so it
--- does not end. What a run that starts them waits for goes (its call, its lease; its timer's
--- message and queued messages go stale) and its next step is a FAIL message with the error
--- ``err``, one seq on at its key, on which the worker that takes it runs the compensations.
-local function compensates(P, t, rk, err, now, redispatch, out)
+-- parent's).
+local function compensations_of(P, t, rk)
+  local flag = redis.call('HGET', rk, 'comp')
+  if flag then return flag end
   local dk = P..':d:'..t
-  if redis.call('HEXISTS', dk, 'dflow/compensating') == 1 then return true end  -- it runs them: let it
+  if redis.call('HEXISTS', dk, 'dflow/compensating') == 1 then return 'running' end
   local pattern = 'dflow/saga/'
   for fork, index in string.gmatch(t, '/(%d+)%-(%d+)') do
     pattern = pattern .. string.format('%012d.%04d/', tonumber(fork), tonumber(index))
@@ -29,7 +31,19 @@ local function compensates(P, t, rk, err, now, redispatch, out)
     local rep = redis.call('HSCAN', dk, cursor, 'MATCH', pattern .. '*', 'COUNT', 256)
     cursor, found = rep[1], #rep[2] > 0
   until found or cursor == '0'
-  if not found then return false end
+  if found then return 'held' end
+  return 'none'
+end
+
+-- Whether run ``t`` runs its compensations already (its flag is 'running': then it is left as it
+-- is) or holds some of its own ('held'); if so it does not end. What a run that starts them waits
+-- for goes (its call, its lease; its timer's message and queued messages go stale) and its next
+-- step is a FAIL message with the error ``err``, one seq on at its key, on which the worker that
+-- takes it runs the compensations.
+local function compensates(P, t, rk, err, now, redispatch, out)
+  local flag = compensations_of(P, t, rk)
+  if flag == 'running' then return true end  -- it runs them: let it
+  if flag ~= 'held' then return false end
   local r = redis.call('HMGET', rk, 'seq', 'key', 'ix', 'pipeline')
   local seq = tonumber(r[1]) + 1
   redis.call('HSET', rk, 'status', 'running', 'seq', tostring(seq), 'attempt', '0', 'kind', '3', 'value', err,

@@ -6,7 +6,7 @@
 -- page's last run when more follow, else false, false} (one string for the runs is cheaper
 -- to read than a reply of many).
 --
--- ARGV, as _scripts.PAGE lays it out (a test holds this list to it):
+-- ARGV, as scripts.PAGE lays it out (a test holds this list to it):
 --   ARGV[1]  prefix        P, before every key
 --   ARGV[2]  pipeline      '' for the runs of every pipeline (and of none)
 --   ARGV[3]  status        '' for every status
@@ -15,14 +15,14 @@
 --   ARGV[6]  limit         how many runs at most
 --   ARGV[7]  n_fields      how many ARGV slots each part takes
 --   ARGV[8..] fields   the parts: the fields of the hash to return, status and pipeline first
--- KEYS: not read (every key is built from P; on a cluster the store declares those it can name: _scripts).
+-- KEYS: not read (every key is built from P; on a cluster the store declares those it can name: scripts).
 -- Each status is a band of scores (see listed): a page of every status merges the bands. From a
 -- position whose run is still at its place the band is read on from its rank, O(log N + page);
 -- else (it moved or went) the runs of its very millisecond are read first, then the older ones.
-local P, pl, status = ARGV[1], ARGV[2], ARGV[3]
-local limit = tonumber(ARGV[6])
-local i = 8
-local fields = {unpack(ARGV, i, i + tonumber(ARGV[7]) - 1)}
+-- The arguments are bound to locals by their names (scripts.Script.preamble).
+local P, pl = prefix, pipeline
+limit = tonumber(limit)
+local fields = {unpack(ARGV, at_fields, at_fields + n_fields - 1)}
 local key = P..':ix'
 if pl ~= '' then key = P..':ixp:'..pl end
 local bands = {1, 2, 3, 4, 5, 6, 7}
@@ -104,7 +104,7 @@ end
 local runs = {}
 local found, want = 0, limit + 1
 local last = false
-local ms, t = tonumber(ARGV[4]), ARGV[5]
+local ms, t = tonumber(after_ms), after_trace
 while found < want do
   local n = want - found
   local batch = after(ms, t, n)

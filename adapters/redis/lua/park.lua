@@ -2,7 +2,7 @@
 -- step's pipeline): the message comes back after a pause that doubles with each park, up to
 -- ``cap``. Returns how many times the run was parked, or false when the lease is lost.
 --
--- ARGV, as _scripts.PARK lays it out (a test holds this list to it):
+-- ARGV, as scripts.PARK lays it out (a test holds this list to it):
 --   ARGV[1]  prefix   P, before every key
 --   ARGV[2]  trace    the run id
 --   ARGV[3]  token    the claim's lease token
@@ -11,18 +11,19 @@
 --   ARGV[6]  msg      the step message
 --   ARGV[7]  base     seconds of the first pause
 --   ARGV[8]  cap      the longest pause
--- KEYS: not read (every key is built from P; on a cluster the store declares those it can name: _scripts).
-local P, t = ARGV[1], ARGV[2]
+-- KEYS: not read (every key is built from P; on a cluster the store declares those it can name: scripts).
+-- The arguments are bound to locals by their names (scripts.Script.preamble).
+local P, t = prefix, trace
 local rk = P..':r:'..t
-if redis.call('HGET', rk, 'lease_token') ~= ARGV[3] then return false end
+if redis.call('HGET', rk, 'lease_token') ~= token then return false end
 redis.call('HDEL', rk, 'lease_token', 'lease_until', 'lease_len', 'lease_msg')
 redis.call('ZREM', P..':leases', t)
-redis.call('HSET', rk, 'parked', ARGV[4])
+redis.call('HSET', rk, 'parked', reason)
 local count = redis.call('HINCRBY', rk, 'park_count', 1)
 local attempt = redis.call('HINCRBY', rk, 'attempt', 1)
-local f = cmsgpack.unpack(ARGV[6])
+local f = cmsgpack.unpack(msg)
 f[4] = attempt
-local at = tonumber(ARGV[5]) + math.min(tonumber(ARGV[8]), tonumber(ARGV[7]) * 2 ^ (count - 1))
+local at = tonumber(now) + math.min(tonumber(cap), tonumber(base) * 2 ^ (count - 1))
 redis.call('ZADD', P..':timers', at, cmsgpack.pack(f))
 redis.call('HSET', rk, 'due', tostring(at))
 return count

@@ -2,7 +2,7 @@
 -- fails with it). Returns {'missing'}, {'not', status, waiting for, joining} when the run is
 -- not waiting for it, else {'ok', messages to publish}.
 --
--- ARGV, as _scripts.RESUME lays it out (a test holds this list to it):
+-- ARGV, as scripts.RESUME lays it out (a test holds this list to it):
 --   ARGV[1]  prefix       P, before every key
 --   ARGV[2]  trace        the run id
 --   ARGV[3]  call_type    what the run must be waiting for
@@ -12,25 +12,26 @@
 --   ARGV[7]  redispatch   seconds before an unclaimed outbox message is published again
 --   ARGV[8]  seq          the step it must be waiting at ('' for any)
 --   ARGV[9]  stream       the stream step messages go to ('' for the outbox)
--- KEYS: not read (every key is built from P; on a cluster the store declares those it can name: _scripts).
-local P, t = ARGV[1], ARGV[2]
-STREAM = ARGV[9]
+-- KEYS: not read (every key is built from P; on a cluster the store declares those it can name: scripts).
+-- The arguments are bound to locals by their names (scripts.Script.preamble).
+local P, t = prefix, trace
+STREAM = stream
 local rk = P..':r:'..t
 local r = redis.call('HMGET', rk, 'status', 'waiting', 'seq', 'key', 'ix', 'pipeline')
 if not r[1] then return {'missing'} end
-if r[1] ~= 'waiting' or r[2] ~= ARGV[3] or (ARGV[8] ~= '' and ARGV[8] ~= r[3]) then
+if r[1] ~= 'waiting' or r[2] ~= call_type or (seq ~= '' and seq ~= r[3]) then
   local joining = redis.call('HGET', P..':j:'..t, 'closed') == '0'
   return {'not', r[1], r[2] or '', joining and '1' or '0'}
 end
-local seq = tonumber(r[3]) + 1
+local next_seq = tonumber(r[3]) + 1
 local kind = 1
-if ARGV[5] == '1' then kind = 3 end
-local msg = cmsgpack.pack({t, seq, r[4], 0, kind})
-redis.call('HSET', rk, 'status', 'running', 'seq', tostring(seq), 'attempt', '0', 'kind', tostring(kind),
-           'value', ARGV[4], 'updated', ARGV[6])
+if failed == '1' then kind = 3 end
+local msg = cmsgpack.pack({t, next_seq, r[4], 0, kind})
+redis.call('HSET', rk, 'status', 'running', 'seq', tostring(next_seq), 'attempt', '0', 'kind', tostring(kind),
+           'value', payload, 'updated', now)
 listed(P, t, r[5], r[6], 'running')
 redis.call('HDEL', rk, 'waiting', 'init_pending', 'lease_token', 'lease_until', 'lease_len', 'lease_msg', 'due')
 redis.call('ZREM', P..':leases', t)
 local out = {}
-emit(P, tonumber(ARGV[6]), tonumber(ARGV[7]), msg, out)
+emit(P, tonumber(now), tonumber(redispatch), msg, out)
 return {'ok', out}

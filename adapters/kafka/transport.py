@@ -1,0 +1,503 @@
+"""``KafkaTransport``: step messages on a Kafka topic, consumed by a consumer group.
+
+kafka-python's consumer is not thread-safe, so one thread owns it: it polls, hands records
+to the event loop, and commits. An offset is committed only once every message before it
+on its partition was acknowledged, i.e. after the step it carried was committed in the
+store. Messages are keyed by trace id, so the steps of one run keep their order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import queue
+import socket
+import threading
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
+from kafka.admin import NewTopic
+from kafka.consumer.subscription_state import ConsumerRebalanceListener
+from kafka.errors import KafkaError, TopicAlreadyExistsError
+from kafka.structs import OffsetAndMetadata, TopicPartition
+
+from dflow.errors import ConfigurationError, TransportError
+from dflow.transport import Delivery, Transport
+from dflow.wire.urls import query_items, redact_url
+
+__all__ = ["KafkaTransport"]
+
+log = logging.getLogger("dflow.kafka")
+
+# Settings for fast group joins and failover; callers may override any of them.
+_CONSUMER_DEFAULTS: dict[str, Any] = {
+    "session_timeout_ms": 6000,
+    "heartbeat_interval_ms": 500,
+    "max_poll_interval_ms": 300_000,
+    "fetch_max_wait_ms": 100,
+    "metadata_max_age_ms": 30000,
+    "retry_backoff_ms": 50,
+    "reconnect_backoff_ms": 50,
+    "auto_offset_reset": "earliest",
+}
+_PRODUCER_DEFAULTS: dict[str, Any] = {"acks": "all", "linger_ms": 0, "retries": 5}
+# Which settings each client of kafka-python knows: every setting goes to each client that
+# knows it (security settings reach the producer, the consumer and the admin client alike).
+_CONSUMER_KEYS = frozenset(KafkaConsumer.DEFAULT_CONFIG)
+_PRODUCER_KEYS = frozenset(KafkaProducer.DEFAULT_CONFIG)
+_ADMIN_KEYS = frozenset(KafkaAdminClient.DEFAULT_CONFIG)
+_OURS = {"topic": str, "group": str, "partitions": int, "prefetch": int}
+_SASL = ("SASL_PLAINTEXT", "SASL_SSL")
+
+
+def _typed(name: str, text: str) -> Any:
+    """A URL setting as the type kafka-python expects of it: numbers and flags for the
+    settings whose default is one, the text as written for everything else."""
+    kind = _OURS.get(name)
+    if kind is None:
+        default = next(
+            (
+                d[name]
+                for d in (
+                    KafkaConsumer.DEFAULT_CONFIG,
+                    KafkaProducer.DEFAULT_CONFIG,
+                    KafkaAdminClient.DEFAULT_CONFIG,
+                )
+                if name in d
+            ),
+            None,
+        )
+        kind = type(default) if isinstance(default, (bool, int, float)) else str
+    try:
+        if kind is bool:
+            flag = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}.get(
+                text.lower()
+            )
+            if flag is None:
+                raise ValueError(text)
+            return flag
+        return kind(text)
+    except ValueError:
+        raise ConfigurationError(f"the Kafka URL setting {name}={text!r} is not a {kind.__name__}") from None
+
+
+class _Partition:
+    """Offsets of one partition: received and not yet acknowledged, and the commit point."""
+
+    __slots__ = ("committed", "high", "outstanding")
+
+    def __init__(self) -> None:
+        self.outstanding: set[int] = set()
+        self.high = -1
+        self.committed: int = -1
+
+    def point(self) -> int:
+        return min(self.outstanding) if self.outstanding else self.high + 1
+
+
+class KafkaTransport(Transport):
+    """Consumer of group ``group`` on ``topic`` at ``bootstrap_servers``.
+
+    ``options`` go to kafka-python (``security_protocol``, ``sasl_*``, ``ssl_*``, and any
+    consumer or producer setting). At most ``prefetch`` messages are held unacknowledged
+    at once. Undecodable messages go to ``<topic>.dead`` with the reason in a header.
+    """
+
+    def __init__(
+        self,
+        bootstrap_servers: str | list[str] = "127.0.0.1:9092",
+        *,
+        topic: str = "dflow-steps",
+        group: str = "dflow-workers",
+        partitions: int = 8,
+        prefetch: int = 64,
+        **options: Any,
+    ) -> None:
+        self.bootstrap = bootstrap_servers
+        self.topic = topic
+        self.group = group
+        self.partitions = partitions
+        self.prefetch = prefetch
+        unknown = sorted(k for k in options if k not in _CONSUMER_KEYS | _PRODUCER_KEYS | _ADMIN_KEYS)
+        if unknown:
+            raise ConfigurationError(
+                f"unknown Kafka settings: {', '.join(unknown)} (see kafka-python's client options)"
+            )
+        protocol = str(options.get("security_protocol", "PLAINTEXT"))
+        if options.get("sasl_plain_username") is not None and protocol not in _SASL:
+            raise ConfigurationError(
+                f"a SASL user is given but security_protocol is {protocol}, which would not use it: set "
+                "security_protocol=SASL_SSL (or SASL_PLAINTEXT) and sasl_mechanism"
+            )
+        self.admin_options = {k: v for k, v in options.items() if k in _ADMIN_KEYS}
+        self.consumer_options = {
+            **_CONSUMER_DEFAULTS,
+            **{k: v for k, v in options.items() if k in _CONSUMER_KEYS},
+        }
+        self.producer_options = {
+            **_PRODUCER_DEFAULTS,
+            **{k: v for k, v in options.items() if k in _PRODUCER_KEYS},
+        }
+        self._producer: KafkaProducer | None = None
+        self._reader: _Reader | None = None
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_url(cls, url: str, **overrides: Any) -> KafkaTransport:
+        """``kafka://[user:password@]host:9092[,host2:9092]?topic=..&group=..&security_protocol=
+        SASL_SSL&sasl_mechanism=PLAIN&...``: the userinfo is the SASL user (percent-encoded);
+        values are taken as written (a ``+`` stays one), as numbers or flags only for the
+        settings that are numbers or flags."""
+        parts = urlsplit(url)
+        if parts.scheme != "kafka" or not parts.netloc:
+            raise ConfigurationError(
+                f"not a Kafka URL: {redact_url(url)!r}; use kafka://host:port[,host:port]?topic=..."
+            )
+        userinfo, _, hosts = parts.netloc.rpartition("@")
+        opts: dict[str, Any] = {}
+        for k, v in query_items(parts.query):
+            if k in opts:
+                raise ConfigurationError(f"the Kafka URL sets {k} twice")
+            opts[k] = _typed(k, v)
+        if userinfo:
+            user, _, password = userinfo.partition(":")
+            for key, value in (
+                ("sasl_plain_username", unquote(user)),
+                ("sasl_plain_password", unquote(password)),
+            ):
+                if key in opts and opts[key] != value:
+                    raise ConfigurationError(
+                        f"the Kafka URL's userinfo and its {key} setting disagree; give one"
+                    )
+                opts[key] = value
+        return cls(hosts.split(","), **{**opts, **overrides})
+
+    # -- producing ---------------------------------------------------------------------
+
+    def _get_producer(self) -> KafkaProducer:
+        with self._lock:
+            if self._producer is None:
+                try:
+                    self._producer = KafkaProducer(bootstrap_servers=self.bootstrap, **self.producer_options)
+                except KafkaError as exc:
+                    raise TransportError(f"cannot reach Kafka at {self.bootstrap}: {exc}") from exc
+            return self._producer
+
+    async def publish(self, body: bytes, key: str) -> None:
+        await self.publish_many([(body, key)])
+
+    async def publish_many(self, items: list[tuple[bytes, str]]) -> None:
+        await self._send_many([(body, key.encode()) for body, key in items])
+
+    async def _send_many(self, items: list[tuple[bytes, bytes | None]]) -> None:
+        producer = self._get_producer()
+        loop = asyncio.get_running_loop()
+        waits = []
+        for body, key in items:
+            done: asyncio.Future[None] = loop.create_future()
+            try:
+                f = producer.send(self.topic, key=key, value=body)
+            except KafkaError as exc:
+                raise TransportError(f"Kafka refused a message: {exc}") from exc
+            f.add_callback(lambda _md, d=done: loop.call_soon_threadsafe(_settle, d, None))
+            f.add_errback(lambda exc, d=done: loop.call_soon_threadsafe(_settle, d, exc))
+            waits.append(done)
+        try:
+            await asyncio.gather(*waits)
+        except KafkaError as exc:
+            raise TransportError(f"publishing to Kafka failed: {exc}") from exc
+
+    # -- consuming ---------------------------------------------------------------------
+
+    def _start_reader(self) -> _Reader:
+        if self._reader is None:
+            self._reader = _Reader(self, asyncio.get_running_loop())
+            self._reader.start()
+        return self._reader
+
+    async def receive(self, max_messages: int = 1, timeout: float = 1.0) -> list[Delivery]:
+        reader = self._start_reader()
+        if reader.error is not None:  # start a fresh consumer next time; unacked messages come back
+            self._reader = None
+            reader.stop(False)
+            raise TransportError(f"the Kafka consumer failed, restarting it: {reader.error}")
+        q = reader.deliveries
+        if q.empty():
+            try:
+                first = await asyncio.wait_for(q.get(), timeout)
+            except asyncio.TimeoutError:
+                return []
+            out = [first]
+        else:
+            out = []
+        while len(out) < max_messages and not q.empty():
+            out.append(q.get_nowait())
+        return out
+
+    async def ack(self, delivery: Delivery) -> None:
+        if self._reader is not None:
+            self._reader.acks.put(delivery.tag)
+
+    async def nack(self, delivery: Delivery) -> None:
+        _, _, key = delivery.tag
+        await self._send_many([(delivery.body, key)])
+        await self.ack(delivery)
+
+    async def dead_letter(self, delivery: Delivery, reason: str) -> None:
+        """Copy the record to ``<topic>.dead`` with its original key, and the reason, the
+        partition and the offset in headers; then acknowledge it. A record that cannot be
+        copied (the dead-letter topic refuses it) is logged and acknowledged all the same:
+        it must never hold its partition back."""
+        tp, offset, key = delivery.tag
+        headers = [
+            ("reason", reason.encode()),
+            ("topic", tp.topic.encode()),
+            ("partition", str(tp.partition).encode()),
+            ("offset", str(offset).encode()),
+        ]
+        try:
+            producer = self._get_producer()
+            fut = producer.send(f"{self.topic}.dead", key=key or b"", value=delivery.body, headers=headers)
+            await asyncio.get_running_loop().run_in_executor(None, fut.get, 10)
+        except Exception as exc:
+            log.error(
+                "dflow: could not dead-letter the record at %s[%d]@%d (%s: %s); dropping it: %s",
+                tp.topic,
+                tp.partition,
+                offset,
+                type(exc).__name__,
+                exc,
+                reason,
+            )
+        await self.ack(delivery)
+
+    async def ping(self) -> None:
+        def check() -> None:
+            servers = [self.bootstrap] if isinstance(self.bootstrap, str) else list(self.bootstrap)
+            reachable = False
+            for server in servers:
+                host, _, port = server.rpartition(":")
+                try:
+                    socket.create_connection((host or server, int(port or 9092)), timeout=3).close()
+                    reachable = True
+                    break
+                except OSError:
+                    continue
+            if not reachable:
+                raise TransportError(
+                    f"cannot reach Kafka at {', '.join(servers)}: connection refused or timed out"
+                )
+            try:
+                admin = KafkaAdminClient(
+                    bootstrap_servers=self.bootstrap, **{"request_timeout_ms": 5000, **self.admin_options}
+                )
+            except KafkaError as exc:
+                raise TransportError(f"cannot reach Kafka at {self.bootstrap}: {exc}") from exc
+            try:
+                admin.create_topics([NewTopic(self.topic, self.partitions, 1)])
+            except TopicAlreadyExistsError:
+                pass
+            except KafkaError as exc:
+                log.info("dflow: could not create topic %s (%s); assuming it exists", self.topic, exc)
+            finally:
+                admin.close()
+
+        await asyncio.get_running_loop().run_in_executor(None, check)
+
+    async def lag(self) -> int | None:
+        """Messages not yet acknowledged on the partitions this consumer holds: each one's
+        high watermark (as its last fetch saw it) less its first unacknowledged offset. The
+        consumer's thread measures it when asked: this returns what the previous call asked
+        for (``None`` at first). Summed over the group's consumers, it is the group's lag."""
+        reader = self._reader
+        if reader is None:
+            return None
+        reader.lag_wanted = True
+        return reader.lag
+
+    async def crash(self) -> None:
+        """Stop consuming without committing or handing anything back, as a killed process
+        would (for tests): the group gives this consumer's partitions to the others."""
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            await asyncio.get_running_loop().run_in_executor(None, reader.stop, False)
+
+    async def close(self) -> None:
+        """Commit what was acknowledged, leave the group, flush the producer."""
+        reader, self._reader = self._reader, None
+        loop = asyncio.get_running_loop()
+        if reader is not None:
+            await loop.run_in_executor(None, reader.stop, True)
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            await loop.run_in_executor(None, producer.close, 5)
+
+
+def _settle(fut: asyncio.Future[None], exc: BaseException | None) -> None:
+    if fut.done():
+        return
+    if exc is None:
+        fut.set_result(None)
+    else:
+        fut.set_exception(exc)
+
+
+class _Reader(threading.Thread, ConsumerRebalanceListener):
+    """The thread that owns the KafkaConsumer."""
+
+    def __init__(self, transport: KafkaTransport, loop: asyncio.AbstractEventLoop) -> None:
+        threading.Thread.__init__(self, name=f"dflow-kafka-{transport.topic}", daemon=True)
+        self.t = transport
+        self.loop = loop
+        self.deliveries: asyncio.Queue[Delivery] = asyncio.Queue()
+        self.acks: queue.SimpleQueue[tuple[TopicPartition, int, str]] = queue.SimpleQueue()
+        self.parts: dict[TopicPartition, _Partition] = {}
+        self.inflight = 0
+        self.error: Exception | None = None
+        self._halt = threading.Event()
+        self._commit_on_stop = True
+        self.consumer: KafkaConsumer | None = None
+        self.lag_wanted = False
+        self.lag: int | None = None
+
+    def stop(self, commit: bool) -> None:
+        self._commit_on_stop = commit
+        self._halt.set()
+        self.join(15)
+
+    # ConsumerRebalanceListener. kafka-python calls it on its IO thread, where blocking
+    # consumer calls (commit) are refused: forget the partitions; what was acknowledged and
+    # not yet committed is delivered again to their next owner, and the store drops it there.
+    def on_partitions_revoked(self, revoked: Any) -> None:
+        for tp in revoked:
+            state = self.parts.pop(tp, None)
+            if state is not None:
+                self.inflight -= len(state.outstanding)
+
+    def on_partitions_assigned(self, assigned: Any) -> None:
+        pass
+
+    def _apply_acks(self) -> None:
+        while True:
+            try:
+                tp, offset, _ = self.acks.get_nowait()
+            except queue.Empty:
+                return
+            state = self.parts.get(tp)
+            if state is not None and offset in state.outstanding:
+                state.outstanding.discard(offset)
+                self.inflight -= 1
+
+    def _commit(self, tps: list[TopicPartition] | None = None, *, wait: bool = True) -> None:
+        """Commit each partition up to its first unacknowledged offset. Without ``wait`` the
+        commit is sent and the loop goes on polling: a commit that fails is retried with the
+        next one, and at worst its messages are delivered again (and dropped at claim)."""
+        assert self.consumer is not None
+        offsets = {}
+        for tp in tps if tps is not None else list(self.parts):
+            state = self.parts.get(tp)
+            if state is None:
+                continue
+            point = state.point()
+            if point > state.committed:
+                offsets[tp] = OffsetAndMetadata(point, "", -1)
+        if not offsets:
+            return
+        if wait:
+            try:
+                self.consumer.commit(offsets)
+            except KafkaError as exc:
+                log.warning("dflow: committing Kafka offsets failed (%s); they will be redelivered", exc)
+                return
+        else:
+            self.consumer.commit_async(offsets, callback=self._committed)
+        for tp, om in offsets.items():
+            if tp in self.parts and om.offset is not None:  # (it is: the points above)
+                self.parts[tp].committed = om.offset
+
+    def _committed(self, offsets: Mapping[TopicPartition, OffsetAndMetadata], response: object) -> None:
+        if isinstance(response, Exception):
+            log.warning("dflow: committing Kafka offsets failed (%s); committing again", response)
+            for tp, om in offsets.items():  # commit these again with the next round
+                state = self.parts.get(tp)
+                if state is not None and om.offset is not None and state.committed <= om.offset:
+                    state.committed = min(state.committed, om.offset - 1)
+
+    def _measure_lag(self, consumer: KafkaConsumer) -> int | None:
+        """See ``KafkaTransport.lag`` (on this thread: the consumer is not thread-safe)."""
+        total = 0
+        try:
+            for tp in consumer.assignment():
+                high = consumer.highwater(tp)
+                if high is None:  # not fetched from yet
+                    continue
+                state = self.parts.get(tp)
+                first = state.point() if state is not None else consumer.position(tp, timeout_ms=1000)
+                if first is not None:
+                    total += max(0, high - first)
+        except Exception as exc:
+            log.debug("dflow: measuring the Kafka lag failed: %s", exc)
+            return None
+        return total
+
+    def run(self) -> None:
+        t = self.t
+        try:
+            settings = {
+                "client_id": f"dflow-{socket.gethostname()}-{os.getpid()}",
+                "max_poll_records": t.prefetch,
+                **t.consumer_options,
+                # dflow's own: offsets are committed after the step is, for the group named
+                "bootstrap_servers": t.bootstrap,
+                "group_id": t.group,
+                "enable_auto_commit": False,
+            }
+            self.consumer = KafkaConsumer(**settings)
+            self.consumer.subscribe([t.topic], listener=self)
+        except Exception as exc:
+            self.error = exc
+            return
+        consumer = self.consumer
+        paused = False
+        try:
+            while not self._halt.is_set():
+                self._apply_acks()
+                self._commit(wait=False)
+                full = self.inflight >= t.prefetch
+                if full and not paused:
+                    consumer.pause(*consumer.assignment())
+                    paused = True
+                elif paused and not full:
+                    consumer.resume(*consumer.paused())
+                    paused = False
+                batches = consumer.poll(timeout_ms=50)
+                out = []
+                for tp, records in batches.items():
+                    state = self.parts.setdefault(tp, _Partition())
+                    for rec in records:
+                        state.outstanding.add(rec.offset)
+                        state.high = max(state.high, rec.offset)
+                        self.inflight += 1
+                        # the key as it came (bytes, or None): nack and dead_letter send it on
+                        out.append(Delivery(rec.value, (tp, rec.offset, rec.key)))
+                if out:
+                    self.loop.call_soon_threadsafe(_put_all, self.deliveries, out)
+                if self.lag_wanted:
+                    self.lag_wanted = False
+                    self.lag = self._measure_lag(consumer)
+            if self._commit_on_stop:
+                self._apply_acks()
+                self._commit()
+        except Exception as exc:
+            log.exception("dflow: the Kafka consumer thread failed")
+            self.error = exc
+        finally:
+            consumer.close(autocommit=False)
+
+
+def _put_all(q: asyncio.Queue[Delivery], items: list[Delivery]) -> None:
+    for item in items:
+        q.put_nowait(item)

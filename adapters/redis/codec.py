@@ -1,0 +1,188 @@
+"""What the Redis store's scripts take and give back: a step record packed, a new run's
+first step and parent link as ``CREATE``'s slots, a claim as a script returns it, and each
+transition as ``COMMIT`` takes it: one encoder per transition, each giving the name the
+script dispatches on and the transition's fields in the order ``commit.lua`` reads them,
+and noting the blobs the write refers to and brings. The fields of each transition:
+
+advance: frames, value, msg, seq, attempt, key, at, message kind, blobs ('=' when
+unchanged); wait: call_type, init_pending; fork: kind, join msg, join seq, join key, n,
+frames ('' when unchanged), blobs ('=' when unchanged), then for each branch: trace,
+frames, value, msg, key, index, blobs; finish: result; fail: error, the status it ends in
+('failed' or 'compensated').
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+from dflow.context import StepRecord
+from dflow.store import (
+    Advance,
+    BranchResult,
+    Claim,
+    Fail,
+    Finish,
+    Fork,
+    Frames,
+    Parent,
+    Transition,
+    Wait,
+)
+from dflow.wire.values import JOIN, Message
+
+from .reads import _unpack
+
+__all__ = ["Encoded", "claimed", "encode_transition", "first_step", "parent_link", "record"]
+
+_pack = msgpack.Packer(use_bin_type=True).pack
+
+
+@dataclass(slots=True)
+class Encoded:
+    """A transition as ``commit.lua`` takes it: its ``kind`` and ``fields``; the blobs the
+    write refers to (``refs``: the store must have them) and brings (``blobs``), and the ids
+    of the branches it creates (``children``)."""
+
+    kind: str
+    fields: list[Any] = field(default_factory=list)
+    refs: set[str] = field(default_factory=set)
+    blobs: dict[str, bytes] = field(default_factory=dict)
+    children: list[str] = field(default_factory=list)
+
+    def refer(self, frames: Frames) -> str:
+        """Note the blobs ``frames`` refers to and brings; their refs as the script takes them."""
+        self.refs.update(frames.blobs)
+        self.blobs.update(frames.new_blobs)
+        return " ".join(frames.blobs)
+
+
+def _advance(t: Advance, claim: Claim) -> Encoded:
+    out = Encoded("advance")
+    m = t.message
+    if t.frames is None:
+        frames, refs = claim.frames or b"", "="  # the run stays at its frames
+    else:
+        frames, refs = t.frames.record, out.refer(t.frames)
+        if t.frames.blobs == claim.blobs:
+            refs = "="  # it refers to the same blobs as before: nothing to count
+    out.fields = [frames, t.value, m.encode(), m.seq, m.attempt, m.key, t.at or 0, m.kind, refs]
+    return out
+
+
+def _wait(t: Wait, claim: Claim) -> Encoded:
+    return Encoded("wait", [t.call_type, "1" if t.init_pending else "0"])
+
+
+def _fork(t: Fork, claim: Claim) -> Encoded:
+    out = Encoded("fork")
+    j = t.join
+    if t.frames is None:
+        frames, refs = b"", "="  # the run stays at its frames
+    else:
+        frames, refs = t.frames.record, out.refer(t.frames)
+    out.fields = [t.kind, j.encode(), j.seq, j.key, len(t.children), frames, refs]
+    for child in t.children:
+        assert child.message is not None and child.parent is not None and child.frames is not None
+        child_refs = out.refer(child.frames)
+        out.fields += [
+            child.trace_id,
+            child.frames.record,
+            child.value,
+            child.message.encode(),
+            child.message.key,
+            child.parent.index,
+            child_refs,
+        ]
+        out.children.append(child.trace_id)
+    return out
+
+
+def _finish(t: Finish, claim: Claim) -> Encoded:
+    return Encoded("finish", [t.result])
+
+
+def _fail(t: Fail, claim: Claim) -> Encoded:
+    return Encoded("fail", [_pack(t.error), b"compensated" if t.compensated else b"failed"])
+
+
+_ENCODERS: dict[type, Callable[[Any, Claim], Encoded]] = {
+    Advance: _advance,
+    Wait: _wait,
+    Fork: _fork,
+    Finish: _finish,
+    Fail: _fail,
+}
+
+
+def encode_transition(transition: Transition, claim: Claim) -> Encoded:
+    """``transition``, committed for ``claim``, as the ``COMMIT`` script takes it."""
+    encoder = _ENCODERS.get(type(transition))
+    if encoder is None:
+        raise TypeError(f"unknown transition {transition!r}")
+    return encoder(transition, claim)
+
+
+def record(r: StepRecord) -> bytes:
+    return _pack(
+        [
+            r.key,
+            r.seq,
+            r.status.value,
+            r.attempt,
+            r.worker,
+            r.started,
+            r.duration,
+            r.raw_input,
+            r.raw_output,
+            r.error,
+            r.name,
+        ]
+    )
+
+
+def first_step(msg: Message | None) -> dict[str, Any]:
+    """The ``CREATE`` slots of a run's first step message (none: it finished at creation)."""
+    if msg is None:
+        return {"msg": b"", "seq": 0, "key": "", "kind": 0}
+    return {"msg": msg.encode(), "seq": msg.seq, "key": msg.key, "kind": msg.kind}
+
+
+def parent_link(parent: Parent | None) -> dict[str, Any]:
+    """The ``CREATE`` slots of a branch run's link to its parent's join (none: a root run)."""
+    if parent is None:
+        return {"parent_trace": "", "parent_seq": 0, "parent_index": 0}
+    return {"parent_trace": parent.trace_id, "parent_seq": parent.seq, "parent_index": parent.index}
+
+
+def claimed(message: Message, token: str, reply: list[Any]) -> Claim:
+    raw_frames, value, init_only, data_flat, slots, blobs = reply
+    data = {data_flat[i].decode(): data_flat[i + 1] for i in range(0, len(data_flat), 2)}
+    branches = [_branch(s) for s in slots] if message.kind == JOIN and slots else None
+    return Claim(
+        message,
+        token,
+        raw_frames or None,
+        value,
+        data,
+        bool(init_only),
+        branches,
+        tuple(blobs.decode().split()) if blobs else (),
+    )
+
+
+def _branch(slot: bytes) -> BranchResult:
+    index, ok, value, error, changes = msgpack.unpackb(slot, raw=True, strict_map_key=False)
+    decoded = {}
+    if isinstance(changes, dict):
+        decoded = {k.decode(): (v if v is not False else None) for k, v in changes.items()}
+    return BranchResult(
+        int(index),
+        bool(ok),
+        value if value is not False else None,
+        _unpack(error) if error not in (False, None) else None,
+        decoded,
+    )

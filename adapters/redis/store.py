@@ -1,0 +1,562 @@
+"""``RedisStore``: runs, data, step records, timers, leases and joins in Redis."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, cast
+
+import msgpack
+from redis.asyncio.cluster import RedisCluster
+
+from dflow.context import RunInfo, RunStatus, StepRecord
+from dflow.errors import (
+    ConfigurationError,
+    NotWaitingError,
+    RefusedMessageError,
+    RunExistsError,
+    RunNotFoundError,
+    StoreError,
+)
+from dflow.memory.store import not_waiting
+from dflow.run_pages import created_ms
+from dflow.store import (
+    Claim,
+    Committed,
+    Compensations,
+    Fork,
+    NewRun,
+    Store,
+    Taken,
+    Transition,
+    compensations_in,
+    fused_variant,
+)
+from dflow.wire.urls import redact_url
+from dflow.wire.values import Message
+
+from . import scripts
+from .calls import ScriptCalls
+from .client import (
+    connect,
+    disconnect,
+    is_cluster,
+)
+from .codec import Encoded, claimed, encode_transition, first_step, parent_link, record
+from .errors import store_errors
+from .finish_watch import FinishWatch
+from .fusable import same_cluster, same_server
+from .keyspace import Keyspace
+from .reads import RunReads, _s
+from .state import RedisStateBackend
+
+if TYPE_CHECKING:
+    from .transport import RedisStreamsTransport
+
+__all__ = ["RedisStore"]
+
+log = logging.getLogger("dflow.redis")
+
+_pack = msgpack.Packer(use_bin_type=True).pack
+
+
+class RedisStore(RunReads, Store):
+    """``Store`` on Redis (redis-py's asyncio client), one server or a Redis Cluster.
+
+    ``url``: ``redis://[user:password@]host:port/db`` or ``rediss://`` for TLS, or
+    ``redis+cluster://[user:password@]host1:port1,host2:port2/`` (``rediss+cluster://``) for
+    a cluster; other ``options`` go to the client (``ssl_ca_certs``, ``ssl_certfile``, ...).
+    ``ttl``: seconds a finished run is kept. ``prefix`` namespaces every key. A flow built
+    at run time is kept while a live run references it, then ``blob_ttl`` seconds more.
+    ``transport``: a ``RedisStreamsTransport`` on the same server and database (or cluster),
+    to write step messages to inside the store's own scripts (then the store is
+    ``FusedDispatch``: one script call a step). ``streams``: how many buckets the keys are spread over (see ``keyspace``; 16 by
+    default on a cluster, 1 on one server; the same as its transport's). ``wait``:
+    each write is acknowledged only once that many replicas have it (``WAIT``), waiting up
+    to ``wait_timeout`` seconds, else ``StoreError`` (it may be lost if the primary fails).
+    Its ``shared_state`` is a ``RedisStateBackend`` on the same client and prefix.
+    """
+
+    def __new__(cls, *args: Any, **options: Any) -> RedisStore:
+        fused = options.get("transport") is not None
+        return super().__new__(fused_variant(cls) if fused else cls)
+
+    def __init__(
+        self,
+        url: str = "redis://127.0.0.1:6379/0",
+        *,
+        prefix: str = "dflow",
+        ttl: float = 7 * 86400,
+        redispatch_after: float = 30.0,
+        blob_ttl: float = 3600.0,
+        transport: RedisStreamsTransport | None = None,
+        streams: int | None = None,
+        wait: int = 0,
+        wait_timeout: float = 1.0,
+        **options: Any,
+    ) -> None:
+        self.url = url
+        self.prefix = prefix
+        self.ttl = ttl
+        self.redispatch_after = redispatch_after
+        self.blob_ttl = blob_ttl
+        _check_wait(wait, wait_timeout)
+        self.wait, self.wait_timeout = wait, wait_timeout
+        self.redis = connect(url, **options)
+        self.cluster = is_cluster(self.redis)
+        self._tokens = 0
+        self._token_base = f"{os.getpid()}-{os.urandom(6).hex()}-"  # (unique across hosts and containers too)
+        keyspace = Keyspace((16 if self.cluster else 1) if streams is None else streams, cluster=self.cluster)
+        # The group and consumer this store writes step messages for (fused), if any, and
+        # each bucket's stream ('' when not fused).
+        self._group = self._consumer = ""
+        self._streams: tuple[str, ...] = ("",) * keyspace.n
+        if transport is not None:
+            self._dispatch_via(transport, keyspace)
+        #: how the keys are spread over buckets (and a cluster's slots)
+        self.keyspace = keyspace
+        self._prefixes = keyspace.names(prefix, "prefix")
+        self._calls = ScriptCalls(
+            self.redis,
+            self._prefixes,
+            self._streams,
+            cluster=self.cluster,
+            wait=wait,
+            wait_timeout=wait_timeout,
+            blob_ttl=blob_ttl,
+        )
+        self._node_writes = self._calls.node_writes  # (the reads' WAIT on a cluster's node, as its writes)
+        # DUE: each bucket's soonest entry as last seen, the buckets written to since, and
+        # where the round of the others is
+        self._due_at = [0.0] * keyspace.n
+        self._turn = 0
+        self._watch: FinishWatch | None = None
+        self._state: RedisStateBackend | None = None
+
+    @property
+    def shared_state(self) -> RedisStateBackend:
+        """The shared state beside this store (``dflow.State``, ``dflow.Circuit``)."""
+        if self._state is None:
+            self._state = RedisStateBackend(self.redis, self.prefix)
+        return self._state
+
+    def _dispatch_via(self, transport: RedisStreamsTransport, keyspace: Keyspace) -> None:
+        """Write step messages to ``transport``'s streams, which must be on this store's own
+        server and database (or cluster), over the same buckets."""
+        mine, theirs = self.redis, transport.redis
+        if isinstance(mine, RedisCluster) or isinstance(theirs, RedisCluster):
+            same = same_cluster(self.url, transport.url)
+        else:
+            same = same_server(mine, theirs)
+        if not same:
+            raise ConfigurationError(
+                "a Redis store writes step messages itself only to a stream on its own server and database "
+                f"as its own user; {redact_url(transport.url)!r} is not on {redact_url(self.url)!r}"
+            )
+        if transport.keyspace != keyspace:  # (the same URL must name the same keys, transport or not)
+            raise ConfigurationError(
+                f"the store spreads its keys over streams={keyspace.n} buckets and its transport over "
+                f"{transport.keyspace.n}: give the store URL and the transport URL the same streams="
+            )
+        self._streams, self._group, self._consumer = transport.streams, transport.group, transport.consumer
+
+    def _at(self, trace_id: str) -> int:
+        """The bucket of a run."""
+        return self.keyspace.index(trace_id)
+
+    def _p(self, trace_id: str) -> str:
+        """The key prefix of a run's bucket."""
+        return self._prefixes[self.keyspace.index(trace_id)]
+
+    # -- writing -----------------------------------------------------------------------
+
+    def _keys(self, at: int, trace_id: str | None, refs: Any = ()) -> list[str]:
+        """The keys a script on bucket ``at`` declares (see ``ScriptCalls.keys``)."""
+        return self._calls.keys(at, trace_id, refs)
+
+    async def _run_script(
+        self,
+        name: str,
+        args: list[Any],
+        blobs: dict[str, bytes] | None = None,
+        *,
+        at: int = 0,
+        keys: list[str] | None = None,
+        writes: bool = True,
+    ) -> Any:
+        """Run script ``name`` on bucket ``at`` (see ``ScriptCalls.run``)."""
+        return await self._calls.run(name, args, blobs, at=at, keys=keys, writes=writes)
+
+    # -- Store -----------------------------------------------------------------------
+
+    async def create_run(self, run: NewRun) -> list[Message]:
+        frames = run.frames
+        at = self._at(run.trace_id)
+        keys = self._keys(at, run.trace_id, frames.blobs if frames else ())
+        if keys and run.pipeline:
+            keys.append(f"{self._prefixes[at]}:ixp:{run.pipeline}")
+        args = self._create_args(at, run, time.time())
+        reply = await self._run_script("CREATE", args, frames.new_blobs if frames else None, at=at, keys=keys)
+        if reply is None:
+            raise RunExistsError(
+                f"a run with trace id {run.trace_id!r} already exists", trace_id=run.trace_id
+            )
+        return [Message.decode(m) for m in reply[1]]
+
+    def _create_args(self, at: int, run: NewRun, now: float) -> list[Any]:
+        frames, msg, parent = run.frames, run.message, run.parent
+        flag = compensations_in(run.trace_id, run.data) or Compensations.NONE
+        return scripts.CREATE.args(
+            prefix=self._prefixes[at],
+            trace=run.trace_id,
+            now=now,
+            redispatch=self.redispatch_after,
+            ttl_ms=int(self.ttl * 1000),
+            stream=self._streams[at],
+            blob_grace_ms=int(self.blob_ttl * 1000),
+            blobs=" ".join(frames.blobs) if frames else "",
+            frames=frames.record if frames else b"",
+            value=run.value,
+            **first_step(msg),
+            result=run.result if run.result is not None else b"",
+            **parent_link(parent),
+            pipeline=run.pipeline or "",
+            listed_ms=created_ms(now) if parent is None else "",
+            token=self._token(),
+            compensations=flag.value,
+            records=[record(r) for r in run.records],
+            data=[x for kv in run.data.items() for x in kv],
+        )
+
+    def _token(self) -> str:
+        self._tokens += 1
+        return self._token_base + str(self._tokens)
+
+    async def claim(self, message: Message, worker: str, lease: float) -> Claim | None:
+        token = self._token()
+        body = message.encode()
+        at = self._at(message.trace_id)
+        args = scripts.CLAIM.args(
+            prefix=self._prefixes[at],
+            trace=message.trace_id,
+            msg=body,
+            seq=message.seq,
+            attempt=message.attempt,
+            key=message.key,
+            kind=message.kind,
+            now=time.time(),
+            lease=lease,
+            token=token,
+        )
+        r = await self._run_script("CLAIM", args, at=at, keys=self._keys(at, message.trace_id), writes=False)
+        if r is None:
+            return None
+        if r[0] == b"refused":
+            raise RefusedMessageError(
+                f"the message of step {message.key!r} of run {message.trace_id!r} is refused: {r[1].decode()}"
+            )
+        return claimed(message, token, r)
+
+    async def commit(
+        self,
+        claim: Claim,
+        records: list[StepRecord],
+        changes: Mapping[str, bytes | None],
+        transition: Transition,
+        *,
+        receipt: Any = None,
+        take_lease: float | None = None,
+    ) -> Committed:
+        at = self._at(claim.message.trace_id)
+        fused = bool(self._streams[at])
+        ack = self._receipt_here(at, receipt) if fused else ""
+        take_token = self._token() if fused and take_lease is not None else ""
+        encoded = encode_transition(transition, claim)
+        if isinstance(transition, Fork):
+            await self._same_bucket(at, claim.message.trace_id, transition.children)
+        args = self._commit_args(at, claim, records, changes, encoded, ack, take_token, take_lease)
+        reply = await self._run_script(
+            "COMMIT", args, encoded.blobs, at=at, keys=self._commit_keys(at, claim, encoded)
+        )
+        if reply is None:
+            if fused:
+                await self._orphaned(at, claim.message)
+            return Committed(False, acknowledged=bool(ack))
+        if reply[0] == b"exists":
+            child = reply[1].decode()
+            raise RunExistsError(
+                f"a zip/any branch of run {claim.message.trace_id!r} would overwrite the existing run "
+                f"{child!r}; nothing was changed",
+                trace_id=child,
+            )
+        _, out, taken = reply
+        return Committed(
+            True, [Message.decode(m) for m in out], bool(ack), self._taken(at, taken, take_token)
+        )
+
+    def _receipt_here(self, at: int, receipt: Any) -> Any:
+        """The entry to acknowledge on bucket ``at``'s stream: with buckets a receipt is
+        (bucket, entry id), acknowledged here only when it is this bucket's."""
+        if receipt is None:
+            return ""
+        if self.keyspace.n > 1:
+            return receipt[1] if isinstance(receipt, tuple) and receipt[0] == at else ""
+        return receipt
+
+    def _commit_args(
+        self,
+        at: int,
+        claim: Claim,
+        records: list[StepRecord],
+        changes: Mapping[str, bytes | None],
+        encoded: Encoded,
+        ack: Any,
+        take_token: str,
+        take_lease: float | None,
+    ) -> list[Any]:
+        flag = compensations_in(claim.message.trace_id, changes)
+        return scripts.COMMIT.args(
+            prefix=self._prefixes[at],
+            trace=claim.message.trace_id,
+            token=claim.token,
+            now=time.time(),
+            ttl_ms=int(self.ttl * 1000),
+            redispatch=self.redispatch_after,
+            claim_kind=claim.message.kind,
+            stream=self._streams[at],
+            group=self._group,
+            receipt=ack,
+            taker=self._consumer if take_token else "",
+            take_token=take_token,
+            take_lease=take_lease or 0,
+            blob_grace_ms=int(self.blob_ttl * 1000),
+            blob_refs=" ".join(sorted(encoded.refs)),
+            children=" ".join(encoded.children),
+            transition=encoded.kind,
+            compensations=flag.value if flag is not None else "",
+            records=[record(r) for r in records],
+            sets=[x for k, v in changes.items() if v is not None for x in (k, v)],
+            dels=[k for k, v in changes.items() if v is None],
+            fields=encoded.fields,
+        )
+
+    def _commit_keys(self, at: int, claim: Claim, encoded: Encoded) -> list[str]:
+        """The keys a commit declares on a cluster: the run's, the blobs', the branches'."""
+        if not self.cluster:
+            return []
+        keys = self._keys(at, claim.message.trace_id, encoded.refs.union(claim.blobs))
+        for child in encoded.children:
+            keys += [f"{self._prefixes[at]}:{k}:{child}" for k in ("r", "d", "s", "c", "w", "e")]
+        return keys
+
+    def _taken(self, at: int, taken: Any, take_token: str) -> Taken | None:
+        """The next message the commit read for this worker: its claim, or none when it is
+        no step message (the worker sets it aside)."""
+        if not taken:
+            return None
+        if self.keyspace.n > 1:
+            taken = [(at, taken[0]), *taken[1:]]
+        if len(taken) < 3:
+            return Taken(taken[1], taken[0], None)
+        try:
+            claim = claimed(Message.decode(taken[1]), take_token, taken[2])
+        except Exception as exc:  # the step stays leased: it runs again when its lease expires
+            log.warning("dflow: could not read the next step %r after a commit: %s", taken[1], exc)
+            return None
+        return Taken(taken[1], taken[0], claim)
+
+    async def _orphaned(self, at: int, m: Message) -> None:
+        """After a refused commit: if the run is still at this very step and no lease is held
+        on it, the claim was lost (it had not reached a replica when its primary failed): the
+        step's message goes onto the stream again. The refused commit took the delivery off
+        the stream, and a fused store keeps no outbox for the timer scan to send again. A
+        message that turns out to be a duplicate is dropped at claim."""
+        P = self._prefixes[at]
+        with store_errors():
+            seq, attempt, key, token, status, init = cast(
+                "list[bytes | None]",
+                await self.redis.hmget(
+                    f"{P}:r:{m.trace_id}", ["seq", "attempt", "key", "lease_token", "status", "init_pending"]
+                ),
+            )
+            if token is not None or (seq, attempt, key) != (
+                str(m.seq).encode(),
+                str(m.attempt).encode(),
+                m.key.encode(),
+            ):
+                return
+            if status in (b"running", b"sleeping") or (status == b"waiting" and init == b"1"):
+                log.warning(
+                    "dflow: the lease of step %s of run %s was lost with its Redis primary; "
+                    "sending the step again",
+                    m.key,
+                    m.trace_id,
+                )
+                await self.redis.xadd(self._streams[at], {b"m": m.encode()})
+
+    async def _same_bucket(self, at: int, trace_id: str, children: list[NewRun]) -> None:
+        """A fork writes its branches in its own bucket: each must belong there (a branch
+        id, ``<parent>/<seq>-<index>``, always does)."""
+        for child in children:
+            if self._at(child.trace_id) != at:
+                if await self.get_run(child.trace_id) is not None:
+                    raise RunExistsError(
+                        f"a zip/any branch of run {trace_id!r} would overwrite the existing run "
+                        f"{child.trace_id!r}; nothing was changed",
+                        trace_id=child.trace_id,
+                    )
+                raise StoreError(
+                    f"a zip/any branch of run {trace_id!r} is named {child.trace_id!r}, not "
+                    f"'{trace_id}/<seq>-<index>': its keys would be in another bucket; nothing was changed"
+                )
+
+    async def extend(self, claims: list[Claim], lease: float) -> None:
+        by: dict[int, list[str]] = {}
+        for c in claims:
+            by.setdefault(self._at(c.message.trace_id), []).extend((c.message.trace_id, c.token))
+        for at, pairs in by.items():
+            keys = self._keys(at, None)
+            if keys:
+                keys += [f"{self._prefixes[at]}:r:{t}" for t in pairs[::2]]
+            await self._run_script(
+                "EXTEND",
+                scripts.EXTEND.args(prefix=self._prefixes[at], now=time.time(), lease=lease, claims=pairs),
+                at=at,
+                keys=keys,
+            )
+
+    async def init_done(self, trace_id: str, seq: int) -> None:
+        at = self._at(trace_id)
+        await self._run_script(
+            "INIT_DONE",
+            scripts.INIT_DONE.args(prefix=self._prefixes[at], trace=trace_id, seq=seq),
+            at=at,
+            keys=self._keys(at, trace_id),
+        )
+
+    async def park(self, claim: Claim, reason: str, *, base: float = 0.5, cap: float = 30.0) -> int:
+        msg = claim.message
+        at = self._at(msg.trace_id)
+        args = scripts.PARK.args(
+            prefix=self._prefixes[at],
+            trace=msg.trace_id,
+            token=claim.token,
+            reason=reason,
+            now=time.time(),
+            msg=msg.encode(),
+            base=base,
+            cap=cap,
+        )
+        count = await self._run_script("PARK", args, at=at, keys=self._keys(at, msg.trace_id))
+        return int(count or 0)
+
+    async def resume(
+        self, trace_id: str, call_type: str, payload: bytes, *, failed: bool = False, seq: int | None = None
+    ) -> list[Message]:
+        at = self._at(trace_id)
+        r = await self._run_script(
+            "RESUME",
+            scripts.RESUME.args(
+                prefix=self._prefixes[at],
+                trace=trace_id,
+                call_type=call_type,
+                payload=payload,
+                failed="1" if failed else "0",
+                now=time.time(),
+                redispatch=self.redispatch_after,
+                seq="" if seq is None else seq,
+                stream=self._streams[at],
+            ),
+            at=at,
+            keys=self._keys(at, trace_id),
+        )
+        if r[0] == b"missing":
+            raise RunNotFoundError(
+                f"no run with trace id {trace_id!r} (never started, or expired)", trace_id=trace_id
+            )
+        if r[0] == b"not":
+            waiting = _s(r[2]) or ("join" if r[3] == b"1" else None)
+            info = RunInfo(trace_id, RunStatus(r[1].decode()), 0, 0.0, 0.0, waiting_for=waiting)
+            raise NotWaitingError(not_waiting(info, call_type), trace_id=trace_id)
+        return [Message.decode(m) for m in r[1]]
+
+    async def due(self, now: float, limit: int = 1000) -> tuple[list[Message], float | None]:
+        """The timers, outbox and leases of the buckets worth a look, one script a bucket:
+        with up to 4 buckets all of them; with more, those this store wrote to since it last
+        looked, those whose soonest entry (as last seen) has come, and a quarter of the rest
+        in turn (so an idle worker's scans cost a quarter, and a bucket nobody here writes
+        to, where a dead worker left a lease, is seen within four calls)."""
+        n = len(self._prefixes)
+        if n <= 4:
+            look = list(range(n))
+        else:
+            k = (n + 3) // 4
+            turn = {(self._turn + j) % n for j in range(k)}
+            self._turn = (self._turn + k) % n
+            look = [i for i in range(n) if i in turn or i in self._calls.touched or self._due_at[i] <= now]
+        messages: list[Message] = []
+        for at in look:
+            self._calls.touched.discard(at)  # (before the call: a write meanwhile marks it again)
+            self._due_at[at] = float("inf")
+            out, nxt, bad = await self._run_script(
+                "DUE",
+                scripts.DUE.args(
+                    prefix=self._prefixes[at],
+                    now=now,
+                    limit=limit,
+                    redispatch=self.redispatch_after,
+                    stream=self._streams[at],
+                ),
+                at=at,
+            )
+            if bad:
+                log.error(
+                    "dflow: dropped %d unreadable timer, outbox or lease entries of the Redis store", bad
+                )
+            messages += [Message.decode(m) for m in out]
+            if nxt:
+                self._due_at[at] = min(self._due_at[at], float(nxt))
+        soonest = min(self._due_at)
+        return messages, (None if soonest == float("inf") else soonest)
+
+    async def cancel(self, trace_id: str, reason: str) -> tuple[RunInfo | None, list[Message]]:
+        error = msgpack.packb({"type": "dflow.RunCancelled", "message": reason, "step": ""})
+        at = self._at(trace_id)
+        r = await self._run_script(
+            "CANCEL",
+            scripts.CANCEL.args(
+                prefix=self._prefixes[at],
+                trace=trace_id,
+                now=time.time(),
+                ttl_ms=int(self.ttl * 1000),
+                redispatch=self.redispatch_after,
+                stream=self._streams[at],
+                error=error,
+            ),
+            at=at,
+            keys=self._keys(at, trace_id),
+        )
+        if not r:
+            return None, []
+        return await self.get_run(trace_id), [Message.decode(m) for m in r[1]]
+
+    async def ping(self) -> None:
+        with store_errors():
+            await self.redis.ping()
+
+    async def close(self) -> None:
+        if self._watch is not None:
+            await self._watch.close()
+            self._watch = None
+        await self._calls.close()
+        await disconnect(self.redis)
+
+
+def _check_wait(wait: int, wait_timeout: float) -> None:
+    if isinstance(wait, bool) or not isinstance(wait, int) or wait < 0 or not wait_timeout > 0:
+        raise ConfigurationError(
+            f"wait is a number of replicas (0 for none) and wait_timeout a positive number "
+            f"of seconds; got wait={wait!r}, wait_timeout={wait_timeout!r}"
+        )

@@ -1,0 +1,146 @@
+"""The commands that read runs: ``dflow inspect`` (a run's step tree) and ``dflow ls``
+(recent runs), as text for people or as JSON for scripts."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import TYPE_CHECKING, Any
+
+from ..context import RunInfo, RunStatus
+from ..ops.tree import safe
+from .circuits import circuit_notes
+from .options import add_store, count, store_url
+
+if TYPE_CHECKING:
+    from ..store import Store
+
+_BRANCH_DEPTH = 8  # zip/any branches nested deeper than this are listed by id only
+
+
+def register_inspect(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    i = sub.add_parser("inspect", help="print a run's step tree")
+    i.add_argument("trace_id", metavar="TRACE_ID")
+    add_store(i)
+    i.add_argument(
+        "--requests",
+        action="store_true",
+        help="print the whole request of each model call the run recorded (else a line on what it held)",
+    )
+    i.add_argument(
+        "--json",
+        action="store_true",
+        help="print the run, its steps (with their inputs and outputs) and its branch runs as JSON",
+    )
+
+
+def register_ls(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    ls = sub.add_parser("ls", help="list recent runs (not zip/any branches: inspect their parent)")
+    add_store(ls)
+    ls.add_argument("--limit", type=count, default=20, help="runs shown at most (default 20)")
+    ls.add_argument("--status", choices=[s.value for s in RunStatus], help="only runs in this status now")
+    ls.add_argument("--pipeline", help="only runs started by this pipeline (its name)")
+    ls.add_argument(
+        "--json", action="store_true", help="print a JSON list (times in seconds since the epoch)"
+    )
+
+
+async def inspect(args: argparse.Namespace) -> int:
+    from ..ops.tree import render
+    from ..runtime.connect import store_from_url
+    from ..wire.ids import check_trace_id, is_run_id
+
+    if not is_run_id(args.trace_id):
+        check_trace_id(args.trace_id)  # says what is wrong with it
+    store = store_from_url(store_url(args))
+    try:
+        if args.json:
+            tree = await _run_tree(store, args.trace_id, 0)
+            print(json.dumps(tree, indent=2))  # (ASCII: stored text cannot reach the terminal raw)
+            return 0 if tree is not None else 1
+        print(await render(store, args.trace_id, requests=args.requests))
+        for line in await circuit_notes(store, args.trace_id):
+            print(line)
+        return 0 if await store.get_run(args.trace_id) is not None else 1
+    finally:
+        await store.close()
+
+
+async def _run_tree(store: Store, trace_id: str, depth: int) -> dict[str, Any] | None:
+    """Run ``trace_id`` as JSON, its steps under ``"steps"``, each FORKED step's branch
+    runs under its ``"branches"`` (``None`` when there is no such run)."""
+    from ..ops.as_json import record_json, run_json
+    from ..ops.tree import branch_runs
+
+    info = await store.get_run(trace_id)
+    if info is None:
+        return None
+    steps = []
+    for rec in await store.get_steps(trace_id):
+        step = record_json(rec, with_input=True)
+        children = branch_runs(rec)
+        if children:
+            step["branches"] = (
+                [await _run_tree(store, child, depth + 1) or {"trace_id": child} for child in children]
+                if depth < _BRANCH_DEPTH
+                else [{"trace_id": child} for child in children]
+            )
+        steps.append(step)
+    return {**run_json(info), "steps": steps}
+
+
+async def ls(args: argparse.Namespace) -> int:
+    from ..runtime.connect import store_from_url
+
+    store = store_from_url(store_url(args))
+    try:
+        runs = await _listed(store, args)
+    finally:
+        await store.close()
+    if args.json:
+        from ..ops.as_json import run_json
+
+        print(json.dumps([run_json(r) for r in runs], indent=2))
+        return 0
+    # STEP: the run's step sequence number, how many steps it has taken (its position)
+    print(f"{'TRACE ID':<40} {'STATUS':<9} {'PIPELINE':<24} {'STEP':>5} {'STARTED':<19} {'AGE':>8}  NOTE")
+    now = time.time()
+    for r in runs:
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.created))
+        pipeline = safe(r.pipeline or "-")
+        pipeline = pipeline if len(pipeline) <= 24 else pipeline[:23] + "~"
+        print(
+            f"{safe(r.trace_id):<40} {r.status.value:<9} {pipeline:<24} {r.seq:>5} {started:<19} "
+            f"{now - r.created:>7.0f}s  {safe(_note(r)[:80])}"
+        )
+    return 0
+
+
+async def _listed(store: Store, args: argparse.Namespace) -> list[RunInfo]:
+    """The runs ``dflow ls`` shows: newest first, as many as ``--limit``, filtered."""
+    runs: list[RunInfo] = []
+    cursor: str | None = None
+    status = RunStatus(args.status) if args.status else None
+    while len(runs) < args.limit:
+        page = await store.page_runs(
+            min(args.limit - len(runs), 1000), status=status, pipeline=args.pipeline or None, cursor=cursor
+        )
+        runs += page.runs
+        if page.cursor is None:
+            break
+        cursor = page.cursor
+    return runs
+
+
+def _note(r: RunInfo) -> str:
+    """What ``dflow ls`` says of a run beside its status."""
+    if r.extra.get("parked"):
+        return f"parked x{r.extra.get('park_count')}: {r.extra['parked']}"
+    if r.error:
+        return f"{r.error.get('type')}: {_first_line(str(r.error.get('message')))}"
+    return f"waiting for {r.waiting_for}" if r.waiting_for else ""
+
+
+def _first_line(text: str) -> str:
+    return text.strip().split("\n", 1)[0]

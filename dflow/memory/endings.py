@@ -1,0 +1,164 @@
+"""How the runs of the in-memory store end: a finished run wakes its followers, lets its
+blobs go and is kept ``ttl`` seconds; a zip/any branch arrives at its join, which, once
+complete, sends its run on and ends the branches it no longer needs; a cancelled run ends
+with the branches its open join waits for, and its timers and unclaimed messages go. A run
+whose compensations flag is ``HELD`` is sent a FAIL message instead of ending (see
+``Store.cancel``).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from ..clock import Clock
+from ..context import RunInfo, RunStatus
+from ..store import BranchResult, Compensations
+from ..wire.values import FAIL, Message, encode
+from .blobs import BlobTable
+from .followers import Followers
+from .runs import JoinState, RunState
+from .schedule import Outbox, Timers
+
+__all__ = ["CANCELLED", "RunEnds"]
+
+#: The error recorded on a branch run that its join no longer needs.
+CANCELLED = {
+    "type": "dflow.Cancelled",
+    "message": "cancelled: its zip/any join closed without it (a winner was found, or a branch failed)",
+    "step": "",
+}
+
+
+class RunEnds:
+    """The part of ``MemoryStore`` that ends runs; the store sets these attributes."""
+
+    ttl: float
+    blob_ttl: float
+    clock: Clock
+    _runs: dict[str, RunState]
+    _leased: dict[str, RunState]
+    _outbox: Outbox
+    _timers: Timers
+    _expiry: deque[tuple[float, str]]
+    _blobs: BlobTable
+    _followers: Followers
+
+    if TYPE_CHECKING:
+
+        def _emit(self, msg: Message, now: float, out: list[Message]) -> None: ...
+        def _status(self, run: RunState, status: RunStatus) -> None: ...
+
+    def _finished(self, run: RunState, now: float, out: list[Message]) -> None:
+        run.lease = None
+        run.frames = None
+        run.due = None
+        self._blobs.hold(run, (), now, self.blob_ttl)
+        self._expiry.append((now + self.ttl, run.trace_id))
+        self._followers.finished(run)
+        if run.parent is not None:
+            self._arrive(run, now, out)
+
+    def _arrive(self, child: RunState, now: float, out: list[Message]) -> None:
+        link = child.parent
+        assert link is not None
+        parent = self._runs.get(link.trace_id)
+        if parent is None or parent.join is None or parent.seq != link.seq:
+            return
+        j = parent.join
+        if j.closed or link.index in j.arrived:
+            return
+        ok = child.status is RunStatus.DONE
+        changes = {k: child.data.get(k) for k in child.changed or ()}
+        j.arrived.add(link.index)
+        j.slots.append(BranchResult(link.index, ok, child.result, child.error, changes))
+        complete = (not ok or len(j.arrived) == j.n) if j.kind == "zip" else (ok or len(j.arrived) == j.n)
+        if complete:
+            j.closed = True
+            self._status(parent, RunStatus.RUNNING)
+            parent.updated = now
+            self._emit(j.message, now, out)
+            self._end_unwanted(j, now, out)
+
+    def _end_unwanted(self, j: JoinState, now: float, out: list[Message]) -> None:
+        """The branches of the closed join ``j`` that have not arrived are no longer wanted:
+        they end FAILED (``CANCELLED``), or run their compensations."""
+        for i, trace_id in enumerate(j.children):
+            other = self._runs.get(trace_id)
+            if i in j.arrived or other is None or other.status.finished:
+                continue
+            if self._compensates(other, CANCELLED, now, out):
+                continue
+            self._status(other, RunStatus.FAILED)
+            other.error = dict(CANCELLED)
+            other.waiting_for = None
+            other.init_pending = False
+            self._leased.pop(trace_id, None)
+            self._finished(other, now, out)
+
+    async def cancel(self, trace_id: str, reason: str) -> tuple[RunInfo | None, list[Message]]:
+        run = self._runs.get(trace_id)
+        if run is None:
+            return None, []
+        out: list[Message] = []
+        if not run.status.finished:
+            now = self.clock.time()
+            gone: set[str] = set()
+            self._cancel(run, {"type": "dflow.RunCancelled", "message": reason, "step": ""}, now, out, gone)
+            if gone:  # their timers and unclaimed messages go too
+                self._timers.drop(gone)
+                self._outbox.drop(gone)
+        return run.info(), out
+
+    def _cancel(
+        self, run: RunState, error: dict[str, Any], now: float, out: list[Message], gone: set[str]
+    ) -> None:
+        """End ``run`` and the branches its open join waits for (first: their arrivals
+        must not reach a join that is going away); one holding compensations runs them."""
+        compensates = self._compensates(run, error, now, out)
+        if not compensates:
+            gone.add(run.trace_id)
+            self._status(run, RunStatus.CANCELLED)
+            run.error = dict(error)
+            run.updated = now
+            run.waiting_for = None
+            run.init_pending = False
+            run.parked = None
+            self._leased.pop(run.trace_id, None)
+        j = run.join
+        if j is not None and not j.closed:
+            j.closed = True
+            for child_id in j.children:
+                child = self._runs.get(child_id)
+                if child is not None and not child.status.finished:
+                    self._cancel(child, error, now, out, gone)
+        if not compensates:
+            self._finished(run, now, out)
+
+    def _compensates(self, run: RunState, error: dict[str, Any], now: float, out: list[Message]) -> bool:
+        """Whether ``run`` runs its compensations (its flag is ``RUNNING``: then it is left
+        as it is), or holds some of its own (``HELD``): then what it waits for goes, and its
+        next step is a FAIL message with ``error``, on which it runs them."""
+        if run.compensations is Compensations.RUNNING:
+            return True
+        if run.compensations is not Compensations.HELD:
+            return False
+        run.parked = None
+        self._next_step(run, FAIL, encode(dict(error)), now, out)
+        return True
+
+    def _next_step(self, run: RunState, kind: int, value: bytes, now: float, out: list[Message]) -> None:
+        """``run`` goes on, one seq on at its key, with a message of ``kind`` carrying
+        ``value``: what it waited for (a call, a timer, a lease) goes."""
+        run.seq += 1
+        run.attempt = 0
+        run.kind = kind
+        run.due = None
+        run.value = value
+        self._status(run, RunStatus.RUNNING)
+        run.waiting_for = None
+        run.init_pending = False
+        run.lease = None
+        self._leased.pop(run.trace_id, None)
+        run.updated = now
+        self._emit(Message(run.trace_id, run.seq, run.key, 0, kind), now, out)

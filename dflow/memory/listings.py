@@ -1,0 +1,112 @@
+"""The run listings of the in-memory store (``Store.page_runs``, ``count_runs``): its root
+runs (those without a parent) by their current status, all of them and those of each
+pipeline, in the order of ``run_pages``.
+
+Each listing is a list of positions ``(creation ms, trace id)`` kept sorted, oldest first:
+a page is a binary search and a slice read backwards; a count is a length. A new run goes
+in near the end (it is the newest), and a run moving on leaves one list for another.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from bisect import bisect_left, insort
+
+from ..context import RunStatus
+from ..run_pages import check_page, check_pipeline, created_ms, encode_cursor
+from ..store import RunPage
+from .runs import RunState
+
+__all__ = ["RunIndex", "RunListing"]
+
+_Position = tuple[int, str]
+
+
+class RunIndex:
+    """The listings of root runs: positions by (pipeline or ``None`` for all runs, status)."""
+
+    __slots__ = ("_lists",)
+
+    def __init__(self) -> None:
+        self._lists: dict[tuple[str | None, RunStatus], list[_Position]] = {}
+
+    def _keys(self, run: RunState, status: RunStatus) -> tuple[tuple[str | None, RunStatus], ...]:
+        return ((None, status), (run.pipeline, status)) if run.pipeline else ((None, status),)
+
+    def add(self, run: RunState) -> None:
+        """List ``run`` (a root run) under its status."""
+        pos = (created_ms(run.created), run.trace_id)
+        for key in self._keys(run, run.status):
+            insort(self._lists.setdefault(key, []), pos)
+
+    def remove(self, run: RunState, status: RunStatus | None = None) -> None:
+        """Take ``run`` out of the listings of ``status`` (its own by default)."""
+        pos = (created_ms(run.created), run.trace_id)
+        for key in self._keys(run, status or run.status):
+            positions = self._lists.get(key)
+            if positions:
+                i = bisect_left(positions, pos)
+                if i < len(positions) and positions[i] == pos:
+                    del positions[i]
+                if not positions:
+                    del self._lists[key]
+
+    def move(self, run: RunState, old: RunStatus) -> None:
+        """``run`` went from ``old`` to its status now."""
+        self.remove(run, old)
+        self.add(run)
+
+    def page(
+        self, limit: int, status: RunStatus | None, pipeline: str | None, after: _Position | None
+    ) -> tuple[list[str], str | None]:
+        """The trace ids of a page and the cursor of the next (``None``: no more)."""
+        lists = [self._lists.get((pipeline, s), []) for s in ((status,) if status else RunStatus)]
+        newest_first = [_before(positions, after, limit + 1) for positions in lists if positions]
+        found = list(itertools.islice(heapq.merge(*newest_first, reverse=True), limit + 1))
+        more = len(found) > limit
+        found = found[:limit]
+        return [t for _, t in found], (encode_cursor(*found[-1]) if more else None)
+
+    def count(self, pipeline: str | None) -> dict[RunStatus, int]:
+        """How many runs of ``pipeline`` (all: ``None``) each status lists."""
+        return {s: len(self._lists.get((pipeline, s), ())) for s in RunStatus}
+
+
+def _before(positions: list[_Position], after: _Position | None, n: int) -> list[_Position]:
+    """At most ``n`` positions of ``positions`` before ``after`` (from the end without it),
+    newest first."""
+    end = len(positions) if after is None else bisect_left(positions, after)
+    return positions[max(0, end - n) : end][::-1]
+
+
+class RunListing:
+    """The part of ``MemoryStore`` that lists its runs; the store sets these attributes
+    and sets each run's status through ``_status``."""
+
+    _runs: dict[str, RunState]
+    _index: RunIndex
+
+    def _status(self, run: RunState, status: RunStatus) -> None:
+        """Set ``run``'s status; a root run moves to the listings of its new status."""
+        old = run.status
+        if old is not status:
+            run.status = status
+            if run.parent is None:
+                self._index.move(run, old)
+
+    async def page_runs(
+        self,
+        limit: int = 50,
+        *,
+        status: RunStatus | None = None,
+        pipeline: str | None = None,
+        cursor: str | None = None,
+    ) -> RunPage:
+        status, after = check_page(limit, status, pipeline, cursor)
+        ids, nxt = self._index.page(limit, status, pipeline, after)
+        return RunPage([self._runs[t].info() for t in ids], nxt)
+
+    async def count_runs(self, *, pipeline: str | None = None) -> dict[RunStatus, int]:
+        check_pipeline(pipeline)
+        return self._index.count(pipeline)

@@ -1,0 +1,532 @@
+"""In-process ``Store`` (and, from ``memory.transport``, ``Transport``): local mode, and the
+reference for adapters.
+
+The store keeps the contracts of the real adapters (leases, expected transitions, outbox,
+timers, blobs kept while referenced, redelivery), so that local mode is faithful, not
+"eager". Built with a ``MemoryTransport`` it is *fused* (``FusedDispatch``), as the Redis
+store is with a stream on its server: a commit puts the next step's message on the transport, acknowledges the
+delivery it finishes and may take the worker's next step, in one call; local mode runs
+that path. It belongs to one event loop and is not thread-safe.
+
+Here are its steps' transitions and what falls due; how its runs end (finishing, joins,
+cancelling) is in ``memory.endings``, what it keeps of a run in ``memory.runs``, its blobs in
+``memory.blobs``, and the callers waiting for its runs in ``memory.followers``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ..clock import SYSTEM_CLOCK, Clock
+from ..context import RunInfo, RunStatus, StepRecord
+from ..errors import (
+    NotWaitingError,
+    RefusedMessageError,
+    RunExistsError,
+    RunNotFoundError,
+    SerializationError,
+)
+from ..store import (
+    Advance,
+    Claim,
+    Committed,
+    Compensations,
+    Fail,
+    Finish,
+    Fork,
+    Frames,
+    NewRun,
+    Store,
+    Taken,
+    Transition,
+    Wait,
+    compensations_in,
+    fused_variant,
+    raised,
+)
+from ..wire.values import CONTINUE, FAIL, JOIN, RUN, Message
+from .blobs import BlobTable
+from .endings import CANCELLED as CANCELLED  # (where it was)
+from .endings import RunEnds
+from .followers import Followers
+from .listings import RunIndex, RunListing
+from .runs import JoinState, Lease, RunState
+from .schedule import Outbox, Timers
+from .state import MemoryStateBackend
+from .transport import MemoryBroker, MemoryTransport
+
+__all__ = ["MemoryBroker", "MemoryStore", "MemoryTransport"]
+
+
+class MemoryStore(RunEnds, RunListing, Store):
+    """``Store`` in a dict. ``ttl``: seconds a finished run is kept; ``blob_ttl``: seconds
+    a flow blob no live run references is kept; ``redispatch_after``: seconds after which a
+    committed but unclaimed next message is handed out again (outbox; not fused).
+    ``transport``: a ``MemoryTransport`` to put step messages on itself (then the store is
+    ``FusedDispatch``). ``clock``: where it reads the time (``dflow.testing.FakeClock`` in
+    tests). Its ``shared_state`` is a ``MemoryStateBackend`` on the same clock."""
+
+    def __new__(cls, *args: Any, **options: Any) -> MemoryStore:
+        fused = options.get("transport") is not None
+        return super().__new__(fused_variant(cls) if fused else cls)
+
+    def __init__(
+        self,
+        *,
+        ttl: float = 3600.0,
+        blob_ttl: float = 3600.0,
+        redispatch_after: float = 30.0,
+        transport: MemoryTransport | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self.ttl = ttl
+        self.blob_ttl = blob_ttl
+        self.redispatch_after = redispatch_after
+        self.transport = transport
+        self.clock = clock
+        self._runs: dict[str, RunState] = {}
+        self._index = RunIndex()
+        self._leased: dict[str, RunState] = {}
+        self._outbox = Outbox(redispatch_after)
+        self._timers = Timers()
+        self._expiry: deque[tuple[float, str]] = deque()
+        self._blobs = BlobTable()
+        self._followers = Followers()
+        self._tokens = itertools.count(1)
+        self._quiet = False
+        self._emitted: dict[bytes, Message] = {}  # bodies put on the transport during this commit
+        self._state: MemoryStateBackend | None = None
+
+    @property
+    def shared_state(self) -> MemoryStateBackend:
+        """The shared state beside this store, on its clock."""
+        if self._state is None:
+            self._state = MemoryStateBackend(self.clock)
+        return self._state
+
+    # -- helpers ---------------------------------------------------------------------
+
+    def _emit(self, msg: Message, now: float, out: list[Message]) -> None:
+        if self.transport is not None:
+            body = msg.encode()
+            if self._quiet:
+                self._emitted[body] = msg  # known good: the take at the end need not decode it
+            self.transport.broker.put(body, wake=not self._quiet)
+        else:
+            self._outbox.put(msg, now)
+            out.append(msg)
+
+    def _new(self, run: NewRun, now: float) -> RunState:
+        msg = run.message
+        r = RunState(
+            trace_id=run.trace_id,
+            status=RunStatus.RUNNING if msg is not None else RunStatus.DONE,
+            seq=msg.seq if msg is not None else 0,
+            attempt=0,
+            key=msg.key if msg is not None else "",
+            frames=run.frames.record if run.frames is not None else None,
+            value=run.value,
+            data=dict(run.data),
+            records=list(run.records),
+            parent=run.parent,
+            created=now,
+            updated=now,
+            changed=set() if run.parent is not None else None,
+            kind=msg.kind if msg is not None else RUN,
+            pipeline=run.pipeline or None,
+            compensations=raised(Compensations.NONE, compensations_in(run.trace_id, run.data)),
+        )
+        if run.frames is not None:
+            self._blobs.hold(r, run.frames.blobs, now, self.blob_ttl)
+        self._runs[run.trace_id] = r
+        if run.parent is None:
+            self._index.add(r)
+        return r
+
+    def _leased_by(self, claim: Claim) -> RunState | None:
+        run = self._runs.get(claim.message.trace_id)
+        if run is None or run.lease is None or run.lease.token != claim.token:
+            return None
+        return run
+
+    def _release(self, run: RunState) -> None:
+        """``run`` holds no lease any more."""
+        run.lease = None
+        self._leased.pop(run.trace_id, None)
+
+    # -- RunWriter ---------------------------------------------------------------------
+
+    async def create_run(self, run: NewRun) -> list[Message]:
+        if run.trace_id in self._runs:
+            raise RunExistsError(
+                f"a run with trace id {run.trace_id!r} already exists", trace_id=run.trace_id
+            )
+        self._blobs.check([run.frames])
+        now = self.clock.time()
+        r = self._new(run, now)
+        out: list[Message] = []
+        if run.message is None:
+            r.result = run.result
+            self._finished(r, now, out)
+        else:
+            self._emit(run.message, now, out)
+        return out
+
+    async def claim(self, message: Message, worker: str, lease: float) -> Claim | None:
+        claim = self._claim(message, lease)
+        if claim is not None and self.transport is None:  # (a fused store keeps no outbox)
+            self._outbox.claimed(message)
+        return claim
+
+    def _claim(self, message: Message, lease: float) -> Claim | None:
+        run = self._runs.get(message.trace_id)
+        if run is None or (run.seq, run.attempt, run.key) != (message.seq, message.attempt, message.key):
+            return None
+        now = self.clock.time()
+        if message.kind != run.kind or (run.due is not None and run.due > now):
+            self._refuse_unexpected(run, message, now)
+        init_only = run.status is RunStatus.WAITING and run.init_pending and message.kind == RUN
+        if not init_only and run.status not in (RunStatus.RUNNING, RunStatus.SLEEPING):
+            return None
+        if run.lease is not None and run.lease.until > now:
+            return None
+        if run.status is RunStatus.SLEEPING:
+            self._status(run, RunStatus.RUNNING)
+        token = str(next(self._tokens))
+        run.lease = Lease(token, now + lease, lease, message)
+        self._leased[run.trace_id] = run
+        branches = run.join.slots if message.kind == JOIN and run.join is not None else None
+        return Claim(message, token, run.frames, run.value, run.data, init_only, branches, run.blobs)
+
+    def _refuse_unexpected(self, run: RunState, message: Message, now: float) -> None:
+        """``RefusedMessageError`` for a message that names the run's current step but not
+        as the run expects it: another kind, or a timer's message before its time (the
+        timer stays armed)."""
+        if message.kind != run.kind:
+            raise RefusedMessageError(
+                f"the message of step {message.key!r} of run {message.trace_id!r} is refused: its kind "
+                f"({message.kind}) is not the one the run expects ({run.kind})"
+            )
+        if run.due is not None and run.due > now:
+            self._timers.arm(run.due, message)
+            raise RefusedMessageError(
+                f"the message of step {message.key!r} of run {message.trace_id!r} is refused: it came before "
+                "its due time"
+            )
+
+    async def commit(
+        self,
+        claim: Claim,
+        records: list[StepRecord],
+        changes: Mapping[str, bytes | None],
+        transition: Transition,
+        *,
+        receipt: Any = None,
+        take_lease: float | None = None,
+    ) -> Committed:
+        acked = False
+        if receipt is not None and self.transport is not None:
+            self.transport.settle(receipt)
+            acked = True
+        run = self._leased_by(claim)
+        if run is None:
+            return Committed(False, acknowledged=acked)
+        if type(transition) is not Advance or (transition.frames is not None and transition.frames.blobs):
+            self._check_writes(run, transition)  # before anything changes
+        # Messages emitted from here on are queued quietly: this worker may take one itself
+        # at the end, and wakes another consumer only for what is left.
+        self._quiet = take_lease is not None and self.transport is not None
+        try:
+            out = self._apply(run, claim, records, changes, transition)
+            taken = self._take(take_lease) if self._quiet and take_lease is not None else None
+        finally:
+            if self._quiet:
+                self._quiet = False
+                self._emitted.clear()
+                if self.transport is not None and self.transport.broker.queue:
+                    self.transport.broker.wake()  # what the take left, for the other consumers
+        return Committed(True, out, acked, taken)
+
+    def _check_writes(self, run: RunState, transition: Transition) -> None:
+        """Refuse a transition that names blobs the store lacks, or a fork that would
+        overwrite a run, changing nothing."""
+        if isinstance(transition, Advance):
+            if transition.frames is not None and transition.frames.blobs:
+                self._blobs.check([transition.frames])
+        elif isinstance(transition, Fork):
+            self._blobs.check([transition.frames, *(c.frames for c in transition.children)])
+            for child in transition.children:
+                if child.trace_id in self._runs:
+                    raise RunExistsError(
+                        f"a zip/any branch of run {run.trace_id!r} would overwrite the existing run "
+                        f"{child.trace_id!r}; nothing was changed",
+                        trace_id=child.trace_id,
+                    )
+
+    def _apply(
+        self,
+        run: RunState,
+        claim: Claim,
+        records: list[StepRecord],
+        changes: Mapping[str, bytes | None],
+        transition: Transition,
+    ) -> list[Message]:
+        now = self.clock.time()
+        lease = run.lease
+        assert lease is not None
+        # What every commit does: the lease goes, the records and data changes go in.
+        run.lease = None
+        self._leased.pop(run.trace_id, None)
+        run.parked = None
+        run.due = None
+        run.updated = now
+        run.records.extend(records)
+        if run.trace_id in self._followers.watchers:
+            self._followers.wake_watchers(run.trace_id)
+        if changes:
+            data = run.data
+            for k, v in changes.items():
+                if v is None:
+                    data.pop(k, None)
+                else:
+                    data[k] = v
+            if run.changed is not None:
+                run.changed.update(changes)
+            run.compensations = raised(run.compensations, compensations_in(run.trace_id, changes))
+        if claim.message.kind == JOIN:
+            run.join = None
+        out: list[Message] = []
+        if type(transition) is Advance:  # (most steps: no lookup)
+            self._advance(run, transition, lease, now, out)
+            return out
+        apply = _TRANSITIONS.get(type(transition))
+        if apply is None:  # pragma: no cover
+            raise TypeError(f"unknown transition {transition!r}")
+        apply(self, run, transition, lease, now, out)
+        return out
+
+    def _moved(self, run: RunState, frames: Frames | None, msg: Message, now: float) -> None:
+        """``run``'s current step is now ``msg``'s (at ``frames``, when it moves on)."""
+        if frames is not None:
+            run.frames = frames.record
+            self._blobs.hold(run, frames.blobs, now, self.blob_ttl)
+        run.seq, run.attempt, run.key, run.kind = msg.seq, msg.attempt, msg.key, msg.kind
+
+    def _advance(self, run: RunState, t: Advance, lease: Lease, now: float, out: list[Message]) -> None:
+        msg = t.message  # (what _moved does, inline: once per step)
+        if t.frames is not None:
+            run.frames = t.frames.record
+            self._blobs.hold(run, t.frames.blobs, now, self.blob_ttl)
+        run.seq, run.attempt, run.key, run.kind = msg.seq, msg.attempt, msg.key, msg.kind
+        run.value = t.value
+        if t.at is not None and t.at > now:
+            self._status(run, RunStatus.SLEEPING)
+            run.due = t.at
+            self._timers.arm(t.at, t.message)
+        else:
+            if run.status is not RunStatus.RUNNING:  # (a step that moves on changes nothing listed)
+                self._status(run, RunStatus.RUNNING)
+            self._emit(msg, now, out)
+
+    def _wait(self, run: RunState, t: Wait, lease: Lease, now: float, out: list[Message]) -> None:
+        self._status(run, RunStatus.WAITING)
+        run.waiting_for = t.call_type
+        run.init_pending = t.init_pending
+        if t.init_pending:  # keep a lease so a crash before on_init re-runs it
+            run.lease = Lease(lease.token, now + lease.length, lease.length, lease.message)
+            self._leased[run.trace_id] = run
+
+    def _fork(self, run: RunState, t: Fork, lease: Lease, now: float, out: list[Message]) -> None:
+        self._moved(run, t.frames, t.join, now)
+        self._status(run, RunStatus.WAITING)
+        run.join = JoinState(t.kind, len(t.children), t.join, [c.trace_id for c in t.children])
+        for child in t.children:
+            self._new(child, now)
+            assert child.message is not None
+            self._emit(child.message, now, out)
+
+    def _finish(self, run: RunState, t: Finish, lease: Lease, now: float, out: list[Message]) -> None:
+        self._status(run, RunStatus.DONE)
+        run.result = t.result
+        self._finished(run, now, out)
+
+    def _fail(self, run: RunState, t: Fail, lease: Lease, now: float, out: list[Message]) -> None:
+        self._status(run, RunStatus.COMPENSATED if t.compensated else RunStatus.FAILED)
+        run.error = t.error
+        self._finished(run, now, out)
+
+    def _take(self, lease: float) -> Taken | None:
+        """Read and claim the worker's next step, as the Redis store's commit script does:
+        a stale message is dropped; anything else but a step goes back to the worker."""
+        transport = self.transport
+        assert transport is not None
+        for _ in range(8):
+            d = transport.take()
+            if d is None:
+                return None
+            msg = self._emitted.pop(d.body, None)
+            if msg is None:
+                try:
+                    msg = Message.decode(d.body)
+                except SerializationError:
+                    return Taken(d.body, d.tag, None)
+            try:
+                claim = self._claim(msg, lease)
+            except RefusedMessageError:
+                return Taken(d.body, d.tag, None)  # the worker's own claim refuses it too
+            if claim is not None:
+                return Taken(d.body, d.tag, claim)
+            transport.settle(d.tag)  # stale: its step was committed or is leased
+        return None
+
+    async def extend(self, claims: list[Claim], lease: float) -> None:
+        now = self.clock.time()
+        for c in claims:
+            run = self._leased_by(c)
+            if run is not None and run.lease is not None:
+                run.lease.until = now + lease
+                run.lease.length = lease
+
+    async def park(self, claim: Claim, reason: str, *, base: float = 0.5, cap: float = 30.0) -> int:
+        run = self._leased_by(claim)
+        if run is None:
+            return 0
+        self._release(run)
+        run.parked = reason
+        run.park_count += 1
+        run.attempt += 1  # a new delivery attempt, which a keyed transport may route elsewhere
+        at = run.due = self.clock.time() + min(cap, base * 2 ** (run.park_count - 1))
+        self._timers.arm(at, claim.message._replace(attempt=run.attempt))
+        return run.park_count
+
+    async def init_done(self, trace_id: str, seq: int) -> None:
+        run = self._runs.get(trace_id)
+        if run is not None and run.seq == seq and run.init_pending:
+            run.init_pending = False
+            self._release(run)
+
+    async def resume(
+        self, trace_id: str, call_type: str, payload: bytes, *, failed: bool = False, seq: int | None = None
+    ) -> list[Message]:
+        run = self._runs.get(trace_id)
+        if run is None:
+            raise RunNotFoundError(
+                f"no run with trace id {trace_id!r} (never started, or expired)", trace_id=trace_id
+            )
+        if (
+            run.status is not RunStatus.WAITING
+            or run.waiting_for != call_type
+            or (seq is not None and seq != run.seq)
+        ):
+            raise NotWaitingError(not_waiting(run.info(), call_type), trace_id=trace_id)
+        now = self.clock.time()
+        out: list[Message] = []
+        self._next_step(run, FAIL if failed else CONTINUE, payload, now, out)
+        return out
+
+    async def due(self, now: float, limit: int = 1000) -> tuple[list[Message], float | None]:
+        out: list[Message] = []
+        next_due: list[float] = []
+        for msg in self._timers.due(now, limit):
+            self._emit(msg, now, out)
+        out += self._outbox.due(now, limit - len(out), self._current)
+        next_due += [t for t in (self._timers.soonest(), self._outbox.soonest()) if t is not None]
+        self._due_leases(now, out, next_due)
+        self._expire_runs(now, next_due)
+        self._blobs.expire(now)
+        return out, (min(next_due) if next_due else None)
+
+    def _current(self, msg: Message) -> bool:
+        """Whether ``msg`` is the current attempt of its run's step."""
+        run = self._runs.get(msg.trace_id)
+        return run is not None and run.seq == msg.seq and run.attempt == msg.attempt
+
+    def _due_leases(self, now: float, out: list[Message], next_due: list[float]) -> None:
+        """Steps whose lease expired go out again, as their next attempt."""
+        for trace_id, run in list(self._leased.items()):
+            lease = run.lease
+            if lease is None:
+                del self._leased[trace_id]
+            elif lease.until <= now:
+                self._release(run)
+                run.attempt += 1
+                self._emit(lease.message._replace(attempt=run.attempt), now, out)
+            else:
+                next_due.append(lease.until)
+
+    def _expire_runs(self, now: float, next_due: list[float]) -> None:
+        """Finished runs whose time to be kept is over go."""
+        expiry = self._expiry
+        while expiry and expiry[0][0] <= now:
+            _, trace_id = expiry.popleft()
+            run = self._runs.get(trace_id)
+            if run is not None and run.status.finished:
+                del self._runs[trace_id]
+                if run.parent is None:
+                    self._index.remove(run)
+        if expiry:
+            next_due.append(expiry[0][0])
+
+    # -- RunReader ---------------------------------------------------------------------
+
+    async def get_run(self, trace_id: str) -> RunInfo | None:
+        run = self._runs.get(trace_id)
+        return run.info() if run is not None else None
+
+    async def get_data(self, trace_id: str) -> dict[str, bytes]:
+        run = self._runs.get(trace_id)
+        return dict(run.data) if run is not None else {}
+
+    async def get_steps(self, trace_id: str, start: int = 0) -> list[StepRecord]:
+        run = self._runs.get(trace_id)
+        return run.records[max(0, start) :] if run is not None else []
+
+    async def watch_steps(
+        self, trace_id: str, start: int, timeout: float
+    ) -> tuple[list[StepRecord], RunInfo | None]:
+        run = self._runs.get(trace_id)
+        if run is not None and len(run.records) <= start and not run.status.finished:
+            await self._followers.watch(trace_id, timeout)
+            run = self._runs.get(trace_id)
+        if run is None:
+            return [], None
+        return run.records[max(0, start) :], run.info()
+
+    async def get_blob(self, ref: str) -> bytes | None:
+        return self._blobs.blobs.get(ref)
+
+    async def wait_many(self, trace_ids: list[str], timeout: float | None) -> list[RunInfo]:
+        return await self._followers.wait_many(self._runs, trace_ids, timeout)
+
+    async def close(self) -> None:
+        """Wake every waiter: the store is going away."""
+        self._followers.close()
+
+
+#: How ``MemoryStore`` applies each transition a commit names.
+_TRANSITIONS: dict[type, Callable[[MemoryStore, RunState, Any, Lease, float, list[Message]], None]] = {
+    Advance: MemoryStore._advance,
+    Wait: MemoryStore._wait,
+    Fork: MemoryStore._fork,
+    Finish: MemoryStore._finish,
+    Fail: MemoryStore._fail,
+}
+
+
+def not_waiting(info: RunInfo, call_type: str) -> str:
+    """Why run ``info`` takes no call of ``call_type`` now: the message of ``NotWaitingError``."""
+    t = info.trace_id
+    if info.status.finished:
+        return f"run {t!r} has finished ({info.status.value}); it takes no more calls (got {call_type!r})"
+    if info.waiting_for == "join":
+        return f"run {t!r} is waiting for its zip/any branches, not for call {call_type!r}"
+    if info.waiting_for:
+        return f"run {t!r} waits for call {info.waiting_for!r}, not {call_type!r}"
+    return (
+        f"run {t!r} is running, not waiting for call {call_type!r}: the call was already answered, or "
+        f"the run has not reached from_call({call_type!r}) yet (start the outside job from on_init "
+        "to avoid that race)"
+    )

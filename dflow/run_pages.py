@@ -1,0 +1,93 @@
+"""What the stores share about listing runs: the position of a root run in a listing (its
+creation time in whole milliseconds, then its trace id), the opaque cursor that carries a
+position from one page to the next, and the checks of ``Store.page_runs``' arguments.
+
+A listing is newest first: by creation millisecond, descending, and within one millisecond
+by trace id, descending (the order of a Redis sorted set read backwards). A cursor names
+the last run of a page; the next page holds the runs strictly after it in that order, so
+runs created meanwhile (newer) never shift the pages that follow.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+
+from .context import RunStatus
+
+__all__ = [
+    "MAX_LIMIT",
+    "MAX_MS",
+    "check_page",
+    "check_pipeline",
+    "created_ms",
+    "decode_cursor",
+    "encode_cursor",
+]
+
+MAX_LIMIT = 1000  #: the most runs one page may hold
+MAX_MS = 10**13 - 1  #: creation times are kept in milliseconds below this (the year 2286)
+_MAX_CURSOR = 2048  # characters: a cursor carries a run id (at most 1024 characters) and a time
+_B64 = re.compile(r"[A-Za-z0-9_-]+")
+_MS = re.compile(r"[0-9]{1,13}")
+
+
+def created_ms(created: float) -> int:
+    """The creation time ``created`` (seconds) as a listing orders it: whole milliseconds."""
+    return min(max(int(created * 1000), 0), MAX_MS)
+
+
+def encode_cursor(ms: int, trace_id: str) -> str:
+    """The cursor of the run at position (``ms``, ``trace_id``)."""
+    raw = f"{ms}:{trace_id}".encode()
+    return base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[int, str]:
+    """The position a cursor names; ``ValueError`` saying so for anything not made by
+    :func:`encode_cursor`."""
+    if not isinstance(cursor, str) or len(cursor) > _MAX_CURSOR or _B64.fullmatch(cursor) is None:
+        raise _malformed(cursor)
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode("utf-8")
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        raise _malformed(cursor) from None
+    ms, sep, trace_id = raw.partition(":")
+    if not sep or not trace_id or _MS.fullmatch(ms) is None or encode_cursor(int(ms), trace_id) != cursor:
+        raise _malformed(cursor)
+    return int(ms), trace_id
+
+
+def _malformed(cursor: object) -> ValueError:
+    shown = repr(cursor) if not isinstance(cursor, str) or len(cursor) <= 60 else repr(cursor[:57] + "...")
+    return ValueError(
+        f"malformed run cursor {shown}: pass back the cursor of the page before, unchanged "
+        "(or none for the first page)"
+    )
+
+
+def check_page(
+    limit: int, status: RunStatus | None, pipeline: str | None, cursor: str | None
+) -> tuple[RunStatus | None, tuple[int, str] | None]:
+    """Check the arguments of ``Store.page_runs``: the status (a ``RunStatus``, or its
+    value) and the position after which the page starts; ``ValueError`` saying what is
+    wrong."""
+    if type(limit) is not int or not 1 <= limit <= MAX_LIMIT:
+        raise ValueError(
+            f"a page holds 1 to {MAX_LIMIT} runs: limit must be an int in that range, got {limit!r}"
+        )
+    if status is not None:
+        try:
+            status = RunStatus(status)
+        except ValueError:
+            known = ", ".join(s.value for s in RunStatus)
+            raise ValueError(f"unknown run status {status!r}; the statuses are {known}") from None
+    check_pipeline(pipeline)
+    return status, (None if cursor is None else decode_cursor(cursor))
+
+
+def check_pipeline(pipeline: str | None) -> None:
+    """``ValueError`` unless ``pipeline`` is a pipeline's name or ``None``."""
+    if pipeline is not None and (not isinstance(pipeline, str) or not pipeline):
+        raise ValueError(f"pipeline must be a pipeline's name (a non-empty str) or None, got {pipeline!r}")

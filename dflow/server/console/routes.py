@@ -1,0 +1,221 @@
+"""The web console of ``dflow serve``: the runs of the store, and each run's step tree,
+live, with its steps' values and errors, an agent's conversation, and actions (cancel,
+answer a ``from_call``, re-run from a step).
+
+It is part of the app ``create_app`` builds, under ``/console``:
+
+========================================  =========================================
+``GET  /console/``                        the runs list: filters, counts, pages
+``GET  /console/runs/{trace_id}``         a run's page (updated live)
+``GET  /console/login`` / ``POST``        the login form (the admin token)
+``POST /console/logout``                  forget the login
+``GET  /console/static/{name}``           the stylesheet and the script
+``GET  /console/api/runs``                the runs list as JSON
+``GET  /console/api/runs/{id}/tree``      a run page's parts (HTML) and state
+``GET  /console/api/runs/{id}/steps/{n}`` one step: input, output, error, timings
+``GET  /console/api/runs/{id}/stream``    the run page's parts as server-sent events
+``POST /console/api/runs/{id}/cancel``    cancel (``{"reason"}`` optional)
+``POST /console/api/runs/{id}/answer``    ``{"call_type", "payload", "run"?}``
+``POST /console/api/runs/{id}/rerun``     ``{"seq"}``: a new run from that step
+========================================  =========================================
+
+Who may use it is in :mod:`dflow.server.console.auth`: the admin token logs in; without
+one (a loopback-only server) the console is open, and its writes still need the page's
+anti-forgery token and this origin. A page is HTML written on the server with everything
+stored escaped, plus one small script; the JSON routes serve the script and other programs.
+The runs list costs one ``Store.page_runs`` and one ``Store.count_runs`` per page.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+from urllib.parse import parse_qs, quote
+
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+
+from ...wire.ids import is_run_id
+from ..errors import BodyTooLarge, MalformedRequest, WrongContentType
+from .api import add_api_routes
+from .auth import COOKIE, check_same_origin
+from .html import login_page, run_href, run_page
+from .runs_html import RunRow, runs_page
+from .shared import STATIC, Console, list_runs
+
+if TYPE_CHECKING:
+    from ..server import Server
+
+__all__ = ["console_router"]
+
+#: what a console page may load and run: its own stylesheet and script, nothing inline
+SECURITY_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+        "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "same-origin",  # (with no-referrer, a browser sends its forms with Origin: null)
+    "Cache-Control": "no-store",
+}
+_MAX_LOGIN = 4096  # bytes of a login form
+
+
+def html_response(content: str, status: int = 200) -> HTMLResponse:
+    """``content`` as an HTML page with the console's security headers."""
+    return HTMLResponse(content, status_code=status, headers=SECURITY_HEADERS)
+
+
+def _safe_next(url: str | None) -> str:
+    """Where to go after logging in: a console page of this server, nothing else."""
+    if url and url.startswith("/console/") and "\\" not in url and len(url) <= 2000:
+        return url
+    return "/console/"
+
+
+def console_router(server: Server, admin_token: str | None, *, ttl: float = 8 * 3600.0) -> APIRouter:
+    """The console's routes (see the module) for ``server`` (a :class:`dflow.server.Server`),
+    whose admin token is ``admin_token`` (``None``: an open console); a login lasts ``ttl``
+    seconds."""
+    console = Console(server, admin_token, ttl=ttl)
+    router = APIRouter(prefix="/console", include_in_schema=False)
+    _page_routes(router, console)
+    _login_routes(router, console)
+    _static_route(router, console)
+    add_api_routes(router, console)
+    return router
+
+
+def _login_redirect(request: Request) -> RedirectResponse:
+    target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    return RedirectResponse(f"/console/login?next={quote(target, safe='')}", status_code=303)
+
+
+def _page_routes(router: APIRouter, console: Console) -> None:
+    """The runs list and a run's page (a request without a login goes to the login form)."""
+
+    @router.get("")
+    async def root() -> RedirectResponse:
+        return RedirectResponse("/console/", status_code=307)
+
+    @router.get("/")
+    async def runs(request: Request) -> Response:
+        credential = console.auth.credential(request)
+        if credential is None:
+            return _login_redirect(request)
+        wanted = request.query_params.get("run", "").strip()[:300]
+        notice = ""
+        if wanted:  # the run-id box: to the run's page, when there is such a run
+            if is_run_id(wanted) and await console.on_store(console.store.get_run(wanted)) is not None:
+                return RedirectResponse(run_href(wanted), status_code=303)
+            notice = f"No run {wanted!r} in this store (never started, or expired)."
+        listed = await list_runs(console, request)
+        rows = [RunRow(info, info.pipeline) for info in listed.found.runs]
+        return html_response(
+            runs_page(
+                rows,
+                listed.counts,
+                status=listed.status,
+                pipeline=listed.pipeline,
+                cursor=listed.cursor,
+                next_cursor=listed.found.cursor,
+                pipelines=console.server.served(),
+                limit=listed.limit,
+                csrf=console.csrf(credential),
+                logout=not console.auth.open,
+                parked=listed.parked,
+                notice=notice,
+            )
+        )
+
+    @router.get("/runs/{trace_id:path}")
+    async def run(trace_id: str, request: Request) -> Response:
+        credential = console.auth.credential(request)
+        if credential is None:
+            return _login_redirect(request)
+        tree = await console.tree(trace_id)
+        parts = await console.parts(tree)
+        exists = tree.root.info is not None
+        return html_response(
+            run_page(
+                trace_id,
+                head=parts["head"],
+                waits=parts["waits"],
+                conversation=parts["conversation"],
+                tree=parts["tree"],
+                timeline=parts["timeline"],
+                status=parts["status"],
+                finished=parts["finished"],
+                exists=exists,
+                csrf=console.csrf(credential),
+                logout=not console.auth.open,
+            ),
+            200 if exists else 404,
+        )
+
+
+def _login_routes(router: APIRouter, console: Console) -> None:
+    """The login form, logging in (the admin token for a cookie), logging out."""
+
+    @router.get("/login")
+    async def login_form(request: Request) -> Response:
+        if console.auth.open:
+            return RedirectResponse("/console/", status_code=303)
+        return html_response(login_page(next_url=_safe_next(request.query_params.get("next"))))
+
+    @router.post("/login")
+    async def login(request: Request) -> Response:
+        check_same_origin(request)
+        if console.auth.open:
+            return RedirectResponse("/console/", status_code=303)
+        form = await _login_form(request)
+        token = (form.get("token") or [""])[0].strip()
+        target = _safe_next((form.get("next") or [""])[0])
+        value = console.auth.login(token) if token else None
+        if value is None:
+            refused = "That token is not the admin token (DFLOW_SERVER_TOKEN) of this server."
+            return html_response(login_page(refused, target), 401)
+        response = RedirectResponse(target, status_code=303)
+        response.set_cookie(
+            COOKIE,
+            value,
+            max_age=int(console.auth.ttl),
+            path="/console",
+            httponly=True,
+            samesite="strict",
+            secure=request.url.scheme == "https",
+        )
+        return response
+
+    @router.post("/logout")
+    async def logout(request: Request) -> Response:
+        check_same_origin(request)
+        response = RedirectResponse("/console/login", status_code=303)
+        response.delete_cookie(COOKIE, path="/console", httponly=True, samesite="strict")
+        return response
+
+
+async def _login_form(request: Request) -> dict[str, list[str]]:
+    """The fields of the login form (URL-encoded, at most ``_MAX_LOGIN`` bytes)."""
+    kind = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if kind != "application/x-www-form-urlencoded":
+        raise WrongContentType("the login form is sent as application/x-www-form-urlencoded")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > _MAX_LOGIN:
+            raise BodyTooLarge(f"a login form is at most {_MAX_LOGIN} bytes")
+    try:
+        return parse_qs(body.decode("utf-8"), max_num_fields=10)
+    except (UnicodeDecodeError, ValueError):
+        raise MalformedRequest("the login form is not a URL-encoded form") from None
+
+
+def _static_route(router: APIRouter, console: Console) -> None:
+    @router.get("/static/{name}")
+    async def static(name: str) -> Response:
+        return Response(
+            console.static(name),
+            media_type=STATIC[name],
+            headers={"X-Content-Type-Options": "nosniff", "Cache-Control": "no-cache"},
+        )

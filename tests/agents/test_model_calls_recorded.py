@@ -1,0 +1,185 @@
+"""What the model saw and said: each turn's model calls kept in the run (the request as it was
+made, the reply, what went on the wire), bounded, redactable, and shown by ``Run.tree()`` and
+the console. Scripted models and the local OpenAI-compatible test server, local mode."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import dflow
+from dflow.server.console.html import conversation_html
+from dflow.server.console.views import conversations
+from dflow.wire.values import encode
+from dflow_agents import (
+    AgentStatus,
+    AIFunction,
+    CallRecording,
+    ConversationAgentExecutor,
+    ModelCalls,
+    ModelTimeoutError,
+    OpenAIChatModel,
+    ToolCallAgent,
+    tool,
+)
+from dflow_agents.testing import FunctionModel, ScriptedModel, call, reply
+
+from .conftest import FakeLLMServer, chat_body
+from .test_toolcall_agent import close_on_runtime
+
+_names = iter(range(10**6))
+
+
+def unique(stem: str) -> str:
+    return f"recorded-{stem}-{next(_names)}"
+
+
+@tool
+def lookup(key: str) -> str:
+    """A stored text."""
+    return "secret-token-42 and " + "y" * 10_000
+
+
+def model_calls(run: dflow.Run) -> dict[int, list[dict[str, Any]]]:
+    """The recorded model calls of a run, by turn."""
+    data = run.context().as_dict()
+    return {
+        int(k.rsplit("/", 1)[1]): v["model_calls"]
+        for k, v in data.items()
+        if "/call/" in k and isinstance(v, dict)
+    }
+
+
+def test_each_turn_keeps_the_request_the_model_got_and_its_reply(local: dflow.Runtime) -> None:
+    model = ScriptedModel([reply("looking", calls=[call("lookup", key="k")]), reply("found it")], name="m1")
+    agent = ToolCallAgent(
+        unique("turns"), model, [lookup], model_calls=ModelCalls(options={"temperature": 0})
+    )
+    run = agent.run("find k")
+    assert run.result(10).answer == "found it"
+    calls = model_calls(run)
+    assert sorted(calls) == [0, 1] and [len(c) for c in calls.values()] == [1, 1]
+    first = calls[0][0]
+    assert first["model"] == "m1"
+    sent = model.requests[0]
+    assert first["request"]["messages"] == [
+        m.model_dump(mode="json", exclude_defaults=True) for m in sent.messages
+    ]
+    assert [t["name"] for t in first["request"]["tools"]] == ["terminate", "lookup"]
+    assert first["request"]["options"] == {"temperature": 0}
+    assert first["reply"]["content"] == "looking" and first["reply"]["tool_calls"][0]["name"] == "lookup"
+    tree = run.tree()
+    assert 'model call (m1): reply: {"content": "looking"' in tree
+    assert '    sent: 2 messages; tools terminate, lookup; options {"temperature": 0}' in tree
+    assert "request: {" not in tree, "the whole request only with requests=True (dflow inspect --requests)"
+
+
+def test_records_are_bounded_and_say_what_they_cut(local: dflow.Runtime) -> None:
+    model = ScriptedModel([reply(calls=[call("lookup", key="k")]), reply("done")])
+    recording = CallRecording(text_chars=500, max_chars=1_000)
+    run = ToolCallAgent(unique("bounded"), model, [lookup], model_calls=ModelCalls(recording=recording)).run(
+        "k?"
+    )
+    run.result(10)
+    second = model_calls(run)[1][0]["request"]
+    observation = second["messages"][-1]["content"]
+    assert observation.startswith("secret-token-42") and observation.endswith(" more characters)")
+    assert len(observation) < 600
+    assert second["left_out_messages"] >= 1 and second["messages"][0]["role"] == "system"
+    assert len(second["messages"]) == 2, (
+        "all but the first and the last left out, as the tools alone take 1,000"
+    )
+
+
+def test_a_redact_hook_sees_each_record_before_it_is_kept(local: dflow.Runtime) -> None:
+    def redact(record: dict[str, Any]) -> dict[str, Any]:
+        return json.loads(json.dumps(record).replace("secret-token-42", "[redacted]"))
+
+    model = ScriptedModel([reply(calls=[call("lookup", key="k")]), reply("done")])
+    calls = ModelCalls(recording=CallRecording(redact=redact))
+    run = ToolCallAgent(unique("redact"), model, [lookup], model_calls=calls).run("k?")
+    run.result(10)
+    kept = json.dumps(model_calls(run))
+    assert "secret-token-42" not in kept and "[redacted]" in kept
+
+
+def test_a_redact_hook_that_fails_keeps_nothing_of_the_call(local: dflow.Runtime) -> None:
+    def broken(record: dict[str, Any]) -> dict[str, Any]:
+        raise KeyError("oops")
+
+    model = ScriptedModel(["the answer"], name="m2")
+    run = ToolCallAgent(
+        unique("broken"), model, model_calls=ModelCalls(recording=CallRecording(redact=broken))
+    ).run("?")
+    assert run.result(10).answer == "the answer"
+    assert model_calls(run) == {0: [{"model": "m2", "error": "the redact hook failed (KeyError): not kept"}]}
+
+
+def test_recording_can_be_switched_off(local: dflow.Runtime) -> None:
+    run = ToolCallAgent(unique("off"), ScriptedModel(["hi"]), model_calls=ModelCalls(recording=None)).run("?")
+    run.result(10)
+    assert model_calls(run) == {}
+
+
+def test_a_model_call_that_keeps_failing_is_kept_with_its_error(local: dflow.Runtime) -> None:
+    def down(messages: Any, tools: Any) -> Any:
+        raise ModelTimeoutError("no answer within 30 s")
+
+    agent = ToolCallAgent(
+        unique("down"), FunctionModel(down, name="slow"), model_calls=ModelCalls(attempts=1)
+    )
+    run = agent.run("?")
+    assert run.result(10).status is AgentStatus.ERROR
+    (only,) = model_calls(run)[0]
+    assert only["model"] == "slow" and only["error"] == "ModelTimeoutError: no answer within 30 s"
+    assert "model call (slow): failed: ModelTimeoutError: no answer within 30 s" in run.tree()
+
+
+def test_the_openai_client_adds_what_went_on_the_wire_and_the_raw_reply(
+    local: dflow.Runtime, llm_server: FakeLLMServer
+) -> None:
+    body = chat_body({"content": "Hello there."})
+    llm_server.answer(body)
+    model = OpenAIChatModel("qwen2.5-0.5b-instruct", base_url=llm_server.base_url, api_key="EMPTY")
+    try:
+        run = ToolCallAgent(unique("wire"), model, [lookup]).run("hi")
+        assert run.result(10).answer == "Hello there."
+    finally:
+        close_on_runtime(model)
+    (only,) = model_calls(run)[0]
+    assert only["model"] == "qwen2.5-0.5b-instruct" and only["reply"]["content"] == "Hello there."
+    sent = only["http"]["sent"]
+    assert sent["endpoint"] == "chat/completions" and sent["model"] == "qwen2.5-0.5b-instruct"
+    assert sent["tool_choice"] == "auto" and sent["tools"] == llm_server.received[0].body["tools"]
+    assert json.loads(only["http"]["raw_reply"]) == body
+    assert "EMPTY" not in json.dumps(only), "the API key is never part of a record"
+
+
+def test_a_raw_prompt_is_kept_as_it_was_sent(local: dflow.Runtime) -> None:
+    model = ScriptedModel(["The answer is 4."], name="raw")
+    run = ToolCallAgent(unique("raw"), AIFunction.qwen(model)).run("2+2?")
+    assert run.result(10).answer == "The answer is 4."
+    (only,) = model_calls(run)[0]
+    assert only["request"]["prompt"] == model.requests[0].prompt
+    assert "<|im_start|>user\n2+2?<|im_end|>" in only["request"]["prompt"]
+
+
+def test_the_react_executor_keeps_its_model_calls_too(local: dflow.Runtime) -> None:
+    model = ScriptedModel(["Final Answer: 42"], name="react")
+    run = ConversationAgentExecutor(unique("react"), model, [], mode="completion").run("meaning?")
+    assert run.result(10).answer == "42"
+    (only,) = model_calls(run)[0]
+    assert "Question: meaning?" in only["request"]["prompt"] and only["request"]["options"]["stop"]
+    assert only["reply"]["content"] == "Final Answer: 42"
+
+
+def test_the_console_shows_the_model_calls_in_the_conversation(local: dflow.Runtime) -> None:
+    run = ToolCallAgent(unique("console"), ScriptedModel(["hi <there>"], name="m3")).run("?")
+    run.result(10)
+    found = conversations({k: encode(v) for k, v in run.context().as_dict().items()})
+    (conv,) = [c for c in found if c.title.startswith("recorded-console-")]
+    roles = [m["role"] for m in conv.messages]
+    assert roles == ["user", "model call", "assistant"]
+    html = conversation_html([conv])
+    assert '<div class="msg other"><div class="who">model call</div>' in html
+    assert "hi &lt;there&gt;" in html and "request: {" in html
