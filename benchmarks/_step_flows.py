@@ -1,10 +1,13 @@
 """The flows of ``_step_path.py``, imported by it and by its worker (``dflow worker
-_step_flows``): chains of trivial steps and an agent-like ``flat_map`` loop, written with the
-public API that every checkout ``bench_compare.py`` compares has."""
+_step_flows``): chains of trivial steps, an agent-like ``flat_map`` loop and the
+``ToolCallAgent`` of ``bench_agents.py``, written with the public API that every checkout
+``bench_compare.py`` compares has."""
 
 from __future__ import annotations
 
 from typing import Any
+
+from _bench_agents import agent as agent  # beside this file: the agent of bench_agents.py, served too
 
 from dflow import ContextStack, DFlow
 

@@ -22,7 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _step_flows import agent_turn, chain5, chain10, chain200  # beside this file
+from _bench_agents import TURNS  # beside this file
+from _step_flows import agent, agent_turn, chain5, chain10, chain200  # beside this file
 
 import dflow
 from dflow import DFlow
@@ -75,9 +76,22 @@ def local() -> dict[str, float]:
             "local_loop_mean_wall_s": statistics.fmean(found["loop_wall"]),
         }
         out["local_steps_per_s"] = throughput(chain5, 2000, 5)
+        out["local_agent_turn_s"] = agent_turn_time(10)
         return out
     finally:
         dflow.shutdown()
+
+
+def agent_turn_time(runs: int) -> float:
+    """The median, over ``runs`` runs one at a time (after two to warm up), of a ToolCallAgent
+    run's wall time per turn (``TURNS`` turns of three tool calls, then the answer)."""
+    per_turn = []
+    for i in range(runs + 2):
+        t0 = time.perf_counter()
+        assert agent.run("go").result(60).ok
+        if i >= 2:
+            per_turn.append((time.perf_counter() - t0) / (TURNS + 1))
+    return statistics.median(per_turn)
 
 
 def cpu_of(pid: int) -> float:
@@ -106,11 +120,13 @@ def redis(url: str, name: str, checkout: Path) -> dict[str, float]:
             step_gaps += gaps(r, 1)
         c0 = cpu_of(worker.pid)
         steps_per_s = throughput(chain5, 400, 5)
+        cpu = (cpu_of(worker.pid) - c0) / 2000
         return {
+            "redis_agent_turn_s": agent_turn_time(10),
             "redis_chain_per_step_s": statistics.median(walls),
             "redis_chain_gap_s": statistics.median(step_gaps),
             "redis_steps_per_s": steps_per_s,
-            "redis_worker_cpu_per_step_s": (cpu_of(worker.pid) - c0) / 2000,
+            "redis_worker_cpu_per_step_s": cpu,
         }
     finally:
         dflow.shutdown()

@@ -43,12 +43,14 @@ FIGURES = {  # key: (what, unit, lower is better)
     "local_loop_gap_s": ("local, flat_map loop (agent-like): median gap", "time", True),
     "local_loop_mean_wall_s": ("local, flat_map loop: mean of run wall time / steps", "time", True),
     "local_steps_per_s": ("local, 2,000 5-step runs at once: steps/s", "rate", False),
+    "local_agent_turn_s": ("local, ToolCallAgent: per turn (a model call + 3 tool calls)", "time", True),
     "redis_chain_per_step_s": (
         "Redis Streams, 10-step chain one at a time: per step, end to end",
         "time",
         True,
     ),
     "redis_chain_gap_s": ("Redis Streams, 10-step chain: median gap between step starts", "time", True),
+    "redis_agent_turn_s": ("Redis Streams, 1 worker, ToolCallAgent: per turn", "time", True),
     "redis_steps_per_s": ("Redis Streams, 1 worker, 400 5-step runs at once: steps/s", "rate", False),
     "redis_worker_cpu_per_step_s": ("Redis Streams, same: worker CPU per step", "time", True),
 }

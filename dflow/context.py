@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, TypeVar
 
 from .errors import DFlowError
+from .parts import PartsOfStep, check_part_name
 from .wire.ids import check_trace_id, is_run_id
 from .wire.values import decode, encode
+
+T = TypeVar("T")
 
 __all__ = ["ContextStack", "RunInfo", "RunStatus", "StepRecord", "StepStatus"]
 
@@ -130,7 +133,7 @@ class ContextStack:
     it fails). ``idempotency_key`` is stable across re-executions of the same step.
     """
 
-    __slots__ = ("_changes", "_data", "_readonly", "_steps", "_waits", "attempt", "seq", "trace_id")
+    __slots__ = ("_changes", "_data", "_parts", "_readonly", "_steps", "_waits", "attempt", "seq", "trace_id")
 
     def __init__(
         self,
@@ -140,8 +143,10 @@ class ContextStack:
         seq: int = 0,
         attempt: int = 0,
         steps: tuple[StepRecord, ...] | None = None,
+        parts: PartsOfStep | None = None,
     ) -> None:
         self.trace_id = trace_id
+        self._parts = parts
         self.seq = seq
         self.attempt = attempt
         self._data: Mapping[str, bytes] = data if data is not None else {}
@@ -154,6 +159,18 @@ class ContextStack:
     def idempotency_key(self) -> str:
         """``trace_id:seq``: the same for every execution of this step, unique otherwise."""
         return f"{self.trace_id}:{self.seq}"
+
+    async def once(self, part: str, fn: Callable[[], Awaitable[T]]) -> T:
+        """``await fn()``, once for this step: its result is kept in the store when it returns,
+        and when this step runs again (its worker died, or it is retried) the kept result
+        is returned instead of calling ``fn`` again. Parts may run at once
+        (``asyncio.gather``); each is kept as it ends. ``part`` names it within the step
+        (up to 200 characters). See ``dflow.parts``: with a store that keeps no parts, or
+        outside a worker, this is ``await fn()``."""
+        check_part_name(part)
+        if self._parts is None:
+            return await fn()
+        return await self._parts.once(part, fn)
 
     def get(self, key: str, default: Any = None) -> Any:
         """The value stored under ``key`` (a fresh copy), or ``default``."""

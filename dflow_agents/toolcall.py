@@ -1,11 +1,12 @@
 """The tool-calling agent: think (a model call) and act (every tool call of the turn at
-once, each its own step), as a tail loop of flow steps.
+once), as a tail loop of flow steps.
 
-One turn is ``think`` → ``act`` → ``loop``: ``think`` asks the model with the conversation
-that fits the context window; ``act`` runs the calls the model asked for as the branches of
-a ``zip`` (each a step that any worker may run, concurrently) and ``observe`` writes their
-results back in call order; ``loop`` starts the next turn or finishes. A worker that dies
-mid-turn costs only the step it was running.
+One turn is two steps, ``loop`` and ``tool``. ``loop`` writes the last turn's results back
+in call order (``observe``), then asks the model (``think``) with the conversation that
+fits the context window; ``tool`` makes the calls the model asked for, at once, each call's
+result kept as it ends (``ctx.once``), so a worker that dies mid-turn costs only the calls
+that had not ended; then ``loop`` again, or the end. A turn that calls a flow tool runs each
+call as its own step instead, the branches of a ``zip`` that any worker may run.
 
 The run ends FINISHED when ``terminate`` is called with ``success`` (or, by default, when
 the model answers without calling a tool), TERMINATED when ``terminate`` says ``failure``,
@@ -15,8 +16,9 @@ model keeps failing.
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Any
 
 from pydantic_core import to_jsonable_python
@@ -159,12 +161,11 @@ class ToolCallAgent(Agent):
     async def _loop(self, ctx: ContextStack, value: Any) -> DFlow[Any]:
         """One turn, as one step: the results of the last turn's calls (when ``value``
         holds them) become observations, then the model is asked what to do next; the
-        turn's calls follow (``act``), or the end."""
+        turn's calls follow (``act``: the flow of the next steps), or the end."""
         state = value if isinstance(value, dict) and "ns" in value else self._observe(ctx, value)
         if state["status"] != RUNNING:
             return self._done(state)
-        state = await self._think(ctx, state)
-        return DFlow.just(state).flat_map(self._act).id("act")
+        return self._act(await self._think(ctx, state))
 
     def _retrying(self, flow: DFlow[Any]) -> DFlow[Any]:
         return flow.retry(
@@ -371,7 +372,7 @@ class ToolCallAgent(Agent):
         ctx.put(f"{state['ns']}/state", state)
         return state
 
-    def _act(self, ctx: ContextStack, state: dict[str, Any]) -> DFlow[Any]:
+    def _act(self, state: dict[str, Any]) -> DFlow[Any]:
         """Run the turn's calls, concurrently (a ``zip`` of one step per call); their
         results go to the next turn. A turn without calls goes on, or ends the run."""
         if state["status"] != RUNNING:
@@ -381,6 +382,11 @@ class ToolCallAgent(Agent):
             self._guard(state, [])
             state["step"] += 1
             return self._retrying(DFlow.just(state).flat_map(self._loop).id("loop"))
+        names = [str(call["name"]) for call in state["calls"]]
+        if not any(self.tools[n].is_flow for n in names if n in self.tools):  # one step runs them all
+            shown = "tool " + ", ".join(dict.fromkeys(n[:100] for n in names))[:200]
+            calls = DFlow.just(state).map(self._call_tools).id("tool").name(shown)
+            return self._retrying(calls.flat_map(self._loop).id("loop"))
         branches: list[DFlow[Any]] = []
         for call in state["calls"]:
             tool = self.tools.get(call["name"])
@@ -391,6 +397,17 @@ class ToolCallAgent(Agent):
                 branches.append(DFlow.just(call).map(self._call_tool).id("tool").name(shown))
         calls = branches[0] if len(branches) == 1 else DFlow.zip(branches)
         return self._retrying(calls.flat_map(self._loop).id("loop"))
+
+    async def _call_tools(self, ctx: ContextStack, state: dict[str, Any]) -> list[dict[str, Any]]:
+        """The turn's calls, at once, in one step: each call's result is kept as it ends
+        (``ctx.once``), so a step run again (its worker died) makes only the calls that had
+        not ended."""
+        calls: list[dict[str, Any]] = state["calls"]
+
+        def once(i: int, call: dict[str, Any]) -> Awaitable[dict[str, Any]]:
+            return ctx.once(f"call-{i}", lambda: self._call_tool(call))
+
+        return list(await asyncio.gather(*(once(i, call) for i, call in enumerate(calls))))
 
     async def _call_tool(self, call: dict[str, Any]) -> dict[str, Any]:
         """One tool call; every failure is a result the model reads."""

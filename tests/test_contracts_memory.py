@@ -17,6 +17,7 @@ from dflow.testing import (
     RunReaderContract,
     RunWriterContract,
     StateBackendContract,
+    StepPartsContract,
     StoreContract,
     TransportContract,
 )
@@ -34,7 +35,7 @@ class OnFakeClock:
         await store.clock.advance(seconds)
 
 
-class TestMemoryStore(OnFakeClock, StoreContract):
+class TestMemoryStore(OnFakeClock, StoreContract, StepPartsContract):
     """The in-memory store on a fake clock: leases, timers and expiry without sleeping."""
 
     @pytest.fixture

@@ -21,6 +21,7 @@ from dflow.errors import (
     StoreError,
 )
 from dflow.memory.store import not_waiting
+from dflow.parts import StepParts
 from dflow.run_pages import created_ms
 from dflow.store import (
     Claim,
@@ -49,6 +50,7 @@ from .errors import store_errors
 from .finish_watch import FinishWatch
 from .fusable import same_cluster, same_server
 from .keyspace import Keyspace
+from .parts import RedisParts
 from .reads import RunReads, _s
 from .state import RedisStateBackend
 
@@ -62,7 +64,7 @@ log = logging.getLogger("dflow.redis")
 _pack = msgpack.Packer(use_bin_type=True).pack
 
 
-class RedisStore(RunReads, Store):
+class RedisStore(RunReads, Store, StepParts):
     """``Store`` on Redis (redis-py's asyncio client), one server or a Redis Cluster.
 
     ``url``: ``redis://[user:password@]host:port/db`` or ``rediss://`` for TLS, or
@@ -134,6 +136,7 @@ class RedisStore(RunReads, Store):
         self._turn = 0
         self._watch: FinishWatch | None = None
         self._state: RedisStateBackend | None = None
+        self._parts = RedisParts(self.redis, ttl)
 
     @property
     def shared_state(self) -> RedisStateBackend:
@@ -541,6 +544,17 @@ class RedisStore(RunReads, Store):
         if not r:
             return None, []
         return await self.get_run(trace_id), [Message.decode(m) for m in r[1]]
+
+    # -- StepParts (see dflow.parts) ---------------------------------------------------
+
+    async def save_part(self, trace_id: str, seq: int, part: str, blob: bytes) -> bytes:
+        return await self._parts.save(f"{self._p(trace_id)}:pt:{trace_id}:{seq}", part, blob)
+
+    async def saved_part(self, trace_id: str, seq: int, part: str) -> bytes | None:
+        return await self._parts.saved(f"{self._p(trace_id)}:pt:{trace_id}:{seq}", part)
+
+    async def drop_parts(self, trace_id: str, seq: int) -> None:
+        await self._parts.drop(f"{self._p(trace_id)}:pt:{trace_id}:{seq}")
 
     async def ping(self) -> None:
         with store_errors():

@@ -29,6 +29,7 @@ from ..errors import (
     RunNotFoundError,
     SerializationError,
 )
+from ..parts import StepParts
 from ..store import (
     Advance,
     Claim,
@@ -53,6 +54,7 @@ from .endings import CANCELLED as CANCELLED  # (where it was)
 from .endings import RunEnds
 from .followers import Followers
 from .listings import RunIndex, RunListing
+from .parts import PartTable
 from .runs import JoinState, Lease, RunState
 from .schedule import Outbox, Timers
 from .state import MemoryStateBackend
@@ -61,7 +63,7 @@ from .transport import MemoryBroker, MemoryTransport
 __all__ = ["MemoryBroker", "MemoryStore", "MemoryTransport"]
 
 
-class MemoryStore(RunEnds, RunListing, Store):
+class MemoryStore(RunEnds, RunListing, Store, StepParts):
     """``Store`` in a dict. ``ttl``: seconds a finished run is kept; ``blob_ttl``: seconds
     a flow blob no live run references is kept; ``redispatch_after``: seconds after which a
     committed but unclaimed next message is handed out again (outbox; not fused).
@@ -99,6 +101,7 @@ class MemoryStore(RunEnds, RunListing, Store):
         self._quiet = False
         self._emitted: dict[bytes, Message] = {}  # bodies put on the transport during this commit
         self._state: MemoryStateBackend | None = None
+        self._parts = PartTable()
 
     @property
     def shared_state(self) -> MemoryStateBackend:
@@ -465,10 +468,22 @@ class MemoryStore(RunEnds, RunListing, Store):
             run = self._runs.get(trace_id)
             if run is not None and run.status.finished:
                 del self._runs[trace_id]
+                self._parts.forget(trace_id)
                 if run.parent is None:
                     self._index.remove(run)
         if expiry:
             next_due.append(expiry[0][0])
+
+    # -- StepParts ---------------------------------------------------------------------
+
+    async def save_part(self, trace_id: str, seq: int, part: str, blob: bytes) -> bytes:
+        return self._parts.save(trace_id, seq, part, blob)
+
+    async def saved_part(self, trace_id: str, seq: int, part: str) -> bytes | None:
+        return self._parts.saved(trace_id, seq, part)
+
+    async def drop_parts(self, trace_id: str, seq: int) -> None:
+        self._parts.drop(trace_id, seq)
 
     # -- RunReader ---------------------------------------------------------------------
 

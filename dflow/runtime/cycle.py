@@ -28,6 +28,7 @@ from ..model.calls import contained_call, error_info, is_async, unwrap
 from ..model.nodes import Frame, Node
 from ..observe import StepObserver, step_labels
 from ..ops.failure_logs import log_commit
+from ..parts import PartsOfStep, StepParts
 from ..patterns.deadlock import DeadlockDetector, declare
 from ..patterns.saga import undone_output
 from ..store import (
@@ -84,6 +85,7 @@ class StepCycle:
         self.lease = lease
         self.store = runner.store
         self.fused = isinstance(self.store, FusedDispatch)  #: (once: a store does not change kind)
+        self.parts: StepParts | None = self.store if isinstance(self.store, StepParts) else None
         self.frames = runner.frames
         self.worker_id = runner.worker_id
         self.life = runner.life
@@ -166,7 +168,8 @@ class StepCycle:
         msg = claim.message
         top = frames[-1]
         node: Node = top.chain.nodes[top.pos]
-        ctx = ContextStack(msg.trace_id, claim.data, seq=msg.seq, attempt=msg.attempt)
+        parts = self._parts_of(msg)
+        ctx = ContextStack(msg.trace_id, claim.data, seq=msg.seq, attempt=msg.attempt, parts=parts)
         if claim.init_only:
             await self._on_init(node, ctx, msg)
             return False, None
@@ -195,13 +198,36 @@ class StepCycle:
             if obs is not None:
                 obs.aborted(seen, exc)
             raise
-        if not done.applied:
-            self._lost(claim)
+        await self._settle(claim, done, parts, transition)
         if obs is not None:  # (after-commit phase: the observer learns how the step ended)
             obs.finished(seen, records, done.applied)
         if done.publish or init_pending or waits is not None:
             await self._after_commit(claim, node, ctx, transition, done, init_pending, waits)
         return done.acknowledged, done.taken
+
+    def _parts_of(self, msg: Message) -> PartsOfStep | None:
+        """The parts of this execution of the step (``ctx.once``), on a store that keeps them."""
+        return None if self.parts is None else PartsOfStep(self.parts, msg.trace_id, msg.seq, msg.key)
+
+    async def _settle(
+        self, claim: Claim, done: Committed, parts: PartsOfStep | None, transition: Transition
+    ) -> None:
+        """After the commit: a commit not applied is a lost claim; the parts of a step that
+        committed are forgotten, unless it runs again (a retry). When the store fails to
+        forget them, they expire."""
+        if not done.applied:
+            self._lost(claim)
+            return
+        if parts is None or not parts.used:
+            return
+        if type(transition) is Advance and transition.message.seq == parts.seq:
+            return
+        try:
+            await parts.store.drop_parts(parts.trace_id, parts.seq)
+        except Exception as exc:  # (kept parts of a committed step are never read again)
+            log.warning(
+                "dflow: could not drop the parts of step %r of run %r: %s", parts.key, parts.trace_id, exc
+            )
 
     def _seal(
         self,

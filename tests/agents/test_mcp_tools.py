@@ -195,7 +195,7 @@ def test_the_config_is_checked_when_made() -> None:
         McpLimits(timeout=0)
 
 
-def test_a_tool_call_agent_calls_mcp_tools_each_as_a_step(tools: dict[str, McpTool]) -> None:
+def test_a_tool_call_agent_calls_mcp_tools_in_the_turns_tool_step(tools: dict[str, McpTool]) -> None:
     model = ScriptedModel(
         [
             reply(calls=[call("add", a=20, b=22), call("picture")]),
@@ -213,8 +213,8 @@ def test_a_tool_call_agent_calls_mcp_tools_each_as_a_step(tools: dict[str, McpTo
         for s in steps
         if s.key.split(">")[0].split("/")[0] == "tool" and s.status is StepStatus.DONE
     ]
-    assert sorted(s.output["name"] for s in tool_steps) == ["add", "picture", "terminate"], (
-        "each call, MCP or not, is a committed tool step"
+    assert [[r["name"] for r in s.output] for s in tool_steps] == [["add", "picture"], ["terminate"]], (
+        "each turn's calls, MCP or not, are committed in the turn's tool step"
     )
 
 

@@ -343,7 +343,7 @@ def test_the_run_records_each_turn(local: dflow.Runtime) -> None:
     assert thoughts[0][0]["content"] == "looking" and thoughts[0][0]["tool_calls"][0]["name"] == "add"
     assert observed[0][0]["content"] == "3"
     tree = run.tree()
-    assert "loop" in tree and "act" in tree and "tool" in tree
+    assert "loop" in tree and "tool" in tree
 
 
 def test_agents_refuse_what_they_cannot_use() -> None:

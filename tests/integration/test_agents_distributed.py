@@ -2,8 +2,9 @@
 ``tests.integration.apps.agent_app`` over Redis Streams or Kafka, with the Redis store.
 
 * the same ``ToolCallAgent`` gives the same ``AgentResult`` in local mode and on workers;
-* a worker killed (``kill -9``) while a tool call is in flight costs only that step: a new
-  worker runs it again and the conversation completes, every other tool ran exactly once;
+* a worker killed (``kill -9``) while a tool call is in flight costs only that call: a new
+  worker makes it again and the conversation completes, every other tool ran exactly once
+  (the calls of a turn run in one step, each call's result kept as it ends);
 * sessions of a ``RedisChatMemory`` agent stay apart, and outlive the worker processes.
 """
 
@@ -44,13 +45,15 @@ def cluster(request: pytest.FixtureRequest, redis_url: str, prefix: str) -> Iter
 
 
 def committed_tools(trace_id: str) -> Counter[str]:
-    """Committed tool steps of a run, by tool name."""
-    return Counter(
-        s.output["name"]
+    """The tool calls of a run's committed tool steps (a turn's calls, or a flow tool's
+    call), by tool name."""
+    outputs = [
+        s.output
         for steps in runs_of(trace_id)
         for s in steps
         if s.status is StepStatus.DONE and s.key.split(">")[0].split("/")[0] == "tool"
-    )
+    ]
+    return Counter(r["name"] for out in outputs for r in (out if isinstance(out, list) else [out]))
 
 
 EXPECTED = AgentResult(
@@ -87,15 +90,17 @@ def test_same_agent_same_result_in_local_mode_and_on_workers(cluster: Cluster) -
 def test_worker_killed_while_a_tool_call_is_in_flight(cluster: Cluster) -> None:
     c = cluster
     job = c.prefix
-    held = f"{job}:capital"  # a branch of turn 0's zip, next to add's
+    held = f"{job}:capital"  # a call of turn 0, made at once with add's
     c.r.sadd(f"{job}:hold", held)
     c.connect()
     c.workers.start(1)
     first = c.workers.procs[0].pid
     run = app.calc.run(app.calc_task(job))
     wait_for("the held tool call to start", lambda: c.r.lrange(f"{job}:holding", 0, -1) == [held], 30)
-    # add ran alongside: wait for its commit, so that the only step in flight is the held one
-    wait_for("add to commit", lambda: committed_tools(run.trace_id) == {"add": 1}, 10)
+    # add ran alongside, in the same step: wait until its result is kept, so that the only call
+    # in flight is the held one
+    kept = f"*:pt:{run.trace_id}:*"
+    wait_for("add's result to be kept", lambda: any(c.r.hlen(k) == 1 for k in c.r.scan_iter(kept)), 10)
     c.workers.kill_one()
     c.workers.start(1)  # one at a time (tansu does not re-form a group that several members join at once)
     second = c.workers.procs[-1].pid
@@ -107,6 +112,7 @@ def test_worker_killed_while_a_tool_call_is_in_flight(cluster: Cluster) -> None:
     assert execs == {f"{job}:add": 1, f"{job}:capital": 2, f"{job}:multiply": 1}, (
         "every tool call ran exactly once, except the one in flight at the kill, which ran again"
     )
+    assert not list(c.r.scan_iter(kept)), "the kept results went when their step committed"
     assert c.counts(f"{job}:model-calls") == {"turn-0": 1, "turn-1": 1, "turn-2": 1}, (
         "no model call ran twice"
     )

@@ -15,10 +15,16 @@ from dflow.adapters.redis import RedisStore, RedisStreamsTransport
 from dflow.adapters.redis.client import disconnect
 from dflow.adapters.redis.state import RedisStateBackend
 from dflow.shared_state import StateBackend
-from dflow.testing import FusedStoreContract, StateBackendContract, StoreContract, TransportContract
+from dflow.testing import (
+    FusedStoreContract,
+    StateBackendContract,
+    StepPartsContract,
+    StoreContract,
+    TransportContract,
+)
 
 
-class TestRedisStore(StoreContract):
+class TestRedisStore(StoreContract, StepPartsContract):
     @pytest.fixture
     def make_store(self, redis_url: str, prefix: str) -> Callable[..., Store]:
         def make(**opts: Any) -> Store:

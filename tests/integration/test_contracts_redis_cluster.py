@@ -13,12 +13,18 @@ from dflow.adapters.redis import RedisStore, RedisStreamsTransport
 from dflow.adapters.redis.client import disconnect
 from dflow.adapters.redis.state import RedisStateBackend
 from dflow.shared_state import StateBackend
-from dflow.testing import FusedStoreContract, StateBackendContract, StoreContract, TransportContract
+from dflow.testing import (
+    FusedStoreContract,
+    StateBackendContract,
+    StepPartsContract,
+    StoreContract,
+    TransportContract,
+)
 
 from .test_contracts_redis import same_bucket_ids
 
 
-class TestClusterRedisStore(StoreContract):
+class TestClusterRedisStore(StoreContract, StepPartsContract):
     @pytest.fixture
     def make_store(self, redis_cluster_url: str, cluster_prefix: str) -> Callable[..., Store]:
         def make(**opts: Any) -> Store:

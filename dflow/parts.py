@@ -1,0 +1,87 @@
+"""Parts of a step: results a step keeps as it goes, so that a step run again (its worker
+died, or it failed and is retried) does not redo the parts it had finished.
+
+``await ctx.once("charge", fn)`` runs ``fn`` and keeps its result in the store as soon as it
+returns, under the step (its run and sequence number) and the part's name. When the same
+step runs again, ``once`` returns the kept result instead of calling ``fn``. The parts of a
+step are dropped once the step has committed: a later step of the same run with the same
+part name runs its own ``fn``.
+
+Several parts may run at once (``asyncio.gather`` of ``ctx.once`` calls): each is kept when
+it returns, so a crash redoes only those that had not. When two executions of one step race
+(a worker thought dead, still running), the first result kept wins and both return it.
+
+A store keeps parts when it implements :class:`StepParts` (the in-memory store and Redis do).
+With another store, or outside a worker, ``once`` simply calls ``fn``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from .wire.values import decode, encode
+
+__all__ = ["MAX_PART_NAME", "PartsOfStep", "StepParts", "check_part_name"]
+
+T = TypeVar("T")
+
+#: The longest name a part may have, in characters.
+MAX_PART_NAME = 200
+
+
+class StepParts(ABC):
+    """What a store implements to keep the parts of a step (see the module)."""
+
+    @abstractmethod
+    async def save_part(self, trace_id: str, seq: int, part: str, blob: bytes) -> bytes:
+        """Keep ``blob`` as ``part`` of step ``seq`` of run ``trace_id`` unless one is kept
+        already; return the one kept (the first saved wins)."""
+
+    @abstractmethod
+    async def saved_part(self, trace_id: str, seq: int, part: str) -> bytes | None:
+        """``part`` of step ``seq`` as kept, or ``None``."""
+
+    @abstractmethod
+    async def drop_parts(self, trace_id: str, seq: int) -> None:
+        """Forget every part of step ``seq`` (it has committed)."""
+
+
+def check_part_name(part: object) -> str:
+    """``part`` if it is a usable part name; a ``ValueError`` saying what is wrong."""
+    if not isinstance(part, str) or not part:
+        raise ValueError(f"a part of a step is named by a non-empty string, got {part!r:.80}")
+    if len(part) > MAX_PART_NAME:
+        raise ValueError(
+            f"the part name {part[:40]!r}... is {len(part)} characters, over the limit of {MAX_PART_NAME}"
+        )
+    return part
+
+
+class PartsOfStep:
+    """The parts of one execution of one step, on a store that keeps them."""
+
+    __slots__ = ("key", "seq", "store", "trace_id", "used")
+
+    def __init__(self, store: StepParts, trace_id: str, seq: int, key: str) -> None:
+        self.store = store
+        self.trace_id = trace_id
+        self.seq = seq
+        self.key = key
+        self.used = False  #: whether a part was saved or read: the step's parts are dropped after it commits
+
+    async def once(self, part: str, fn: Callable[[], Awaitable[T]]) -> T:
+        """The kept result of ``part``, or ``fn()``'s, kept before it is returned."""
+        self.used = True
+        kept = await self.store.saved_part(self.trace_id, self.seq, part)
+        if kept is not None:
+            result: Any = decode(kept)
+            return result  # type: ignore[no-any-return]
+        value = await fn()
+        blob = encode(value, f"the result of part {part!r} of step", self.key)
+        kept = await self.store.save_part(self.trace_id, self.seq, part, blob)
+        if kept == blob:
+            return value
+        again: Any = decode(kept)  # another execution of this step kept its result first
+        return again  # type: ignore[no-any-return]

@@ -1,0 +1,102 @@
+"""``ctx.once``: the parts of a step that finished are not done again when the step runs again
+(local mode; on Redis with a worker killed mid-step in tests/integration)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+import pytest
+
+import dflow
+from dflow import ContextStack, DFlow
+from tests.support.recorder import recorder
+
+pytestmark = pytest.mark.usefixtures("local")
+
+
+def test_a_retried_step_does_not_redo_the_parts_it_had_finished() -> None:
+    calls = recorder()
+
+    async def charge_then_ship(ctx: ContextStack, order: int) -> str:
+        async def charge() -> str:
+            calls.append("charge")
+            return f"charged {order}"
+
+        async def ship() -> str:
+            calls.append("ship")
+            if calls.items.count("ship") < 3:
+                raise ConnectionError("the carrier did not answer")
+            return f"shipped {order}"
+
+        return " and ".join([await ctx.once("charge", charge), await ctx.once("ship", ship)])
+
+    run = DFlow.direct_run(
+        7, lambda x: DFlow.just(x).map(charge_then_ship).id("order").retry(3, backoff=0.01)
+    )
+    assert run.result(10) == "charged 7 and shipped 7"
+    assert Counter(calls) == {"charge": 1, "ship": 3}, "charged once, though the step ran three times"
+
+
+def test_parts_run_at_once_and_each_is_kept_as_it_ends() -> None:
+    calls = recorder()
+
+    async def fetch_all(ctx: ContextStack, n: int) -> list[int]:
+        calls.append("attempt")
+
+        def fetcher(i: int):
+            async def fetch() -> int:
+                calls.append(f"f{i}")
+                await asyncio.sleep(0.05 * i)
+                if i == 3 and calls.items.count("attempt") == 1:  # the last to end
+                    raise TimeoutError("slow page")
+                return i * 10
+
+            return fetch
+
+        return list(await asyncio.gather(*(ctx.once(f"page-{i}", fetcher(i)) for i in range(n))))
+
+    run = DFlow.direct_run(4, lambda x: DFlow.just(x).map(fetch_all).id("fetch").retry(2, backoff=0.01))
+    assert run.result(10) == [0, 10, 20, 30]
+    assert Counter(calls) == {"attempt": 2, "f0": 1, "f1": 1, "f2": 1, "f3": 2}, (
+        "only the part that failed ran again"
+    )
+
+
+def test_the_parts_of_a_committed_step_are_dropped_and_a_later_step_runs_its_own() -> None:
+    calls = recorder()
+
+    async def step(ctx: ContextStack, x: int) -> int:
+        async def part() -> int:
+            calls.append(x)
+            return x + 1
+
+        return await ctx.once("same-name", part)
+
+    run = DFlow.direct_run(1, lambda x: DFlow.just(x).map(step).id("a").map(step).id("b"))
+    assert run.result(10) == 3 and Counter(calls) == {1: 1, 2: 1}
+    store = dflow.client._current().runtime.store
+    assert isinstance(store, dflow.MemoryStore)
+    assert len(store._parts) == 0, "nothing kept once the steps committed"
+
+
+def test_a_part_name_that_is_not_a_short_string_is_refused_with_the_limit() -> None:
+    ctx = ContextStack("t" * 32)
+
+    async def part() -> int:
+        return 1
+
+    with pytest.raises(ValueError, match="non-empty string"):
+        asyncio.run(ctx.once("", part))
+    with pytest.raises(ValueError, match="over the limit of 200"):
+        asyncio.run(ctx.once("x" * 201, part))
+
+
+def test_outside_a_worker_once_just_calls_the_function() -> None:
+    ctx = ContextStack("t" * 32)
+
+    async def part() -> str:
+        return "done"
+
+    assert asyncio.run(ctx.once("p", part)) == "done"
+    assert asyncio.run(ctx.once("p", part)) == "done"
