@@ -122,17 +122,23 @@ class RedisStreamsTransport(Transport):
             self._buffer.append(Delivery(fields.get(b"m", b""), (bucket, entry_id) if multi else entry_id))
 
     async def receive(self, max_messages: int = 1, timeout: float = 1.0) -> list[Delivery]:
+        """Up to ``max_messages`` messages, waiting up to ``timeout`` seconds for the first: a
+        read that comes back empty early (to claim dead consumers' messages in time, or one
+        stream's read of a cluster's ending first) is followed by another until then."""
         if self._buffer:
             return self._take(max_messages)
-        async with self._lock:
-            if not self._buffer:
+        async with self._lock:  # (one read at a time: the others wait for what it brings)
+            deadline = time.monotonic() + timeout
+            while not self._buffer:
                 with transport_errors():
                     try:
-                        await self._fetch(timeout)
+                        await self._fetch(max(deadline - time.monotonic(), 0.0))
                     except rex.ResponseError as exc:
                         if "NOGROUP" in str(exc):  # the group went (a failover to a replica without it,
                             self._group_ready = False  # a flushed stream): made again at the next call
                         raise
+                if time.monotonic() >= deadline:
+                    break
         return self._take(max_messages)
 
     async def _fetch(self, timeout: float) -> None:
