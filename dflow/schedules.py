@@ -42,6 +42,8 @@ __all__ = [
     "ScheduleBook",
     "ScheduleEntry",
     "book_of",
+    "interval",
+    "now_ms",
     "tick_trace_id",
 ]
 
@@ -82,7 +84,8 @@ def _check_cron(cron: str) -> None:
         ) from None
 
 
-def _seconds(every: float | timedelta) -> float:
+def interval(every: float | timedelta) -> float:
+    """``every`` in seconds; ``ScheduleError`` unless it is at least a millisecond."""
     s = every.total_seconds() if isinstance(every, timedelta) else every
     if isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(s) or s < 0.001:
         raise ScheduleError(
@@ -119,8 +122,8 @@ class Schedule:
             raise ScheduleError(f"schedule {self.name!r}: give cron= or every=, one of them")
         if self.cron is not None:
             _check_cron(self.cron)
-        else:
-            object.__setattr__(self, "every", _seconds(self.every))  # type: ignore[arg-type]
+        elif self.every is not None:
+            object.__setattr__(self, "every", interval(self.every))
         _zone(self.tz)
         if self.missed not in MISSED:
             raise ScheduleError(
@@ -154,7 +157,12 @@ class Schedule:
         from croniter import croniter
 
         start = datetime.fromtimestamp(ms / 1000, _zone(self.tz))
-        return round(croniter(self.cron, start).get_next(float) * 1000)
+        return round(croniter(self._cron, start).get_next(float) * 1000)
+
+    @property
+    def _cron(self) -> str:
+        assert self.cron is not None, "a schedule has cron= or every="
+        return self.cron
 
     def _latest(self, first: int, now: int) -> list[int]:
         """The fire times from ``first`` to ``now`` (both included), oldest first: the
@@ -168,7 +176,7 @@ class Schedule:
             return list(range(last, lo - 1, -step))[::-1]
         from croniter import croniter
 
-        it = croniter(self.cron, datetime.fromtimestamp((now + 1) / 1000, _zone(self.tz)))
+        it = croniter(self._cron, datetime.fromtimestamp((now + 1) / 1000, _zone(self.tz)))
         out: list[int] = []
         while len(out) < _LOOK_BACK:
             t = round(it.get_prev(float) * 1000)
@@ -305,7 +313,7 @@ class ScheduleBook(ABC):
         """Schedule ``name``, or ``None``."""
 
     @abstractmethod
-    async def list(self) -> list[ScheduleEntry]:
+    async def entries(self) -> list[ScheduleEntry]:
         """Every schedule, by name."""
 
     @abstractmethod

@@ -29,8 +29,9 @@ LAYERS: list[set[str]] = [
         "context",
         "store",
         "shared_state",
+        "schedules",
         "run_pages",
-    },  # the seams: a run's context, Store, shared state, pages
+    },  # the seams: a run's context, Store, shared state, schedules, pages
     {"model", "observe"},  # the flow model and its interpreter (and its port to the runtime); observers' seam
     {
         "memory",

@@ -88,7 +88,7 @@ class RedisScheduleBook(ScheduleBook):
                 spec, next_at, last = await pipe.execute()
         return None if spec is None else _entry(spec, next_at, last)
 
-    async def list(self) -> list[ScheduleEntry]:
+    async def entries(self) -> list[ScheduleEntry]:
         with store_errors():
             async with self.redis.pipeline(transaction=False) as pipe:
                 pipe.hgetall(self._specs)

@@ -60,7 +60,7 @@ class MemoryScheduleBook(ScheduleBook):
         kept = self._kept.get(name)
         return None if kept is None else kept.entry()
 
-    async def list(self) -> list[ScheduleEntry]:
+    async def entries(self) -> list[ScheduleEntry]:
         return [self._kept[n].entry() for n in sorted(self._kept)]
 
     async def due(self, now: int, limit: int = 100) -> tuple[list[ScheduleEntry], int | None]:

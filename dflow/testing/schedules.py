@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from ..schedules import Fired, Schedule, ScheduleBook
+from ..schedules import Fired, Schedule, ScheduleBook, ScheduleEntry
 from ..wire.values import encode
 from .cases import sync
 
@@ -24,8 +24,14 @@ __all__ = ["ScheduleBookContract"]
 T0 = 1_800_000_000_000  #: a time to start from, in ms
 
 
-def _every(name: str, seconds: float = 60.0, **options: object) -> Schedule:
-    return Schedule(name, "nightly", every=seconds, **options)  # type: ignore[arg-type]
+def _every(name: str, seconds: float = 60.0) -> Schedule:
+    return Schedule(name, "nightly", every=seconds)
+
+
+async def _got(book: ScheduleBook, name: str) -> ScheduleEntry:
+    entry = await book.get(name)
+    assert entry is not None, f"schedule {name!r} is kept"
+    return entry
 
 
 class ScheduleBookContract:
@@ -65,14 +71,14 @@ class ScheduleBookContract:
             entry = await book.put(cron, T0)
             assert entry.schedule == cron and entry.next_at == T0 and entry.last is None
             await book.put(_every("beat"), T0 + 5)
-            assert [(e.schedule, e.next_at) for e in await book.list()] == [
+            assert [(e.schedule, e.next_at) for e in await book.entries()] == [
                 (_every("beat"), T0 + 5),
                 (cron, T0),
             ], "by name, each as it was kept"
             assert (await book.get("report")) == entry
             assert await book.remove("report") is True
             assert await book.get("report") is None and await book.remove("report") is False
-            assert [e.schedule.name for e in await book.list()] == ["beat"]
+            assert [e.schedule.name for e in await book.entries()] == ["beat"]
 
     @sync
     async def test_keeping_a_schedule_again_leaves_it_unless_its_settings_changed(
@@ -102,7 +108,9 @@ class ScheduleBookContract:
             assert await book.resume("beat", T0 + 120_000) is True
             assert (await book.due(T0 + 120_000))[0][0].next_at == T0 + 120_000
             assert await book.resume("beat", T0 + 999_000) is True
-            assert (await book.get("beat")).next_at == T0 + 120_000, "resuming one not paused changes nothing"  # type: ignore[union-attr]
+            assert (await _got(book, "beat")).next_at == T0 + 120_000, (
+                "resuming one not paused changes nothing"
+            )
             assert await book.pause("nope") is False and await book.resume("nope", T0) is False
 
     @sync
@@ -156,7 +164,7 @@ class ScheduleBookContract:
                 "the hold ended with the tick"
             )
             assert await book.advance("beat", T0 + 60_000, T0 + 120_000, None)
-            assert (await book.get("beat")).last == fired, "None keeps the last"  # type: ignore[union-attr]
+            assert (await _got(book, "beat")).last == fired, "None keeps the last"
             await book.pause("beat")
             assert not await book.advance("beat", T0 + 120_000, T0 + 180_000, None), "a paused one stays"
             assert not await book.advance("nope", T0, T0 + 1, None)
