@@ -131,7 +131,7 @@ class ScheduleTicker:
             else:
                 overlapped += 1
         fired = Fired(
-            plan.fire[-1] if plan.fire else tick,
+            plan.fire[-1] if plan.fire else last.tick,
             previous,
             self.worker,
             last.skipped + plan.skipped,
