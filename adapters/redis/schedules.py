@@ -11,6 +11,7 @@ application's settings.
 
 from __future__ import annotations
 
+import logging
 from typing import Any, cast
 
 from dflow.errors import StoreError
@@ -21,6 +22,8 @@ from .errors import store_errors
 from .scripts import _read
 
 __all__ = ["RedisScheduleBook"]
+
+log = logging.getLogger("dflow.redis")
 
 SCRIPTS = ("sched_put", "sched_pause", "sched_remove", "sched_due", "sched_hold", "sched_advance")
 
@@ -105,7 +108,13 @@ class RedisScheduleBook(ScheduleBook):
         reply = await self._run("sched_due", [self._specs, self._due, self._last], [now, limit])
         soonest = None if not reply[0] else round(float(_text(reply[0])))
         rows = reply[1:]
-        return [_entry(rows[i + 2], rows[i + 1], rows[i + 3]) for i in range(0, len(rows), 4)], soonest
+        entries = []
+        for i in range(0, len(rows), 4):
+            try:
+                entries.append(_entry(rows[i + 2], rows[i + 1], rows[i + 3]))
+            except StoreError as exc:  # (one damaged schedule does not stop the others)
+                log.error("dflow: schedule %r cannot be read, so it does not fire: %s", _text(rows[i]), exc)
+        return entries, soonest
 
     async def hold(self, name: str, tick: int, worker: str, now: int, until: int) -> bool:
         reply = await self._run("sched_hold", [self._due, self._holds], [name, tick, worker, now, until])
