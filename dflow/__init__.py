@@ -38,6 +38,7 @@ from .errors import (
     RunFailedError,
     RunNotFoundError,
     RunTimeoutError,
+    ScheduleError,
     SerializationError,
     StepFailedError,
     StepTimeoutError,
@@ -55,6 +56,7 @@ from .memory import MemoryBroker, MemoryStore, MemoryTransport
 from .ops.conversations import declare_conversation
 from .policy import RetryPolicy
 from .runtime import Runtime
+from .schedules import Schedule
 from .state import State, Version
 from .store import RunPage, Store
 from .transport import Delivery, Transport
@@ -98,6 +100,8 @@ __all__ = [
     "RunStatus",
     "RunTimeoutError",
     "Runtime",
+    "Schedule",
+    "ScheduleError",
     "SerializationError",
     "State",
     "StepFailedError",

@@ -62,6 +62,7 @@ __all__ = [
     "RunFailedError",
     "RunNotFoundError",
     "RunTimeoutError",
+    "ScheduleError",
     "SerializationError",
     "StepFailedError",
     "StepTimeoutError",
@@ -127,6 +128,11 @@ class UnknownStepError(DFlowError):
 
 class ConfigurationError(DFlowError):
     """dflow is not set up for what was asked: no runtime, a missing extra, a bad URL."""
+
+
+class ScheduleError(DFlowError, ValueError):
+    """A schedule that cannot be kept: a cron expression that does not parse, an unknown
+    time zone, an interval not over 0, an unknown policy, a bad name. Nothing was stored."""
 
 
 class UnknownEntryError(DFlowError, KeyError):

@@ -262,6 +262,34 @@ def test_the_runs_list_shows_counts_filters_and_pages(browser: httpx.Client) -> 
     assert row["waiting_for"] == "con-answer" and row["finished"] is False
 
 
+def test_the_runs_list_shows_the_schedules_with_their_next_fire_times(
+    runtime: dflow.Runtime, browser: httpx.Client
+) -> None:
+    from dflow.runtime.process import _current
+    from dflow.schedules import Schedule
+
+    book = runtime.store.schedules  # type: ignore[attr-defined]
+    nightly = Schedule("con-nightly", "con-twice", cron="0 3 * * *")
+    paused = Schedule("con-paused", "con-twice", every=60)
+    at = 1_900_000_800_000  # a whole minute
+    shown = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(at / 1000))
+    host = _current()
+    host.run(book.put(nightly, at))
+    host.run(book.put(paused, at))
+    host.run(book.pause("con-paused"))
+    try:
+        html = browser.get("/console/").text
+        assert '<section class="card schedules">' in html
+        rows = re.findall(r'<tr class="schedule-row">(.*?)</tr>', html)
+        assert len(rows) == 2
+        assert "con-nightly" in rows[0] and "0 3 * * *" in rows[0] and shown in rows[0]
+        assert "con-paused" in rows[1] and "every 60s" in rows[1] and ">paused<" in rows[1]
+    finally:
+        host.run(book.remove("con-nightly"))
+        host.run(book.remove("con-paused"))
+    assert "card schedules" not in browser.get("/console/").text, "no schedules: no card"
+
+
 sleeper = (
     DFlow.from_call("con-sleep")
     .map(lambda x: x)

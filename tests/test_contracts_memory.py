@@ -1,4 +1,4 @@
-"""The in-memory store, its shared state and its transport pass the contracts every adapter
+"""The in-memory store, its shared state, its schedules and its transport pass the contracts every adapter
 must pass."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import pytest
 
 from dflow import MemoryBroker, MemoryStore, MemoryTransport, Store, Transport
 from dflow.memory.state import MemoryStateBackend
+from dflow.schedules import ScheduleBook
 from dflow.shared_state import StateBackend
 from dflow.store import RunReader
 from dflow.testing import (
@@ -16,6 +17,7 @@ from dflow.testing import (
     FusedStoreContract,
     RunReaderContract,
     RunWriterContract,
+    ScheduleBookContract,
     StateBackendContract,
     StepPartsContract,
     StoreContract,
@@ -99,3 +101,9 @@ class TestMemoryTransport(TransportContract):
             return [MemoryTransport(broker) for _ in range(n)]
 
         return make
+
+
+class TestMemoryScheduleBook(ScheduleBookContract):
+    @pytest.fixture
+    def make_book(self) -> Callable[[], ScheduleBook]:
+        return lambda: MemoryStore().schedules

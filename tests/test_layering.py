@@ -29,9 +29,10 @@ LAYERS: list[set[str]] = [
         "context",
         "store",
         "shared_state",
+        "schedules",
         "run_pages",
         "parts",
-    },  # the seams: a run's context, Store, shared state, pages, the parts of a step
+    },  # the seams: a run's context, Store, shared state, schedules, pages, the parts of a step
     {"model", "observe"},  # the flow model and its interpreter (and its port to the runtime); observers' seam
     {
         "memory",

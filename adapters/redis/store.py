@@ -52,6 +52,7 @@ from .fusable import same_cluster, same_server
 from .keyspace import Keyspace
 from .parts import RedisParts
 from .reads import RunReads, _s
+from .schedules import KeepsSchedules
 from .state import RedisStateBackend
 
 if TYPE_CHECKING:
@@ -64,7 +65,7 @@ log = logging.getLogger("dflow.redis")
 _pack = msgpack.Packer(use_bin_type=True).pack
 
 
-class RedisStore(RunReads, Store, StepParts):
+class RedisStore(RunReads, KeepsSchedules, Store, StepParts):
     """``Store`` on Redis (redis-py's asyncio client), one server or a Redis Cluster.
 
     ``url``: ``redis://[user:password@]host:port/db`` or ``rediss://`` for TLS, or
@@ -78,7 +79,8 @@ class RedisStore(RunReads, Store, StepParts):
     default on a cluster, 1 on one server; the same as its transport's). ``wait``:
     each write is acknowledged only once that many replicas have it (``WAIT``), waiting up
     to ``wait_timeout`` seconds, else ``StoreError`` (it may be lost if the primary fails).
-    Its ``shared_state`` is a ``RedisStateBackend`` on the same client and prefix.
+    Its ``shared_state`` is a ``RedisStateBackend`` on the same client and prefix, its
+    ``schedules`` a ``RedisScheduleBook``.
     """
 
     def __new__(cls, *args: Any, **options: Any) -> RedisStore:

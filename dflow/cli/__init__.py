@@ -8,6 +8,8 @@
     dflow rerun TRACE_ID --from SEQ --store URL [--transport URL]
     dflow call TRACE_ID CALL_TYPE [JSON] --store URL [--transport URL]
     dflow circuits --store URL [--json]
+    dflow schedule add NAME --pipeline P (--cron EXPR | --every SPAN) [--param JSON] --store URL
+    dflow schedule ls|pause|resume|rm [NAME] --store URL
 
 URLs default to the environment: ``DFLOW_TRANSPORT``, ``DFLOW_STORE``; the shared secret
 that signs flows is ``DFLOW_SECRET``. Each command is a module here with its ``register``
@@ -26,11 +28,12 @@ from typing import Any
 from ..errors import (
     ConfigurationError,
     InvalidTraceIdError,
+    ScheduleError,
     StoreUnavailableError,
     TransportUnavailableError,
 )
 from ..ops.tree import safe
-from . import circuits, control, runs, serve, worker
+from . import circuits, control, runs, schedules, serve, worker
 from .options import LOG_LEVELS, version
 
 __all__ = ["main"]
@@ -49,6 +52,7 @@ _COMMANDS: dict[
     "serve": (serve.register, serve.run),
     "ls": (runs.register_ls, runs.ls),
     "circuits": (circuits.register, circuits.run),
+    "schedule": (schedules.register, schedules.run),
 }
 
 
@@ -80,7 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return asyncio.run(_COMMANDS[args.command][1](args))
-    except (ConfigurationError, InvalidTraceIdError, ImportError) as exc:
+    except (ConfigurationError, InvalidTraceIdError, ScheduleError, ImportError) as exc:
         print(f"dflow {args.command}: {safe(exc)}", file=sys.stderr)
         return 2
     except (StoreUnavailableError, TransportUnavailableError) as exc:

@@ -1,5 +1,6 @@
 """The commands that read runs: ``dflow inspect`` (a run's step tree) and ``dflow ls``
-(recent runs), as text for people or as JSON for scripts."""
+(recent runs, then the schedules with their next fire times), as text for people or as
+JSON for scripts (the runs only)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from .circuits import circuit_notes
 from .options import add_store, count, store_url
 
 if TYPE_CHECKING:
+    from ..schedules import ScheduleEntry
     from ..store import Store
 
 _BRANCH_DEPTH = 8  # zip/any branches nested deeper than this are listed by id only
@@ -96,6 +98,7 @@ async def ls(args: argparse.Namespace) -> int:
     store = store_from_url(store_url(args))
     try:
         runs = await _listed(store, args)
+        kept = await _schedules(store) if not args.json else []
     finally:
         await store.close()
     if args.json:
@@ -114,7 +117,24 @@ async def ls(args: argparse.Namespace) -> int:
             f"{safe(r.trace_id):<40} {r.status.value:<9} {pipeline:<24} {r.seq:>5} {started:<19} "
             f"{now - r.created:>7.0f}s  {safe(_note(r)[:80])}"
         )
+    if kept:
+        from ..ops.schedules import table
+
+        print()
+        print("\n".join(safe(line) for line in table(kept, now)))
     return 0
+
+
+async def _schedules(store: Store) -> list[ScheduleEntry]:
+    """The schedules ``dflow ls`` shows under the runs (none for a store that keeps none)."""
+    from ..errors import ConfigurationError
+    from ..schedules import book_of
+
+    try:
+        book = book_of(store)
+    except ConfigurationError:
+        return []
+    return await book.entries()
 
 
 async def _listed(store: Store, args: argparse.Namespace) -> list[RunInfo]:

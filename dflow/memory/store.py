@@ -57,19 +57,21 @@ from .listings import RunIndex, RunListing
 from .parts import PartTable
 from .runs import JoinState, Lease, RunState
 from .schedule import Outbox, Timers
+from .schedules import KeepsSchedules
 from .state import MemoryStateBackend
 from .transport import MemoryBroker, MemoryTransport
 
 __all__ = ["MemoryBroker", "MemoryStore", "MemoryTransport"]
 
 
-class MemoryStore(RunEnds, RunListing, Store, StepParts):
+class MemoryStore(RunEnds, RunListing, KeepsSchedules, Store, StepParts):
     """``Store`` in a dict. ``ttl``: seconds a finished run is kept; ``blob_ttl``: seconds
     a flow blob no live run references is kept; ``redispatch_after``: seconds after which a
     committed but unclaimed next message is handed out again (outbox; not fused).
     ``transport``: a ``MemoryTransport`` to put step messages on itself (then the store is
     ``FusedDispatch``). ``clock``: where it reads the time (``dflow.testing.FakeClock`` in
-    tests). Its ``shared_state`` is a ``MemoryStateBackend`` on the same clock."""
+    tests). Its ``shared_state`` is a ``MemoryStateBackend`` on the same clock, its
+    ``schedules`` a ``MemoryScheduleBook``."""
 
     def __new__(cls, *args: Any, **options: Any) -> MemoryStore:
         fused = options.get("transport") is not None

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from ..context import StepRecord, StepStatus
-from ..errors import BuildError, DFlowError, UnknownEntryError
+from ..errors import BuildError, DFlowError, ScheduleError, UnknownEntryError
+from ..schedules import Schedule, interval
 from ..wire.ids import check_trace_id
 from ..wire.values import Message, encode
 from . import chains
@@ -167,6 +169,49 @@ class Pipeline(Generic[Out_co]):
         trace = new_trace(trace_id)
         frame = Frame(self._chain, 0)
         return Start(trace, (frame,), encode(None), Message(trace, 0, frame.key), pipeline=self.name)
+
+    def schedule(
+        self,
+        name: str,
+        *,
+        cron: str | None = None,
+        every: timedelta | float | None = None,
+        param: Any = None,
+        tz: str = "UTC",
+        missed: str = "run_once",
+        overlap: str = "allow",
+        max_missed: int = 10,
+    ) -> Schedule:
+        """Start a run of this pipeline with ``param`` at each fire time of ``cron`` (read
+        in time zone ``tz``) or ``every`` (a timedelta or seconds, at its multiples since
+        the epoch). Each tick starts one run, ``sched:NAME:TIME``, whatever the number of
+        workers. ``missed``: what becomes of ticks missed while no worker ran (``skip``,
+        ``run_once``, ``all``: the latest ``max_missed``); ``overlap``: what a tick does
+        while the previous run goes on (``allow``, ``skip``, ``cancel_previous``).
+
+        Declared in this process: each runtime here that consumes keeps it in its store's
+        schedules and fires it (a worker that imports the module, local mode). The same
+        declaration in many workers is one schedule. ``ScheduleError`` for bad settings."""
+        if param is not None and not self._entries:
+            raise ScheduleError(
+                f"schedule {name!r}: pipeline {self.name!r} starts with {self._chain.nodes[0]._describe()}, "
+                "which takes no parameter: leave param out or make its head a from_call"
+            )
+        schedule = Schedule(
+            name,
+            self.name,
+            cron=cron,
+            every=None if every is None else interval(every),
+            tz=tz,
+            param=encode(param, f"the parameter of schedule {name!r}"),
+            missed=missed,
+            overlap=overlap,
+            max_missed=max_missed,
+        )
+        from .registry import declare_schedule
+
+        declare_schedule(schedule)
+        return schedule
 
     def call(self, param: Any = None, trace_id: str | None = None) -> Run[Out_co]:
         """Start a run through the pipeline's only entry (or its ``just`` head)."""

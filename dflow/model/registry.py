@@ -11,6 +11,7 @@ import logging
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from ..schedules import Schedule
     from .nodes import Chain
     from .pipeline import Pipeline
 
@@ -19,6 +20,7 @@ log = logging.getLogger("dflow")
 _pipelines: dict[str, Pipeline] = {}
 _by_ref: dict[str, Chain] = {}
 _ref_by_id: dict[int, str] = {}
+_schedules: dict[str, Schedule] = {}  #: declared by ``Pipeline.schedule``, by name
 
 
 def static_ref(head_key: str) -> str:
@@ -110,3 +112,23 @@ def _ids_differ(theirs: list[str], ours: list[str]) -> str:
 def pipelines() -> list[Pipeline]:
     """The pipelines registered in this process (one per head key)."""
     return list(_pipelines.values())
+
+
+def pipeline_named(name: str) -> Pipeline | None:
+    """The pipeline registered in this process under ``name`` (the last one made)."""
+    found = None
+    for p in _pipelines.values():
+        if p.name == name:
+            found = p
+    return found
+
+
+def declare_schedule(schedule: Schedule) -> None:
+    """Record ``schedule`` as declared in this process (a later one of that name wins): the
+    runtimes here keep it in their store's book."""
+    _schedules[schedule.name] = schedule
+
+
+def declared_schedules() -> list[Schedule]:
+    """The schedules declared in this process."""
+    return list(_schedules.values())

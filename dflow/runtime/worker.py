@@ -36,6 +36,7 @@ from .lifecycle import Lifecycle
 from .observers import Observers
 from .shutdown import hand_back
 from .step import StepRunner
+from .ticks import ScheduleTicker
 from .upkeep import Leases, Running, TimerScan
 
 __all__ = ["Runtime"]
@@ -70,7 +71,8 @@ class Runtime:
 
     Its parts: ``dispatcher`` (start runs, deliver calls, cancel, publish), ``steps`` (what
     a claimed step does), ``cycle`` (claim, run, commit), ``timers`` (the scan of the
-    store's timers), ``leases`` (the renewal of the leases of the steps running here), ``observing``
+    store's timers), ``leases`` (the renewal of the leases of the steps running here),
+    ``schedules`` (the firing of the store's schedules, ``dflow.schedules``), ``observing``
     (the observers), ``life`` (whether it is stopping) and ``deadlocks``.
     """
 
@@ -138,6 +140,15 @@ class Runtime:
             clock=clock,
             outages=self.outages,
         )
+        #: the firing of the store's schedules (``runtime.ticks``), while consuming
+        self.schedules = ScheduleTicker(
+            self.dispatcher,
+            self.worker_id,
+            poll_interval=max(poll_interval, 0.5),  # (local mode's scan is every 5 ms: not this)
+            life=self.life,
+            clock=clock,
+            outages=self.outages,
+        )
         interval = check_interval(deadlock_interval)
         #: the deadlock detector, when ``deadlock_interval`` is set (it runs while consuming)
         self.deadlocks = (
@@ -180,7 +191,8 @@ class Runtime:
     # -- lifecycle -------------------------------------------------------------------
 
     async def start(self, *, consume: bool = True) -> None:
-        """Start the consumers (when ``consume``), the timer loop and lease renewal."""
+        """Start the consumers, lease renewal and the firing of schedules (when
+        ``consume``), and the timer loop."""
         self._stopping = False
         loop = self._loop = asyncio.get_running_loop()
         if self._observer is not None:
@@ -190,6 +202,7 @@ class Runtime:
             self._tasks.append(loop.create_task(self.leases.renew()))
             if self.deadlocks is not None:
                 self._tasks.append(loop.create_task(self.deadlocks.run()))
+            self._tasks.append(loop.create_task(self.schedules.run()))
         self._tasks.append(loop.create_task(self.timers.run()))
 
     async def stop(self, grace: float = 10.0) -> None:

@@ -2,8 +2,9 @@
 per part of the seam (``conformance`` gathers them): ``StoreContract``, the whole store, made
 of ``RunWriterContract`` (``writes``, ``joins``), ``RunReaderContract`` (``reads``), the
 listings (``listing``) and runs holding compensations (``saga``); ``FusedStoreContract``
-(``fused``), ``StateBackendContract`` (``state``), ``StepPartsContract`` (``parts``: the parts
-of steps, for a store that keeps them) and ``TransportContract`` (``transport``);
+(``fused``), ``StateBackendContract`` (``state``), ``ScheduleBookContract``
+(``schedules``), ``StepPartsContract`` (``parts``: the parts of steps, for a store that keeps
+them) and ``TransportContract`` (``transport``);
 and the table of malformed step messages every reader of step messages must refuse
 (``MALFORMED_MESSAGES``). ``cases`` holds what the suites build their cases from;
 ``FakeClock`` (``clock``) is a clock that moves only when a test moves it. Public: the names
@@ -23,6 +24,7 @@ from .conformance import (
     TransportContract,
 )
 from .parts import StepPartsContract
+from .schedules import ScheduleBookContract
 
 # plain sorted(), as tests/test_exports.py checks (ruff's sort puts constants first)
 __all__ = [  # noqa: RUF022
@@ -31,6 +33,7 @@ __all__ = [  # noqa: RUF022
     "MALFORMED_MESSAGES",
     "RunReaderContract",
     "RunWriterContract",
+    "ScheduleBookContract",
     "StateBackendContract",
     "StepPartsContract",
     "StoreContract",

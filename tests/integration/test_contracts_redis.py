@@ -13,10 +13,13 @@ import pytest
 from dflow import Store, Transport
 from dflow.adapters.redis import RedisStore, RedisStreamsTransport
 from dflow.adapters.redis.client import disconnect
+from dflow.adapters.redis.schedules import RedisScheduleBook
 from dflow.adapters.redis.state import RedisStateBackend
+from dflow.schedules import ScheduleBook
 from dflow.shared_state import StateBackend
 from dflow.testing import (
     FusedStoreContract,
+    ScheduleBookContract,
     StateBackendContract,
     StepPartsContract,
     StoreContract,
@@ -120,3 +123,13 @@ class TestRedisStreamsTransportOverStreams(TransportContract):
             ]
 
         return make
+
+
+class TestRedisScheduleBook(ScheduleBookContract):
+    @pytest.fixture
+    def make_book(self, redis_url: str, prefix: str) -> Callable[[], ScheduleBook]:
+        return lambda: RedisStore(redis_url, prefix=prefix).schedules
+
+    async def close_book(self, book: ScheduleBook) -> None:
+        assert isinstance(book, RedisScheduleBook)
+        await disconnect(book.redis)

@@ -11,10 +11,13 @@ import pytest
 from dflow import Store, Transport
 from dflow.adapters.redis import RedisStore, RedisStreamsTransport
 from dflow.adapters.redis.client import disconnect
+from dflow.adapters.redis.schedules import RedisScheduleBook
 from dflow.adapters.redis.state import RedisStateBackend
+from dflow.schedules import ScheduleBook
 from dflow.shared_state import StateBackend
 from dflow.testing import (
     FusedStoreContract,
+    ScheduleBookContract,
     StateBackendContract,
     StepPartsContract,
     StoreContract,
@@ -74,3 +77,13 @@ class TestClusterRedisStreamsTransport(TransportContract):
             ]
 
         return make
+
+
+class TestClusterRedisScheduleBook(ScheduleBookContract):
+    @pytest.fixture
+    def make_book(self, redis_cluster_url: str, cluster_prefix: str) -> Callable[[], ScheduleBook]:
+        return lambda: RedisStore(redis_cluster_url, prefix=cluster_prefix).schedules
+
+    async def close_book(self, book: ScheduleBook) -> None:
+        assert isinstance(book, RedisScheduleBook)
+        await disconnect(book.redis)

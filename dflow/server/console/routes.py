@@ -40,6 +40,7 @@ from .api import add_api_routes
 from .auth import COOKIE, check_same_origin
 from .html import login_page, run_href, run_page
 from .runs_html import RunRow, runs_page
+from .schedules_html import kept_schedules, schedules_table
 from .shared import STATIC, Console, list_runs
 
 if TYPE_CHECKING:
@@ -125,6 +126,7 @@ def _page_routes(router: APIRouter, console: Console) -> None:
                 logout=not console.auth.open,
                 parked=listed.parked,
                 notice=notice,
+                schedules="" if listed.cursor else schedules_table(await kept_schedules(console)),
             )
         )
 

@@ -37,6 +37,7 @@ def runs_page(
     logout: bool,
     parked: bool = False,
     notice: str = "",
+    schedules: str = "",
 ) -> str:
     """The runs list: counts by status, filters, a page of runs (with ``parked``, those of
     them that are parked), the link to the next; ``notice`` above them (a run id searched
@@ -48,7 +49,7 @@ def runs_page(
         f'<section class="card runs-list"{refresh}><div class="title-row"><h1>Runs '
         '<span class="live" id="live"></span></h1>'
         f'<div class="chips">{_status_chips(counts, query)}</div></div>{_filters(query, pipelines)}{note}'
-        f"{_runs_table(rows)}{_pager(query, cursor, next_cursor, limit)}</section>"
+        f"{_runs_table(rows)}{_pager(query, cursor, next_cursor, limit)}</section>{schedules}"
     )
     return page("Runs", body, csrf=csrf, logout=logout)
 
