@@ -28,6 +28,7 @@ LAYERS: list[set[str]] = [
     {
         "context",
         "store",
+        "mailbox",
         "shared_state",
         "run_pages",
     },  # the seams: a run's context, Store, shared state, pages
