@@ -15,6 +15,7 @@ from .clock import FakeClock
 from .conformance import (
     MALFORMED_MESSAGES,
     FusedStoreContract,
+    MailboxContract,
     RunReaderContract,
     RunWriterContract,
     StateBackendContract,
@@ -27,6 +28,7 @@ __all__ = [  # noqa: RUF022
     "FakeClock",
     "FusedStoreContract",
     "MALFORMED_MESSAGES",
+    "MailboxContract",
     "RunReaderContract",
     "RunWriterContract",
     "StateBackendContract",
