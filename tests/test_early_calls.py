@@ -5,7 +5,6 @@ with ``if_waiting=True``, over the mailbox's bounds, and for finished or unknown
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -25,6 +24,7 @@ from dflow import (
 )
 from dflow.testing import FakeClock
 from tests.support.recorder import recorder
+from tests.support.runs import wait_for
 
 KEY = "k" * 32
 
@@ -53,13 +53,6 @@ def local_clock() -> Iterator[Local]:
     dflow.shutdown()
 
 
-def _until(check: Callable[[], bool], within: float = 10.0) -> None:
-    deadline = time.monotonic() + within
-    while not check():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.002)
-
-
 def _sleeping_then(flow: Callable[[object], DFlow[object]]) -> DFlow[object]:
     """A flow that sleeps 60 s (on the fake clock) before ``flow``."""
     return DFlow.delay(0, 60.0).flat_map(flow).id("then")
@@ -67,7 +60,7 @@ def _sleeping_then(flow: Callable[[object], DFlow[object]]) -> DFlow[object]:
 
 def test_a_call_sent_before_the_run_waits_is_delivered_when_it_reaches_from_call(local_clock: Local) -> None:
     run = DFlow.direct_run(0, lambda _: _sleeping_then(lambda _: DFlow.from_call("approve")))
-    _until(lambda: run.status() is RunStatus.SLEEPING)
+    wait_for("the run sleeps before its wait", lambda: run.status() is RunStatus.SLEEPING, 10)
     DFlow.call("approve", {"by": "ann"}, run.trace_id)
     assert run.status() is RunStatus.SLEEPING, "the call waits in the mailbox"
     local_clock.advance(60.0)
@@ -76,7 +69,7 @@ def test_a_call_sent_before_the_run_waits_is_delivered_when_it_reaches_from_call
 
 def test_early_calls_of_one_type_are_taken_in_arrival_order_by_from_call_count(local_clock: Local) -> None:
     run = DFlow.direct_run(0, lambda _: _sleeping_then(lambda _: DFlow.from_call("vote", count=3)))
-    _until(lambda: run.status() is RunStatus.SLEEPING)
+    wait_for("the run sleeps before its wait", lambda: run.status() is RunStatus.SLEEPING, 10)
     for vote in ("yes", "no", "yes"):
         DFlow.call("vote", vote, run.trace_id)
     local_clock.advance(60.0)
@@ -92,7 +85,7 @@ def test_a_call_for_a_later_wait_is_kept_while_the_run_waits_for_another(local_c
         )
 
     run = DFlow.direct_run(0, flow)
-    _until(lambda: run.info().waiting_for == "first")
+    wait_for("the run waits for the first call", lambda: run.info().waiting_for == "first", 10)
     DFlow.call("second", 2, run.trace_id)
     assert run.info().waiting_for == "first"
     DFlow.call("first", 1, run.trace_id)
@@ -101,18 +94,18 @@ def test_a_call_for_a_later_wait_is_kept_while_the_run_waits_for_another(local_c
 
 def test_if_waiting_refuses_an_early_call_and_keeps_nothing(local_clock: Local) -> None:
     run = DFlow.direct_run(0, lambda _: _sleeping_then(lambda _: DFlow.from_call("approve")))
-    _until(lambda: run.status() is RunStatus.SLEEPING)
+    wait_for("the run sleeps before its wait", lambda: run.status() is RunStatus.SLEEPING, 10)
     with pytest.raises(NotWaitingError, match="not waiting for call 'approve'"):
         DFlow.call("approve", 1, run.trace_id, if_waiting=True)
     local_clock.advance(60.0)
-    _until(lambda: run.status() is RunStatus.WAITING)
+    wait_for("the run waits", lambda: run.status() is RunStatus.WAITING, 10)
     DFlow.call("approve", 2, run.trace_id, if_waiting=True)
     assert run.result(10) == 2
 
 
 def test_a_call_over_the_mailbox_bound_is_refused_naming_the_limit(local_clock: Local) -> None:
     run = DFlow.direct_run(0, lambda _: _sleeping_then(lambda _: DFlow.from_call("vote", count=20)))
-    _until(lambda: run.status() is RunStatus.SLEEPING)
+    wait_for("the run sleeps before its wait", lambda: run.status() is RunStatus.SLEEPING, 10)
     for i in range(Mailbox().per_type):
         DFlow.call("vote", i, run.trace_id)
     with pytest.raises(MailboxFullError, match=r"20 early calls of that type.*Mailbox.per_type=20") as caught:
@@ -136,11 +129,11 @@ def test_an_on_init_still_runs_when_its_call_came_first(local_clock: Local) -> N
     run = DFlow.direct_run(
         0, lambda _: _sleeping_then(lambda _: DFlow.from_call("job", on_init=lambda ctx: started.append(1)))
     )
-    _until(lambda: run.status() is RunStatus.SLEEPING)
+    wait_for("the run sleeps before its wait", lambda: run.status() is RunStatus.SLEEPING, 10)
     DFlow.call("job", "done early", run.trace_id)
     local_clock.advance(60.0)
     assert run.result(10) == "done early"
-    _until(lambda: started == [1])
+    wait_for("the on_init ran", lambda: started == [1], 10)
 
 
 def test_from_call_count_at_the_head_of_a_pipeline_starts_with_the_first_call(local_clock: Local) -> None:

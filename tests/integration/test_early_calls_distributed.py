@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -64,23 +65,26 @@ def setup(request: pytest.FixtureRequest, redis_url: str, prefix: str) -> Iterat
     s.close()
 
 
-@pytest.mark.timeout(120)
-def test_calls_sent_before_the_run_reaches_its_wait_are_delivered_in_order(setup: Setup) -> None:
-    run = early_flows.votes.entry("poll").call("lunch")
+def _held_with_votes(setup: Setup, title: str, votes: tuple[str, ...]) -> dflow.Run[Any]:
+    """A run of ``votes``, held in the step before its wait, sent ``votes`` meanwhile."""
+    run = early_flows.votes.entry("poll").call(title)
     setup.wait_started(run.trace_id, 1)
-    for vote in ("pizza", "soup", "pizza"):
+    for vote in votes:
         DFlow.call("vote", vote, run.trace_id)
     assert run.status() is RunStatus.RUNNING, "the run is still before its wait"
+    return run
+
+
+@pytest.mark.timeout(120)
+def test_calls_sent_before_the_run_reaches_its_wait_are_delivered_in_order(setup: Setup) -> None:
+    run = _held_with_votes(setup, "lunch", ("pizza", "soup", "pizza"))
     setup.open_gate(run.trace_id)
     assert run.result(60) == {"lunch": ["pizza", "soup", "pizza"]}
 
 
 @pytest.mark.timeout(120)
 def test_kept_calls_outlive_the_worker_killed_before_the_wait(setup: Setup) -> None:
-    run = early_flows.votes.entry("poll").call("dinner")
-    setup.wait_started(run.trace_id, 1)
-    for vote in ("rice", "noodles", "rice"):
-        DFlow.call("vote", vote, run.trace_id)
+    run = _held_with_votes(setup, "dinner", ("rice", "noodles", "rice"))
     setup.workers.kill_one()  # kill -9 in the middle of the step before the wait
     setup.open_gate(run.trace_id)
     setup.workers.start(1)
