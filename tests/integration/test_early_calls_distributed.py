@@ -1,5 +1,5 @@
 """Calls that come before their run waits, with ``dflow worker`` processes on Redis Streams
-and on Kafka (the store is Redis): kept in the run's mailbox and delivered, in order, when
+and on Kafka (the store is Redis), and with the store and the streams on a Redis Cluster: kept in the run's mailbox and delivered, in order, when
 the run reaches its ``from_call``, also when the worker running the step before the wait is
 killed (-9) and another takes the step over."""
 
@@ -28,9 +28,10 @@ pytestmark = [
 class Setup:
     """A worker process on the transport, this process as a client, marks in Redis."""
 
-    def __init__(self, redis_url: str, prefix: str, transport_url: str) -> None:
+    def __init__(self, redis_url: str, prefix: str, transport_url: str, store_url: str | None = None) -> None:
+        """``store_url``: the Redis of ``redis_url`` by default, which keeps the marks either way."""
         self.prefix = prefix
-        store_url = f"{redis_url}?prefix={prefix}&redispatch_after=2"
+        store_url = store_url or f"{redis_url}?prefix={prefix}&redispatch_after=2"
         env = {"DFLOW_SECRET": SECRET, "DFLOW_TEST_REDIS": redis_url, "DFLOW_TEST_PREFIX": prefix}
         self.r = redis.Redis.from_url(redis_url)
         self.workers = Workers("tests.integration.apps.early_flows", transport_url, store_url, env, lease=2.0)
@@ -53,14 +54,19 @@ class Setup:
         self.r.close()
 
 
-@pytest.fixture(params=["redis-streams", "kafka"])
+@pytest.fixture(params=["redis-streams", "kafka", "redis-cluster"])
 def setup(request: pytest.FixtureRequest, redis_url: str, prefix: str) -> Iterator[Setup]:
+    store_url = None
     if request.param == "kafka":  # a killed member leaves the group after 2 s
         bootstrap = request.getfixturevalue("kafka_bootstrap")
         url = kafka_transport(bootstrap, prefix, session_timeout_ms=2000, heartbeat_interval_ms=200)
+    elif request.param == "redis-cluster":  # the store and the streams on the shared cluster
+        cluster_url = request.getfixturevalue("redis_cluster_url")
+        url = f"{cluster_url}?stream={prefix}:steps&redeliver_after=2"
+        store_url = f"{cluster_url}?prefix={prefix}&redispatch_after=2"
     else:
         url = streams_transport(redis_url, prefix)
-    s = Setup(redis_url, prefix, url)
+    s = Setup(redis_url, prefix, url, store_url)
     yield s
     s.close()
 
