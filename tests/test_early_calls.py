@@ -63,6 +63,8 @@ def test_a_call_sent_before_the_run_waits_is_delivered_when_it_reaches_from_call
     wait_for("the run sleeps before its wait", lambda: run.status() is RunStatus.SLEEPING, 10)
     DFlow.call("approve", {"by": "ann"}, run.trace_id)
     assert run.status() is RunStatus.SLEEPING, "the call waits in the mailbox"
+    assert run.info().extra["early_calls"] == 1
+    assert "(1 early calls kept)" in run.tree(), "inspect shows it"
     local_clock.advance(60.0)
     assert run.result(10) == {"by": "ann"}
 

@@ -86,6 +86,7 @@ class RunState:
             extra={
                 **({"parked": self.parked, "park_count": self.park_count} if self.parked else {}),
                 **({"due": self.due} if self.due is not None else {}),
+                **({"early_calls": len(self.mailbox)} if self.mailbox else {}),
             },
             pipeline=self.pipeline,
         )

@@ -62,11 +62,13 @@ class MailboxContract:
         assert await store.resume(t, "approve", encode("early"), keep=KEEP) == []
         info = await store.get_run(t)
         assert info is not None and info.status is RunStatus.RUNNING, "a kept call changes nothing else"
+        assert info.extra.get("early_calls") == 1, "inspection shows how many calls are kept"
         published, nxt = await _wait_for(store, claim, "approve")
         assert published == [Message(t, seq + 1, claim.message.key, 0, CONTINUE)]
         assert nxt is not None and decode(nxt.value) == "early"
         info = await store.get_run(t)
         assert info is not None and info.status is RunStatus.RUNNING and info.waiting_for is None
+        assert "early_calls" not in info.extra
         await store.close()
 
     @_sync

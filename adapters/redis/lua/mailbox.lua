@@ -1,6 +1,7 @@
 -- Fragment: a run's mailbox, the calls that came before the run waited for them
 -- (dflow.mailbox). ``P:m:<trace>`` is a list, oldest first, of msgpack arrays
 -- {call type, payload, failed ('1' or '0')}; it expires with the run (finish.lua's run_keys).
+-- The run's hash counts them in its field 'mail' (for inspection: RunInfo.extra['early_calls']).
 
 -- Keep a call in run ``t``'s mailbox within the bounds ``per_run`` and ``per_type``: nil when
 -- kept, else {'full', calls held, calls of ``call_type`` held} (nothing written).
@@ -13,6 +14,7 @@ local function keep_mail(P, t, call_type, payload, failed, per_run, per_type)
   end
   if of_type >= per_type or #held >= per_run then return {'full', #held, of_type} end
   redis.call('RPUSH', mk, cmsgpack.pack({call_type, payload, failed}))
+  redis.call('HINCRBY', P..':r:'..t, 'mail', 1)
   return nil
 end
 
@@ -25,6 +27,8 @@ local function take_mail(P, t, call_type)
     local f = cmsgpack.unpack(e)
     if f[1] == call_type then
       redis.call('LREM', mk, 1, e)  -- the first entry equal to it: this one, or one just like it
+      local rk = P..':r:'..t
+      if redis.call('HINCRBY', rk, 'mail', -1) <= 0 then redis.call('HDEL', rk, 'mail') end
       return f
     end
   end
