@@ -27,6 +27,7 @@ from .errors import (
     DFlowError,
     DuplicateIdError,
     InvalidTraceIdError,
+    MailboxFullError,
     MissingIdError,
     NotWaitingError,
     PayloadRejectedError,
@@ -52,6 +53,7 @@ from .errors import (
     VersionNotFoundError,
 )
 from .flow import DFlow, InitParam, adirect_run
+from .mailbox import Mailbox
 from .memory import MemoryBroker, MemoryStore, MemoryTransport
 from .ops.conversations import declare_conversation
 from .policy import RetryPolicy
@@ -79,6 +81,8 @@ __all__ = [
     "Entry",
     "InitParam",
     "InvalidTraceIdError",
+    "Mailbox",
+    "MailboxFullError",
     "MemoryBroker",
     "MemoryStore",
     "MemoryTransport",

@@ -18,6 +18,7 @@
     │   ├── RunExistsError          a run with that trace id already exists
     │   ├── InvalidTraceIdError     a trace id with characters or a length not allowed
     │   ├── NotWaitingError         ``DFlow.call`` on a run not waiting for that call
+    │   ├── MailboxFullError        an early call over the bounds of the run's mailbox
     │   ├── RunFailedError          the awaited run ended failed
     │   │   └── RunCompensatedError ... and its compensations ran (``compensate``)
     │   ├── RunCancelledError       the awaited run was cancelled
@@ -51,6 +52,7 @@ __all__ = [
     "DeadlockError",
     "DuplicateIdError",
     "InvalidTraceIdError",
+    "MailboxFullError",
     "MissingIdError",
     "NotWaitingError",
     "PayloadRejectedError",
@@ -166,6 +168,13 @@ class InvalidTraceIdError(RunError, ValueError):
 class NotWaitingError(RunError):
     """``DFlow.call`` reached a run that is not waiting for that call type: it waits
     for another call, is still running, or has finished."""
+
+
+class MailboxFullError(RunError):
+    """A call came before its run waits for it, and the run's mailbox holds as many early
+    calls as its bounds allow (per run, or of that call type): the call was not kept, and
+    nothing of the run changed. Send it again once the run has taken some, or raise the
+    bounds (``dflow.Mailbox``)."""
 
 
 class RunFailedError(RunError):

@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 from .context import RunInfo, RunStatus, StepRecord
 from .errors import ConfigurationError, DFlowError, RunNotFoundError, RunTimeoutError
+from .mailbox import Mailbox
 from .wire.values import Message
 
 if TYPE_CHECKING:
@@ -334,11 +335,26 @@ class RunWriter(ABC):
 
     @abstractmethod
     async def resume(
-        self, trace_id: str, call_type: str, payload: bytes, *, failed: bool = False, seq: int | None = None
+        self,
+        trace_id: str,
+        call_type: str,
+        payload: bytes,
+        *,
+        failed: bool = False,
+        seq: int | None = None,
+        keep: Mailbox | None = None,
     ) -> list[Message]:
         """Deliver a call to a run waiting in ``from_call(call_type)`` (in step ``seq``, when
         given); return the messages to publish. ``failed`` delivers an encoded error instead
-        of a value. ``RunNotFoundError`` / ``NotWaitingError`` when the run is not waiting for it."""
+        of a value. ``RunNotFoundError`` when there is no such run, ``NotWaitingError`` when
+        it has finished or (without ``keep``) is not waiting for it.
+
+        With ``keep`` (and no ``seq``), a call to a run that goes on but is not waiting for
+        it is kept in the run's mailbox instead, within ``keep``'s bounds
+        (``MailboxFullError`` over them, nothing changed), and nothing is published. A commit
+        whose transition is a ``Wait`` for a call type the mailbox holds takes the oldest
+        such call and the run goes on with it at once, as if it came then (an ``on_init``
+        pending is not waited for). The mailbox expires with the run."""
 
     @abstractmethod
     async def due(self, now: float, limit: int = 1000) -> tuple[list[Message], float | None]:

@@ -232,9 +232,10 @@ class _Runner:
 
 
 async def _wake(call_type: str, trace_id: str, answer: str) -> bool:
-    """Resume the wait ``call_type`` of run ``trace_id``; ``False`` when it no longer waits."""
+    """Resume the wait ``call_type`` of run ``trace_id``; ``False`` when it no longer waits
+    (a report and the timeout race: the loser is refused, never kept for a later wait)."""
     try:
-        await DFlow.acall(call_type, answer, trace_id)
+        await DFlow.acall(call_type, answer, trace_id, if_waiting=True)
     except (NotWaitingError, dflow.RunNotFoundError):
         return False
     return True

@@ -170,12 +170,12 @@ class TestRunTimeErrors:
             DFlow.call("approve", "yes", "no-such-trace")
         assert DFlow.direct_run(2, lambda x: DFlow.just(x)).result(5) == 2
 
-    def test_call_before_the_run_reaches_from_call(self) -> None:
+    def test_call_before_the_run_reaches_from_call_is_refused_with_if_waiting(self) -> None:
         r = DFlow.direct_run(
             1, lambda x: DFlow.delay(x, 0.3).flat_map(lambda v: DFlow.from_call("late")).id("fm")
         )
         with pytest.raises(NotWaitingError, match="not waiting for call 'late'.*on_init"):
-            DFlow.call("late", 1, r.trace_id)
+            DFlow.call("late", 1, r.trace_id, if_waiting=True)
         with pytest.raises(RunTimeoutError):
             r.result(0.5)
         DFlow.call("late", "now", r.trace_id)

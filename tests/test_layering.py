@@ -28,6 +28,7 @@ LAYERS: list[set[str]] = [
     {
         "context",
         "store",
+        "mailbox",
         "shared_state",
         "schedules",
         "run_pages",

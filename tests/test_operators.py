@@ -261,7 +261,7 @@ def test_from_call_suspends_until_called() -> None:
         time.sleep(0.01)
     assert r.info().waiting_for == "approve"
     with pytest.raises(NotWaitingError, match="waits for call 'approve', not 'reject'"):
-        DFlow.call("reject", "no", "approval-1")
+        DFlow.call("reject", "no", "approval-1", if_waiting=True)
     DFlow.call("approve", "yes", "approval-1")
     assert r.result(5) == "order-1: yes"
     with pytest.raises(NotWaitingError, match="has finished"):

@@ -16,7 +16,7 @@ from dflow.adapters.redis.state import SCRIPTS as STATE_SCRIPTS
 
 SLOT = re.compile(r"^--\s+ARGV\[(\d+)\]\s+(\w+)", re.MULTILINE)
 PARTS = re.compile(r"^--\s+ARGV\[(\d+)\.\.\]\s+(\w+(?:, \w+)*)", re.MULTILINE)
-FRAGMENTS = {"listed", "emit", "blobs", "finish", "claim_step"}
+FRAGMENTS = {"listed", "emit", "blobs", "finish", "claim_step", "mailbox"}
 
 
 def _lua(name: str) -> str:

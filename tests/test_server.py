@@ -155,12 +155,16 @@ def test_events_follow_a_live_run_and_end_when_it_does(api: httpx.Client, url: s
     assert events[-1][0] == "end" and events[-1][2]["result"] == {"answered": "yes"}
 
 
-def test_answering_a_call_the_run_is_not_waiting_for_is_409(api: httpx.Client) -> None:
+def test_answering_a_call_the_run_is_not_waiting_for_keeps_it_or_with_if_waiting_is_409(
+    api: httpx.Client,
+) -> None:
     s = new_session(api)
     trace = start(api, s["token"], "srv-ask", "?").json()["trace_id"]
     wait_status(api, s["token"], trace, until="waiting")
-    r = api.post(f"/runs/{trace}/calls/something-else", headers=bearer(s["token"]), json=1)
+    r = api.post(f"/runs/{trace}/calls/something-else?if_waiting=true", headers=bearer(s["token"]), json=1)
     assert r.status_code == 409 and "something-else" in r.json()["detail"]
+    kept = api.post(f"/runs/{trace}/calls/something-else", headers=bearer(s["token"]), json=1)
+    assert kept.status_code == 202, kept.text  # in the run's mailbox, for a from_call that never comes
     assert api.get(f"/runs/{trace}", headers=bearer(s["token"])).json()["status"] == "waiting"
     assert api.post(f"/runs/{trace}/calls/answer", headers=bearer(s["token"]), json=1).status_code == 202
     wait_status(api, s["token"], trace, until="done")

@@ -70,7 +70,7 @@ class ScriptCalls:
         keys = self._bucket_keys[at].copy()
         t = trace_id
         while t is not None:
-            keys += [f"{P}:{k}:{t}" for k in ("r", "d", "s", "c", "j", "js", "ja", "jc", "w", "e")]
+            keys += [f"{P}:{k}:{t}" for k in ("r", "d", "s", "c", "j", "js", "ja", "jc", "w", "e", "m")]
             t = t.rpartition("/")[0] if "/" in t else None
         for ref in refs:
             keys += [f"{P}:b:{ref}", f"{P}:bn:{ref}"]

@@ -93,6 +93,7 @@ _INFO_FIELDS = (
     "lease_token",
     "lease_until",
     "due",
+    "mail",
 )
 _INFO_KEYS = tuple(f.encode() for f in _INFO_FIELDS)
 
@@ -424,6 +425,8 @@ def _info(trace_id: str, h: dict[bytes, bytes]) -> RunInfo:
         extra["leased_until"] = float(h[b"lease_until"])
     if b"due" in h:
         extra["due"] = float(h[b"due"])
+    if b"mail" in h:
+        extra["early_calls"] = int(h[b"mail"])
     return RunInfo(
         trace_id=trace_id,
         status=status,

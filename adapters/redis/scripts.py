@@ -31,7 +31,8 @@ Keys, under a bucket's prefix P: ``P:r:<trace>`` run hash, ``P:d:<trace>`` data 
 step records (list), ``P:c:<trace>`` keys a branch run changed (set), ``P:j:<trace>`` join
 state, ``P:js:<trace>`` branch results in arrival order, ``P:ja:<trace>`` arrived branch
 indexes, ``P:jc:<trace>`` branch run ids, ``P:w:<trace>`` channels of processes waiting for
-the run to finish, ``P:e:<trace>`` channels of processes following its step records; global
+the run to finish, ``P:e:<trace>`` channels of processes following its step records, ``P:m:<trace>`` its mailbox
+(the calls that came before it waited for them, ``mailbox.lua``); global
 sorted sets ``P:outbox`` (published, not yet claimed), ``P:timers``, ``P:leases``, ``P:runs``
 (by creation) and ``P:expiry`` (finished runs, by the time their keys expire: ``DUE`` takes
 them out of ``P:runs`` and the listings then; ``P:expiryp`` for listed runs of a pipeline,
@@ -187,7 +188,7 @@ CLAIM = Script(
 # The fields of each transition, in ``fields``, are ``transitions``' (one encoder each).
 COMMIT = Script(
     "COMMIT",
-    ("listed", "emit", "blobs", "finish", "claim_step", "commit"),
+    ("listed", "emit", "blobs", "finish", "claim_step", "mailbox", "commit"),
     (
         "prefix",
         "trace",
@@ -212,8 +213,20 @@ COMMIT = Script(
 )
 RESUME = Script(
     "RESUME",
-    ("listed", "emit", "resume"),
-    ("prefix", "trace", "call_type", "payload", "failed", "now", "redispatch", "seq", "stream"),
+    ("listed", "emit", "mailbox", "resume"),
+    (
+        "prefix",
+        "trace",
+        "call_type",
+        "payload",
+        "failed",
+        "now",
+        "redispatch",
+        "seq",
+        "stream",
+        "per_run",
+        "per_type",
+    ),
 )
 INIT_DONE = Script("INIT_DONE", ("init_done",), ("prefix", "trace", "seq"))
 EXTEND = Script("EXTEND", ("extend",), ("prefix", "now", "lease"), ("claims",))

@@ -14,12 +14,14 @@ from redis.asyncio.cluster import RedisCluster
 from dflow.context import RunInfo, RunStatus, StepRecord
 from dflow.errors import (
     ConfigurationError,
+    MailboxFullError,
     NotWaitingError,
     RefusedMessageError,
     RunExistsError,
     RunNotFoundError,
     StoreError,
 )
+from dflow.mailbox import Mailbox, mailbox_full
 from dflow.memory.store import not_waiting
 from dflow.parts import StepParts
 from dflow.run_pages import created_ms
@@ -458,7 +460,14 @@ class RedisStore(RunReads, KeepsSchedules, Store, StepParts):
         return int(count or 0)
 
     async def resume(
-        self, trace_id: str, call_type: str, payload: bytes, *, failed: bool = False, seq: int | None = None
+        self,
+        trace_id: str,
+        call_type: str,
+        payload: bytes,
+        *,
+        failed: bool = False,
+        seq: int | None = None,
+        keep: Mailbox | None = None,
     ) -> list[Message]:
         at = self._at(trace_id)
         r = await self._run_script(
@@ -473,10 +482,18 @@ class RedisStore(RunReads, KeepsSchedules, Store, StepParts):
                 redispatch=self.redispatch_after,
                 seq="" if seq is None else seq,
                 stream=self._streams[at],
+                per_run="" if keep is None else keep.per_run,
+                per_type="" if keep is None else keep.per_type,
             ),
             at=at,
             keys=self._keys(at, trace_id),
         )
+        if r[0] == b"kept":
+            return []
+        if r[0] == b"full":
+            assert keep is not None
+            why = mailbox_full(trace_id, call_type, keep, int(r[2]), int(r[3]))
+            raise MailboxFullError(why or f"the mailbox of run {trace_id!r} is full", trace_id=trace_id)
         if r[0] == b"missing":
             raise RunNotFoundError(
                 f"no run with trace id {trace_id!r} (never started, or expired)", trace_id=trace_id

@@ -58,12 +58,18 @@ def register_call(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help="answer a run waiting in from_call(CALL_TYPE) with a JSON value",
         description="Deliver PAYLOAD (JSON; default null) to run TRACE_ID, waiting in "
         "from_call(CALL_TYPE): the run goes on with it, as DFlow.call(CALL_TYPE, payload, "
-        "TRACE_ID) does.",
+        "TRACE_ID) does. A run that goes on but does not wait for the call yet keeps it in its "
+        "mailbox until it does (--if-waiting: refuse it instead, exit status 1).",
     )
     cl.add_argument("trace_id", metavar="TRACE_ID")
     cl.add_argument("call_type", metavar="CALL_TYPE")
     cl.add_argument(
         "payload", metavar="PAYLOAD", nargs="?", default="null", help="a JSON value (default null)"
+    )
+    cl.add_argument(
+        "--if-waiting",
+        action="store_true",
+        help="deliver the call only if the run waits for it now; else fail (exit status 1)",
     )
     add_store(cl)
     add_transport(cl, _RELEASED)
@@ -147,7 +153,9 @@ async def rerun(args: argparse.Namespace) -> int:
 
 
 async def call(args: argparse.Namespace) -> int:
+    from ..mailbox import DEFAULT_MAILBOX
     from ..runtime.connect import store_from_url
+    from ..store import FusedDispatch
     from ..wire.values import encode
 
     _checked_id(args.trace_id)
@@ -169,12 +177,16 @@ async def call(args: argparse.Namespace) -> int:
     store = store_from_url(store_url(args))
     try:
         try:
-            publish = await store.resume(args.trace_id, args.call_type, body)
-        except RunError as exc:  # no such run, or it does not wait for this call
+            keep = None if args.if_waiting else DEFAULT_MAILBOX
+            publish = await store.resume(args.trace_id, args.call_type, body, keep=keep)
+        except RunError as exc:  # no such run, it has ended, does not wait (--if-waiting), a full mailbox
             print(f"dflow call: {safe(exc)}", file=sys.stderr)
             return 1
         await _publish(store, args.transport, publish)
-        print(f"{safe(args.trace_id)}: delivered {safe(args.call_type)!s}")
+        if publish or isinstance(store, FusedDispatch):  # (a fused store publishes itself)
+            print(f"{safe(args.trace_id)}: delivered {safe(args.call_type)!s}")
+        else:
+            print(f"{safe(args.trace_id)}: kept {safe(args.call_type)!s} until the run waits for it")
         return 0
     finally:
         await store.close()

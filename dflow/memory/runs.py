@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..context import RunInfo, RunStatus, StepRecord
+from ..mailbox import MailboxEntry
 from ..store import BranchResult, Compensations, Parent
 from ..wire.values import RUN, Message
 
@@ -67,6 +68,7 @@ class RunState:
     due: float | None = None  #: when its timer is due, if it waits for one
     pipeline: str | None = None  #: the pipeline that started it (a root run is listed under it)
     compensations: Compensations = Compensations.NONE  #: what ``cancel`` does with it
+    mailbox: list[MailboxEntry] | None = None  #: the calls that came before it waited for them
 
     def info(self) -> RunInfo:
         """The run's status record, as ``Store.get_run`` returns it."""
@@ -84,6 +86,7 @@ class RunState:
             extra={
                 **({"parked": self.parked, "park_count": self.park_count} if self.parked else {}),
                 **({"due": self.due} if self.due is not None else {}),
+                **({"early_calls": len(self.mailbox)} if self.mailbox else {}),
             },
             pipeline=self.pipeline,
         )

@@ -29,6 +29,7 @@ from ..errors import (
     RunNotFoundError,
     SerializationError,
 )
+from ..mailbox import Mailbox, keep_mail, take_mail
 from ..parts import StepParts
 from ..store import (
     Advance,
@@ -337,6 +338,10 @@ class MemoryStore(RunEnds, RunListing, KeepsSchedules, Store, StepParts):
             self._emit(msg, now, out)
 
     def _wait(self, run: RunState, t: Wait, lease: Lease, now: float, out: list[Message]) -> None:
+        early = take_mail(run.mailbox, t.call_type)
+        if early is not None:  # the call came first: the run goes on with it
+            self._next_step(run, FAIL if early[2] else CONTINUE, early[1], now, out)
+            return
         self._status(run, RunStatus.WAITING)
         run.waiting_for = t.call_type
         run.init_pending = t.init_pending
@@ -414,7 +419,14 @@ class MemoryStore(RunEnds, RunListing, KeepsSchedules, Store, StepParts):
             self._release(run)
 
     async def resume(
-        self, trace_id: str, call_type: str, payload: bytes, *, failed: bool = False, seq: int | None = None
+        self,
+        trace_id: str,
+        call_type: str,
+        payload: bytes,
+        *,
+        failed: bool = False,
+        seq: int | None = None,
+        keep: Mailbox | None = None,
     ) -> list[Message]:
         run = self._runs.get(trace_id)
         if run is None:
@@ -426,7 +438,12 @@ class MemoryStore(RunEnds, RunListing, KeepsSchedules, Store, StepParts):
             or run.waiting_for != call_type
             or (seq is not None and seq != run.seq)
         ):
-            raise NotWaitingError(not_waiting(run.info(), call_type), trace_id=trace_id)
+            if keep is None or seq is not None or run.status.finished:
+                raise NotWaitingError(not_waiting(run.info(), call_type), trace_id=trace_id)
+            if run.mailbox is None:
+                run.mailbox = []
+            keep_mail(run.mailbox, trace_id, (call_type, payload, failed), keep)
+            return []
         now = self.clock.time()
         out: list[Message] = []
         self._next_step(run, FAIL if failed else CONTINUE, payload, now, out)

@@ -100,15 +100,29 @@ class DFlow(Node, Generic[T_co]):
     def from_call(
         call_type: str, on_init: Callable[[ContextStack], object] | None = None, *, payload_type: type[U]
     ) -> DFlow[U]: ...
+    @overload
     @staticmethod
     def from_call(
-        call_type: str, on_init: Callable[[ContextStack], object] | None = None, *, payload_type: Any = None
+        call_type: str, on_init: Callable[[ContextStack], object] | None = None, *, count: int
+    ) -> DFlow[list[Any]]: ...
+    @staticmethod
+    def from_call(
+        call_type: str,
+        on_init: Callable[[ContextStack], object] | None = None,
+        *,
+        payload_type: Any = None,
+        count: int | None = None,
     ) -> DFlow[Any]:
         """A node that suspends the run until ``DFlow.call(call_type, payload, trace_id)``.
 
         ``on_init(ctx)`` (sync or async) runs after the wait is registered, so it may start
         the outside job that will answer, without a race. At the head of a pipeline the
         node is the pipeline's entry: calling the entry starts a run with the payload.
+        A call that comes before the run waits is kept until it does (``DFlow.call``).
+
+        ``count=n`` takes ``n`` calls of the type in turn; the value is the list of their
+        payloads in arrival order (nodes ``call_type``, ``call_type#2``...: see
+        ``dflow.model.call_series``).
 
         ``payload_type`` is for type checkers only: ``from_call("n", payload_type=int)`` is a
         ``DFlow[int]`` (without it, a ``DFlow[Any]``). It is not checked or converted at run time.
@@ -117,6 +131,10 @@ class DFlow(Node, Generic[T_co]):
             raise BuildError(f"from_call needs a non-empty call type string, got {call_type!r}")
         if on_init is not None and not callable(on_init):
             raise BuildError(f"from_call on_init must be callable, got {type(on_init).__qualname__}")
+        if count is not None:
+            from .call_series import call_series
+
+            return call_series(DFlow, call_type, on_init, count)
         return DFlow._node(Kind.FROM_CALL, fn=on_init, value=call_type, id=call_type)
 
     @staticmethod
@@ -394,18 +412,23 @@ class DFlow(Node, Generic[T_co]):
             return direct_run(param, builder)
 
     @staticmethod
-    def call(call_type: str, payload: Any, trace_id: str) -> None:
+    def call(call_type: str, payload: Any, trace_id: str, *, if_waiting: bool = False) -> None:
         """Resume run ``trace_id``, waiting in ``from_call(call_type)``, with ``payload``.
 
-        Raises ``NotWaitingError`` when the run waits for something else or has finished.
+        A call that comes before the run waits for it (the run is still running, or waits
+        for another call) is kept in the run's mailbox and delivered when the run reaches a
+        ``from_call(call_type)``, calls of one type in arrival order; ``MailboxFullError``
+        when the mailbox holds as many as ``dflow.Mailbox`` allows. With ``if_waiting=True``
+        such a call raises ``NotWaitingError`` instead. A call to a run that has finished
+        raises ``NotWaitingError`` (naming its state), to an unknown run ``RunNotFoundError``.
         From inside a step on the runtime's event loop, prefer ``await DFlow.acall(...)``.
         """
-        runner().call(call_type, payload, trace_id)
+        runner().call(call_type, payload, trace_id, if_waiting=if_waiting)
 
     @staticmethod
-    async def acall(call_type: str, payload: Any, trace_id: str) -> None:
+    async def acall(call_type: str, payload: Any, trace_id: str, *, if_waiting: bool = False) -> None:
         """Async ``DFlow.call``."""
-        await runner().acall(call_type, payload, trace_id)
+        await runner().acall(call_type, payload, trace_id, if_waiting=if_waiting)
 
     @staticmethod
     def global_init_for_test(*, concurrency: int = 16, ttl: float = 3600.0) -> Runtime:

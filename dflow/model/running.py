@@ -56,12 +56,14 @@ class Runner(Protocol):
         """Start ``run`` on this process's runtime, from async code."""
         ...
 
-    def call(self, call_type: str, payload: Any, trace_id: str) -> None:
-        """Resume a run waiting in ``from_call(call_type)``, from sync code."""
+    def call(self, call_type: str, payload: Any, trace_id: str, *, if_waiting: bool = False) -> None:
+        """Resume a run waiting in ``from_call(call_type)`` (or keep the call in its
+        mailbox, unless ``if_waiting``), from sync code."""
         ...
 
-    async def acall(self, call_type: str, payload: Any, trace_id: str) -> None:
-        """Resume a run waiting in ``from_call(call_type)``, from async code."""
+    async def acall(self, call_type: str, payload: Any, trace_id: str, *, if_waiting: bool = False) -> None:
+        """Resume a run waiting in ``from_call(call_type)`` (or keep the call in its
+        mailbox, unless ``if_waiting``), from async code."""
         ...
 
     def init_for_test(self, *, concurrency: int, ttl: float) -> Runtime:

@@ -74,6 +74,8 @@ def _head(info: RunInfo, indent: str) -> str:
         head += f" (waiting for {safe(repr(info.waiting_for))})"
     if info.extra.get("parked"):
         head += f"  PARKED x{info.extra.get('park_count')}: {safe(info.extra['parked'])}"
+    if info.extra.get("early_calls"):
+        head += f"  ({info.extra['early_calls']} early calls kept)"
     if info.status.finished:
         head += f"  {(info.updated - info.created) * 1000:.1f} ms"
         if info.error:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from ..context import RunInfo, StepRecord
 from ..errors import StoreError, ValueTooLargeError
+from ..mailbox import Mailbox
 from ..model.frames import FrameCodec
 from ..model.nodes import Frame
 from ..observe import run_label
@@ -106,15 +107,25 @@ class Dispatcher:
                 obs.run_started(seen, error)
 
     async def resume(
-        self, trace_id: str, call_type: str, payload: bytes, *, failed: bool = False, seq: int | None = None
+        self,
+        trace_id: str,
+        call_type: str,
+        payload: bytes,
+        *,
+        failed: bool = False,
+        seq: int | None = None,
+        keep: Mailbox | None = None,
     ) -> None:
-        """Deliver a call to a run waiting in ``from_call`` (at step ``seq``, when given)."""
+        """Deliver a call to a run waiting in ``from_call`` (at step ``seq``, when given);
+        with ``keep``, one that comes early is kept in the run's mailbox (``Store.resume``)."""
         if len(payload) > self.max_value_bytes:
             raise ValueTooLargeError(
                 f"the payload of call {call_type!r} to run {trace_id!r} is {len(payload)} bytes, over the "
                 f"limit of {self.max_value_bytes} bytes"
             )
-        await self.publish(await self.store.resume(trace_id, call_type, payload, failed=failed, seq=seq))
+        await self.publish(
+            await self.store.resume(trace_id, call_type, payload, failed=failed, seq=seq, keep=keep)
+        )
 
     async def cancel(self, trace_id: str, reason: str) -> RunInfo | None:
         """End a run CANCELLED (see ``Store.cancel``); its state, ``None`` if there is none."""

@@ -10,6 +10,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from ..errors import DFlowError
+from ..mailbox import DEFAULT_MAILBOX
 from ..model import running
 from ..model.pipeline import Start
 from ..patterns.circuit import Circuit
@@ -52,8 +53,9 @@ async def astart(run: Start) -> Run[Any]:
     return Run(run.trace_id)
 
 
-def call(call_type: str, payload: Any, trace_id: str) -> None:
-    """Resume a run waiting in ``from_call(call_type)`` (see ``DFlow.call``)."""
+def call(call_type: str, payload: Any, trace_id: str, *, if_waiting: bool = False) -> None:
+    """Resume a run waiting in ``from_call(call_type)``, or keep the call in its mailbox
+    until it waits (unless ``if_waiting``; see ``DFlow.call``)."""
     _check_call(call_type, trace_id)
     host = _current()
     if host.thread.on_loop():
@@ -63,15 +65,17 @@ def call(call_type: str, payload: Any, trace_id: str) -> None:
             "await DFlow.acall(...), or mark the step .in_thread()"
         )
     body = encode(payload, f"the payload of call {call_type!r}")
-    host.run(host.runtime.resume(trace_id, call_type, body))
+    host.run(host.runtime.resume(trace_id, call_type, body, keep=None if if_waiting else DEFAULT_MAILBOX))
 
 
-async def acall(call_type: str, payload: Any, trace_id: str) -> None:
+async def acall(call_type: str, payload: Any, trace_id: str, *, if_waiting: bool = False) -> None:
     """Async ``call``; raises ``NotWaitingError`` even on the runtime's loop."""
     _check_call(call_type, trace_id)
     host = _current()
     body = encode(payload, f"the payload of call {call_type!r}")
-    await host.arun(host.runtime.resume(trace_id, call_type, body))
+    await host.arun(
+        host.runtime.resume(trace_id, call_type, body, keep=None if if_waiting else DEFAULT_MAILBOX)
+    )
 
 
 def _check_call(call_type: Any, trace_id: Any) -> None:

@@ -21,6 +21,7 @@ from typing import Any
 from ..clock import SYSTEM_CLOCK, Clock
 from ..context import RunInfo, StepRecord
 from ..errors import ConfigurationError, SerializationError
+from ..mailbox import Mailbox
 from ..model.chains import ChainCodec
 from ..model.frames import FrameCodec
 from ..model.nodes import Frame
@@ -352,10 +353,18 @@ class Runtime:
         )
 
     async def resume(
-        self, trace_id: str, call_type: str, payload: bytes, *, failed: bool = False, seq: int | None = None
+        self,
+        trace_id: str,
+        call_type: str,
+        payload: bytes,
+        *,
+        failed: bool = False,
+        seq: int | None = None,
+        keep: Mailbox | None = None,
     ) -> None:
-        """Deliver a call to a run waiting in ``from_call`` (see ``Dispatcher.resume``)."""
-        await self.dispatcher.resume(trace_id, call_type, payload, failed=failed, seq=seq)
+        """Deliver a call to a run waiting in ``from_call``; with ``keep``, keep one that
+        comes early in the run's mailbox (see ``Dispatcher.resume``)."""
+        await self.dispatcher.resume(trace_id, call_type, payload, failed=failed, seq=seq, keep=keep)
 
     async def cancel(self, trace_id: str, reason: str) -> RunInfo | None:
         """End a run CANCELLED (see ``Dispatcher.cancel``)."""

@@ -141,12 +141,15 @@ def _run_routes(router: APIRouter, server: Server) -> None:
         openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": {}}}}},
     )
     async def answer(
-        call_type: str, request: Request, info: RunInfo = Depends(server.owned_run)
+        call_type: str, request: Request, if_waiting: bool = False, info: RunInfo = Depends(server.owned_run)
     ) -> dict[str, Any]:
-        """Resume the run waiting in ``from_call(call_type)`` with the body (any JSON)."""
+        """Resume the run waiting in ``from_call(call_type)`` with the body (any JSON). As
+        with ``DFlow.call``, a call to a run that goes on but does not wait for it yet is
+        kept in the run's mailbox until it does (``?if_waiting=true``: 409 instead)."""
         server.check_call_type(call_type)
         payload = await read_json(request, server.max_body)
-        await DFlow.acall(call_type, payload, info.trace_id)  # (what stops it: the error table)
+        # (what stops it: the error table)
+        await DFlow.acall(call_type, payload, info.trace_id, if_waiting=if_waiting)
         return {"trace_id": info.trace_id, "call_type": call_type, "delivered": True}
 
     @router.post(

@@ -17,6 +17,7 @@ from .clock import FakeClock
 from .conformance import (
     MALFORMED_MESSAGES,
     FusedStoreContract,
+    MailboxContract,
     RunReaderContract,
     RunWriterContract,
     StateBackendContract,
@@ -31,6 +32,7 @@ __all__ = [  # noqa: RUF022
     "FakeClock",
     "FusedStoreContract",
     "MALFORMED_MESSAGES",
+    "MailboxContract",
     "RunReaderContract",
     "RunWriterContract",
     "ScheduleBookContract",

@@ -10,8 +10,8 @@ Subclass one in a test module and provide its fixture::
 ``make_store(ttl=..., blob_ttl=..., redispatch_after=...)`` returns a fresh, empty store.
 ``StoreContract`` is the whole store: its write side (``RunWriterContract``, in ``writes``
 and ``joins``), its read side (``RunReaderContract``, ``reads``), its listings
-(``RunListingContract``, ``listing``) and the cancelling of runs that hold compensations
-(``SagaStoreContract``, ``saga``); a suite for one part needs the same fixture.
+(``RunListingContract``, ``listing``), the cancelling of runs that hold compensations
+(``SagaStoreContract``, ``saga``) and the calls that come early (``MailboxContract``, ``mailbox``); a suite for one part needs the same fixture.
 ``make_fused(**opts)`` (``FusedStoreContract``, ``fused``) returns a fresh ``FusedDispatch``
 store and the transport it writes to; ``make_backend()`` (``StateBackendContract``,
 ``state``) a fresh shared-state backend; ``make_transports(n, redeliver_after=...)``
@@ -24,6 +24,7 @@ from __future__ import annotations
 from .cases import MALFORMED_MESSAGES
 from .fused import FusedStoreContract
 from .listing import RunListingContract
+from .mailbox import MailboxContract
 from .reads import RunReaderContract
 from .saga import SagaStoreContract
 from .state import StateBackendContract
@@ -33,6 +34,7 @@ from .writes import RunWriterContract
 __all__ = [
     "MALFORMED_MESSAGES",
     "FusedStoreContract",
+    "MailboxContract",
     "RunListingContract",
     "RunReaderContract",
     "RunWriterContract",
@@ -43,7 +45,9 @@ __all__ = [
 ]
 
 
-class StoreContract(RunWriterContract, RunReaderContract, RunListingContract, SagaStoreContract):
+class StoreContract(
+    RunWriterContract, RunReaderContract, RunListingContract, SagaStoreContract, MailboxContract
+):
     """What a ``Store`` must do: every part of it. Needs the fixture
     ``make_store(**options) -> Store``, a plain store (one that returns the messages to
     publish; ``FusedStoreContract`` checks what a ``FusedDispatch`` store does besides)."""

@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
+from ..mailbox import Mailbox
 from ..store import (
     Advance,
     Finish,
@@ -66,6 +67,33 @@ class FusedStoreContract(StoreTime):
         done2 = await store.commit(claim2, [], {}, Finish(encode(7)), receipt=done.taken.tag, take_lease=30)
         assert done2.applied and done2.acknowledged and done2.taken is None
         assert await transport.receive(1, timeout=0.3) == [], "both deliveries were acknowledged"
+        await transport.close()
+        await store.close()
+
+    @_sync
+    async def test_a_wait_whose_call_came_early_goes_on_through_the_transport(
+        self, make_fused: Callable[..., tuple[Store, Transport]]
+    ) -> None:
+        store, transport = make_fused()
+        new = _new_run()
+        await store.create_run(new)
+        (d,) = await transport.receive(1, timeout=5)
+        assert new.message is not None
+        claim = await store.claim(new.message, "w", 30)
+        assert claim is not None
+        assert await store.resume(new.trace_id, "approve", encode("early"), keep=Mailbox()) == []
+        done = await store.commit(claim, [], {}, Wait("approve"), receipt=d.tag, take_lease=30)
+        assert done.applied and done.publish == [], "the store put the next step on its transport"
+        if done.taken is not None:  # taken for this worker in the same write
+            assert done.taken.claim is not None
+            nxt = done.taken.claim
+        else:
+            (d2,) = await transport.receive(1, timeout=5)
+            got = await store.claim(Message.decode(d2.body), "w", 30)
+            assert got is not None
+            nxt = got
+        assert nxt.message == Message(new.trace_id, new.message.seq + 1, new.message.key, 0, CONTINUE)
+        assert decode(nxt.value) == "early"
         await transport.close()
         await store.close()
 

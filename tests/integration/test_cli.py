@@ -210,7 +210,7 @@ def test_ls_and_inspect_print_json_for_scripts(redis_url: str, prefix: str) -> N
     assert missing.returncode == 1 and json.loads(missing.stdout) is None
 
 
-def test_dflow_call_answers_a_waiting_run_and_cancel_says_when_a_run_has_ended(
+def test_dflow_call_answers_a_waiting_run_keeps_an_early_call_and_cancel_says_when_a_run_has_ended(
     redis_url: str, prefix: str
 ) -> None:
     store_url = f"{redis_url}?prefix={prefix}"
@@ -222,8 +222,11 @@ def test_dflow_call_answers_a_waiting_run_and_cancel_says_when_a_run_has_ended(
         _wait_status(run.trace_id, dflow.RunStatus.WAITING)
         bad = dflow_cmd("call", run.trace_id, "cli-approve", "{not json", *urls)
         assert bad.returncode == 2 and "PAYLOAD is not JSON" in bad.stderr, bad.stderr
-        wrong = dflow_cmd("call", run.trace_id, "another-call", "1", *urls)
+        wrong = dflow_cmd("call", run.trace_id, "another-call", "1", "--if-waiting", *urls)
         assert wrong.returncode == 1 and "another-call" in wrong.stderr, wrong.stderr
+        early = dflow_cmd("call", run.trace_id, "another-call", "1", *urls)
+        assert early.returncode == 0, early.stderr
+        assert "kept another-call until the run waits for it" in early.stdout
         out = dflow_cmd("call", run.trace_id, "cli-approve", '{"by": "ann"}', *urls)
         assert out.returncode == 0, out.stderr
         assert run.result(10) == {"approved": {"by": "ann"}}

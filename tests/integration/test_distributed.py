@@ -75,12 +75,12 @@ class Cluster:
                 trace = item[1].decode()
                 for _ in range(100):
                     try:
-                        DFlow.call("approve", verdict, trace)
+                        DFlow.call("approve", verdict, trace, if_waiting=True)
                         self.approved.append(trace)
                         break
                     except dflow.NotWaitingError:
                         # on_init runs at least once: after a crash it may announce twice,
-                        # and the second answer is refused, as it should be.
+                        # and the second answer is refused (if_waiting), as it should be.
                         self.duplicate_answers += 1
                         break
                     except (dflow.StoreError, dflow.TransportError):

@@ -180,13 +180,24 @@ if transition == 'advance' then
   moved(status)
 elseif transition == 'wait' then
   local call_type, init_pending = unpack(ARGV, i, i + 1)
-  redis.call('HSET', rk, 'status', 'waiting', 'waiting', call_type, 'init_pending', init_pending)
-  moved('waiting')
-  if init_pending == '1' then
-    local until_ = tostring(now + tonumber(lease[2]))
-    redis.call('HSET', rk, 'lease_token', token, 'lease_until', until_, 'lease_len', lease[2],
-               'lease_msg', lease[3])
-    redis.call('ZADD', P..':leases', until_, t)
+  local early = take_mail(P, t, call_type)
+  if early then  -- the call came first (mailbox.lua): the run goes on with it, as RESUME does
+    local r = redis.call('HMGET', rk, 'seq', 'key')
+    local next_seq, kind = tonumber(r[1]) + 1, 1
+    if early[3] == '1' then kind = 3 end
+    redis.call('HSET', rk, 'status', 'running', 'seq', tostring(next_seq), 'attempt', '0', 'kind', tostring(kind),
+               'value', early[2])
+    moved('running')
+    emit(P, now, redispatch, cmsgpack.pack({t, next_seq, r[2], 0, kind}), out)
+  else
+    redis.call('HSET', rk, 'status', 'waiting', 'waiting', call_type, 'init_pending', init_pending)
+    moved('waiting')
+    if init_pending == '1' then
+      local until_ = tostring(now + tonumber(lease[2]))
+      redis.call('HSET', rk, 'lease_token', token, 'lease_until', until_, 'lease_len', lease[2],
+                 'lease_msg', lease[3])
+      redis.call('ZADD', P..':leases', until_, t)
+    end
   end
 elseif transition == 'fork' then
   local join_kind, join_msg, join_seq, join_key, n, frames, blobs = unpack(ARGV, i, i + 6)

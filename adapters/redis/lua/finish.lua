@@ -4,7 +4,7 @@
 -- (``pl``: the pipeline of a listed run, else false; see listed).
 local function run_keys(P, t)
   return {P..':r:'..t, P..':d:'..t, P..':s:'..t, P..':c:'..t, P..':j:'..t, P..':js:'..t, P..':ja:'..t,
-          P..':jc:'..t, P..':e:'..t}
+          P..':jc:'..t, P..':e:'..t, P..':m:'..t}
 end
 
 local CANCELLED = cmsgpack.pack({type = 'dflow.Cancelled', step = '',

@@ -1,6 +1,8 @@
 -- RESUME: the call a waiting run waits for has come: the run goes on with its payload (or
 -- fails with it). Returns {'missing'}, {'not', status, waiting for, joining} when the run is
--- not waiting for it, else {'ok', messages to publish}.
+-- not waiting for it, else {'ok', messages to publish}. With ``per_run`` given, a call to a
+-- run that goes on but does not wait for it is kept in its mailbox (mailbox.lua): {'kept'},
+-- or {'full', status, calls held, calls of the type held} over the bounds.
 --
 -- ARGV, as scripts.RESUME lays it out (a test holds this list to it):
 --   ARGV[1]  prefix       P, before every key
@@ -12,6 +14,8 @@
 --   ARGV[7]  redispatch   seconds before an unclaimed outbox message is published again
 --   ARGV[8]  seq          the step it must be waiting at ('' for any)
 --   ARGV[9]  stream       the stream step messages go to ('' for the outbox)
+--   ARGV[10] per_run      keep an early call within these bounds of the mailbox ('' to refuse it)
+--   ARGV[11] per_type
 -- KEYS: not read (every key is built from P; on a cluster the store declares those it can name: scripts).
 -- The arguments are bound to locals by their names (scripts.Script.preamble).
 local P, t = prefix, trace
@@ -20,6 +24,12 @@ local rk = P..':r:'..t
 local r = redis.call('HMGET', rk, 'status', 'waiting', 'seq', 'key', 'ix', 'pipeline')
 if not r[1] then return {'missing'} end
 if r[1] ~= 'waiting' or r[2] ~= call_type or (seq ~= '' and seq ~= r[3]) then
+  local ended = r[1] == 'done' or r[1] == 'failed' or r[1] == 'cancelled' or r[1] == 'compensated'
+  if per_run ~= '' and seq == '' and not ended then
+    local full = keep_mail(P, t, call_type, payload, failed, tonumber(per_run), tonumber(per_type))
+    if full then return {'full', r[1], full[2], full[3]} end
+    return {'kept'}
+  end
   local joining = redis.call('HGET', P..':j:'..t, 'closed') == '0'
   return {'not', r[1], r[2] or '', joining and '1' or '0'}
 end

@@ -256,7 +256,9 @@ def _action_routes(router: APIRouter, console: Console) -> None:
             raise InvalidRequest(f"run {target[:200]!r} is not this run nor one of its branches")
         console.check_run_id(target)
         server.check_call_type(body.call_type)
-        await DFlow.acall(body.call_type, body.payload, target)
+        # the answer to the wait on the page: refused (409) when the run no longer waits for it,
+        # never kept in its mailbox for a later wait the operator did not see
+        await DFlow.acall(body.call_type, body.payload, target, if_waiting=True)
         return _json({"trace_id": target, "call_type": body.call_type, "delivered": True}, 202)
 
     @router.post("/api/runs/{trace_id:path}/rerun", status_code=201)

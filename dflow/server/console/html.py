@@ -195,6 +195,8 @@ def _facts(info: RunInfo, pipeline: str | None, rerun_of: tuple[str, int] | None
         facts.append(("Wakes", esc(wakes(float(due), time.time()))))
     if info.extra.get("parked"):
         facts.append(("Parked", f"{esc(info.extra.get('park_count'))}× — {esc(info.extra['parked'])}"))
+    if info.extra.get("early_calls"):
+        facts.append(("Early calls kept", esc(info.extra["early_calls"])))
     if rerun_of is not None:
         link = f'<a class="mono" href="{esc(run_href(rerun_of[0]))}">{esc(rerun_of[0])}</a>'
         facts.append(("Rerun of", f"{link} from step #{rerun_of[1]}"))
