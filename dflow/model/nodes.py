@@ -85,6 +85,7 @@ class Node:
     _compiled: Chain | None
     _compensate: Chain | None  #: the one-node chain that undoes this step (``compensate``)
     _fallback: Fallback | None
+    _queue: str | None  #: the task queue whose workers run this step (``None``: the default queue)
     #: a flat_map whose flow takes its place in step keys (only dflow's own direct_run
     #: builder); a class attribute, so that nodes pickled before it existed load with it
     _transparent: bool = False
@@ -158,6 +159,7 @@ _DEFAULTS: dict[str, Any] = {
     "_compiled": None,
     "_compensate": None,
     "_fallback": None,
+    "_queue": None,
 }
 
 
@@ -260,7 +262,17 @@ def _node_state(n: Node) -> tuple[Any, ...]:
 
 
 _EXTRAS = frozenset(
-    ("_name", "_on_error", "_err_ctx_arg", "_retry", "_timeout", "_thread", "_compensate", "_fallback")
+    (
+        "_name",
+        "_on_error",
+        "_err_ctx_arg",
+        "_retry",
+        "_timeout",
+        "_thread",
+        "_compensate",
+        "_fallback",
+        "_queue",
+    )
 )
 
 

@@ -26,6 +26,7 @@ from ..errors import (
 from ..model import interpret as interp
 from ..model.calls import contained_call, error_info, is_async, unwrap
 from ..model.nodes import Frame, Node
+from ..model.queues import DEFAULT_QUEUE
 from ..observe import StepObserver, step_labels
 from ..ops.failure_logs import log_commit
 from ..patterns.deadlock import DeadlockDetector, declare
@@ -49,6 +50,7 @@ from ..wire.values import RUN, Message, decode, encode
 from .dispatch import Dispatcher
 from .observers import Observers
 from .parking import parked_note
+from .queues import QueueTransport, hand_to_queue
 from .step import StepRunner
 from .upkeep import Running, TimerScan
 
@@ -90,6 +92,8 @@ class StepCycle:
         self.clock = runner.clock
         self._monotonic = runner.clock.monotonic
         self.transport = dispatcher.transport
+        #: the task queues whose steps run here (``None``: every queue's, as in local mode)
+        self.queues = self.transport.queues if isinstance(self.transport, QueueTransport) else None
 
     async def dead_letter(self, d: Delivery, reason: str) -> None:
         """Set an undecodable message aside; if even that fails, acknowledge it anyway: a
@@ -131,9 +135,22 @@ class StepCycle:
                 raise  # the store is unreachable: the message is handed back, the lease lapses
             except DFlowError as exc:
                 return await self._unloadable(claim, exc, receipt)
+            if self.queues is not None and await self._handed_to_queue(claim, frames):
+                return False, None
             return await self._run_claimed(claim, frames, receipt, take)
         finally:
             del self.running[claim.token]
+
+    async def _handed_to_queue(self, claim: Claim, frames: tuple[Frame, ...]) -> bool:
+        """Whether the claimed step is on a task queue this runtime does not serve, and so was
+        handed to that queue's workers (``runtime.queues``)."""
+        assert self.queues is not None
+        top = frames[-1]
+        queue = top.chain.nodes[top.pos]._queue or DEFAULT_QUEUE
+        if queue in self.queues or claim.init_only:  # (an on_init runs where its wait was claimed)
+            return False
+        await hand_to_queue(self.store, self.transport, claim, queue)
+        return True
 
     async def _claim(self, msg: Message, delivery: Delivery | None) -> tuple[Claim | None, bool]:
         """Claim phase: the step's claim (``None`` for a stale message), and whether
