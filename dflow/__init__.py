@@ -9,6 +9,7 @@ from __future__ import annotations
 from .circuit import Circuit, CircuitState
 from .client import (
     Entry,
+    MockedPipeline,
     Pipeline,
     Run,
     configure,
@@ -81,6 +82,7 @@ __all__ = [
     "MemoryStore",
     "MemoryTransport",
     "MissingIdError",
+    "MockedPipeline",
     "NotWaitingError",
     "PayloadRejectedError",
     "Pipeline",

@@ -73,3 +73,22 @@ def test_a_gpu_step_waits_visibly_until_a_gpu_worker_starts_and_runs_only_there(
     finally:
         gpu.stop()
         plain.stop()
+
+
+@pytest.mark.timeout(180)
+def test_a_worker_serving_gpu_and_default_runs_every_step_of_the_flow_itself(cluster: Cluster) -> None:
+    c = cluster
+    both = _workers(c, "--queues", "gpu,default")
+    try:
+        both.start(1)
+        runs = [queued.call(i) for i in range(6)]
+        assert [r.result(90) for r in runs] == [(i + 1) * 10 + 2 for i in range(6)]
+        (pid,) = [p.pid for p in both.procs]
+        for r in runs:
+            assert _ran_on(r) == {"prep": pid, "on-gpu": pid, "after": pid}
+            assert r.info().queue is None and r.info().parked is None, "no step waited for its queue"
+    except BaseException:
+        print(both.output())
+        raise
+    finally:
+        both.stop()
