@@ -5,8 +5,8 @@ naming the value and what is allowed."""
 
 from __future__ import annotations
 
+import asyncio
 import os
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -58,16 +58,6 @@ def fleet() -> Iterator[Fleet]:
     f = Fleet()
     yield f
     f.close()
-
-
-def _where(ran: dict[str, str], step: str) -> Callable[[Any], Any]:
-    """A step function that records the thread's runtime, by the worker id in its ctx."""
-
-    def fn(ctx: dflow.ContextStack, x: Any) -> Any:
-        ran[step] = threading.current_thread().name
-        return x + 1
-
-    return fn
 
 
 def _until(pred: Callable[[], Any], what: str, timeout: float = 10.0) -> None:
@@ -180,3 +170,25 @@ def test_a_queues_list_with_a_bad_name_is_refused_naming_it() -> None:
     with pytest.raises(dflow.ConfigurationError, match=r"queue name 'gp\+u' is not allowed: use letters"):
         parse_queues("default,gp+u")
     assert parse_queues(" gpu , default,gpu") == ["gpu", "default"]
+
+
+async def _queue_transport_routes_each_delivery_back_to_its_queue() -> None:
+    brokers = {q: MemoryBroker() for q in ("default", "gpu", "cpu")}
+    t = QueueTransport(["gpu", "default"], lambda q: MemoryTransport(brokers[q]))
+    await t.publish(b"to-default", "k")
+    await t.forward("gpu", b"to-gpu", "k")
+    await t.forward("cpu", b"to-cpu", "k")  # a queue this transport does not consume
+    got: list[Any] = []
+    for _ in range(3):
+        got += await t.receive(1, timeout=0.2)
+    assert sorted(d.body for d in got) == [b"to-default", b"to-gpu"]
+    assert list(brokers["cpu"].queue) == [b"to-cpu"], "published on its queue, not consumed here"
+    by_body = {d.body: d for d in got}
+    await t.ack(by_body[b"to-gpu"])
+    assert not brokers["gpu"].unacked and brokers["default"].unacked, "acknowledged on its own queue"
+    await t.close()
+    assert list(brokers["default"].queue) == [b"to-default"], "what was not acknowledged is handed back"
+
+
+def test_a_queue_transport_routes_each_delivery_back_to_its_queue() -> None:
+    asyncio.run(_queue_transport_routes_each_delivery_back_to_its_queue())

@@ -92,8 +92,10 @@ class StepCycle:
         self.clock = runner.clock
         self._monotonic = runner.clock.monotonic
         self.transport = dispatcher.transport
-        #: the task queues whose steps run here (``None``: every queue's, as in local mode)
-        self.queues = self.transport.queues if isinstance(self.transport, QueueTransport) else None
+        #: the transport of the task queues whose steps run here, and their names (``None``:
+        #: every queue's, as in local mode)
+        self.queued = self.transport if isinstance(self.transport, QueueTransport) else None
+        self.queues = None if self.queued is None else self.queued.queues
 
     async def dead_letter(self, d: Delivery, reason: str) -> None:
         """Set an undecodable message aside; if even that fails, acknowledge it anyway: a
@@ -135,22 +137,24 @@ class StepCycle:
                 raise  # the store is unreachable: the message is handed back, the lease lapses
             except DFlowError as exc:
                 return await self._unloadable(claim, exc, receipt)
-            if self.queues is not None and await self._handed_to_queue(claim, frames):
-                return False, None
+            if self.queues is not None:
+                elsewhere = self._queue_elsewhere(claim, frames)
+                if elsewhere is not None:
+                    assert self.queued is not None
+                    await hand_to_queue(self.store, self.queued, claim, elsewhere)
+                    return False, None
             return await self._run_claimed(claim, frames, receipt, take)
         finally:
             del self.running[claim.token]
 
-    async def _handed_to_queue(self, claim: Claim, frames: tuple[Frame, ...]) -> bool:
-        """Whether the claimed step is on a task queue this runtime does not serve, and so was
-        handed to that queue's workers (``runtime.queues``)."""
-        assert self.queues is not None
+    def _queue_elsewhere(self, claim: Claim, frames: tuple[Frame, ...]) -> str | None:
+        """The task queue of the claimed step when this runtime does not serve it (the step
+        is then handed to that queue's workers: ``runtime.queues``), else ``None``."""
         top = frames[-1]
         queue = top.chain.nodes[top.pos]._queue or DEFAULT_QUEUE
-        if queue in self.queues or claim.init_only:  # (an on_init runs where its wait was claimed)
-            return False
-        await hand_to_queue(self.store, self.transport, claim, queue)
-        return True
+        if claim.init_only or (self.queues is not None and queue in self.queues):
+            return None  # (an on_init runs where its wait was claimed)
+        return queue
 
     async def _claim(self, msg: Message, delivery: Delivery | None) -> tuple[Claim | None, bool]:
         """Claim phase: the step's claim (``None`` for a stale message), and whether

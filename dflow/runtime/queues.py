@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Callable, Iterable
-from typing import Any
 
 from ..context import QUEUE_WAIT
 from ..errors import ConfigurationError
@@ -185,10 +184,9 @@ def _note(queue: str, key: str) -> str:
     )
 
 
-async def hand_to_queue(store: Store, transport: Any, claim: Claim, queue: str) -> None:
+async def hand_to_queue(store: Store, transport: QueueTransport, claim: Claim, queue: str) -> None:
     """Release ``claim``, whose step is on ``queue`` (not served here): park it with a note
-    naming the queue, and publish it on that queue's stream or topic (``transport`` is a
-    ``QueueTransport``)."""
+    naming the queue, and publish it on that queue's stream or topic."""
     msg = claim.message
     if not await store.park(claim, _note(queue, msg.key), base=PARK_BASE, cap=PARK_CAP, claimable=True):
         return  # the lease was lost: another worker has the step
