@@ -92,3 +92,28 @@ def test_a_worker_serving_gpu_and_default_runs_every_step_of_the_flow_itself(clu
         raise
     finally:
         both.stop()
+
+
+@pytest.mark.timeout(180)
+def test_on_a_redis_cluster_a_gpu_step_runs_on_the_gpu_worker_and_the_rest_on_the_default_one(
+    redis_url: str, prefix: str, redis_cluster_url: str
+) -> None:
+    from .test_distributed_cluster import OnCluster
+
+    c = OnCluster(redis_url, prefix, redis_cluster_url)
+    plain, gpu = _workers(c), _workers(c, "--queues", "gpu")
+    try:
+        plain.start(1)
+        gpu.start(1)
+        runs = [queued.call(i) for i in range(6)]
+        assert [r.result(90) for r in runs] == [(i + 1) * 10 + 2 for i in range(6)]
+        (plain_pid,), (gpu_pid,) = [p.pid for p in plain.procs], [p.pid for p in gpu.procs]
+        for r in runs:
+            assert _ran_on(r) == {"prep": plain_pid, "on-gpu": gpu_pid, "after": plain_pid}
+    except BaseException:
+        print(plain.output(), gpu.output())
+        raise
+    finally:
+        gpu.stop()
+        plain.stop()
+        c.close()
