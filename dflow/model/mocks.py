@@ -17,7 +17,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic
 
 from ..errors import BuildError
-from .nodes import Kind, Node, compile_flow
+from .nodes import Kind, Node, compile_flow, rebuilt
 from .signature import takes_ctx
 
 if TYPE_CHECKING:
@@ -51,24 +51,15 @@ def _ids(flow: Node) -> Iterator[Node]:
 
 
 def _replaced(flow: Node, fakes: Mapping[str, Any]) -> Node:
-    """``flow`` with the function of each node named in ``fakes`` replaced (links rebuilt)."""
-    nodes: list[Node] = []
-    node: Node | None = flow
-    while node is not None:
-        nodes.append(node)
-        node = node._source
-    out: Node | None = None
-    for n in reversed(nodes):
-        changes: dict[str, Any] = {"_source": out}
+    """``flow`` with the function of each node named in ``fakes`` replaced."""
+
+    def swap(n: Node) -> dict[str, Any]:
         fake = fakes.get(n._id) if n._id is not None else None
-        if fake is not None:
-            changes["_fn"] = fake
-            changes["_ctx_arg"] = takes_ctx(fake, f"the mock of step {n._id!r}")
-        if n._branches:
-            changes["_branches"] = tuple(_replaced(b, fakes) for b in n._branches)
-        out = n._with(**changes)
-    assert out is not None
-    return out
+        if fake is None:
+            return {}
+        return {"_fn": fake, "_ctx_arg": takes_ctx(fake, f"the mock of step {n._id!r}")}
+
+    return rebuilt(flow, swap)
 
 
 def _check(name: str, flow: Node, mocks: Mapping[str, Any]) -> None:

@@ -9,14 +9,12 @@ to its queue's workers is the runtime's part (``runtime.queues``).
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import Any, TypeVar
 
 from ..errors import BuildError
+from .nodes import Node, rebuilt
 
-if TYPE_CHECKING:
-    from .nodes import Node
-
-N = TypeVar("N", bound="Node")
+N = TypeVar("N", bound=Node)
 
 __all__ = ["ALLOWED", "DEFAULT_QUEUE", "check_queue", "with_default_queue"]
 
@@ -37,17 +35,4 @@ def check_queue(name: Any, what: str = "queue") -> str:
 def with_default_queue(flow: N, queue: str) -> N:
     """``flow`` with ``queue`` on each of its nodes (and those of its zip/any branches) that
     names no queue of its own; ids, and so step keys, stay as they are."""
-    nodes: list[Node] = []
-    node: Node | None = flow
-    while node is not None:
-        nodes.append(node)
-        node = node._source
-    out: Node | None = None
-    for n in reversed(nodes):
-        changes: dict[str, Any] = {"_source": out}
-        if n._queue is None:
-            changes["_queue"] = queue
-        if n._branches:
-            changes["_branches"] = tuple(with_default_queue(b, queue) for b in n._branches)
-        out = n._with(**changes)
-    return cast("N", out)
+    return rebuilt(flow, lambda n: {} if n._queue is not None else {"_queue": queue})
