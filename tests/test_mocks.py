@@ -101,3 +101,16 @@ def test_a_fake_is_called_as_the_step_would_be_with_its_ctx(local: Runtime) -> N
     run = _orders().with_mocks({"charge": fake}).call({"qty": 1})
     run.result(5)
     assert seen == [f"{run.trace_id}:2"]
+
+
+def test_an_async_fake_mocks_a_step_and_a_fake_flow_mocks_a_flat_map(local: Runtime) -> None:
+    async def fake(o: dict[str, Any]) -> dict[str, Any]:
+        return {**o, "charged": "async"}
+
+    assert _orders().with_mocks({"charge": fake}).call({"qty": 1}).result(5)["charged"] == "async"
+    expand = (
+        DFlow.just(2).id("n").flat_map(lambda n: DFlow.just(n).id("i").map(lambda x: x * 7).id("x")).id("fm")
+    )
+    pipeline = expand.init(f"expand-{uuid.uuid4().hex[:6]}")
+    assert pipeline.with_mocks({"fm": lambda n: DFlow.just(-n).id("stub")}).call().result(5) == -2
+    assert pipeline.call().result(5) == 14
