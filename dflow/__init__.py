@@ -9,6 +9,7 @@ from __future__ import annotations
 from .circuit import Circuit, CircuitState
 from .client import (
     Entry,
+    MockedPipeline,
     Pipeline,
     Run,
     configure,
@@ -87,6 +88,7 @@ __all__ = [
     "MemoryStore",
     "MemoryTransport",
     "MissingIdError",
+    "MockedPipeline",
     "NotWaitingError",
     "PayloadRejectedError",
     "Pipeline",

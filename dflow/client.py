@@ -1,6 +1,7 @@
 """Starting runs, resuming them, and waiting for their results, from sync or async code.
 
-The public home of ``Entry``, ``Pipeline`` (``dflow.model.pipeline``), ``Run``, ``gather``
+The public home of ``Entry``, ``Pipeline`` (``dflow.model.pipeline``), ``MockedPipeline``
+(``dflow.model.mocks``), ``Run``, ``gather``
 (``dflow.runtime.run``) and the functions that make, reach and stop this process's runtime
 (``dflow.runtime.process``). The runtime lives on its own event loop in a background
 thread. Sync calls hand their work to that loop and wait; async calls await it from any
@@ -10,6 +11,7 @@ wait without blocking the very loop it waits for.
 
 from __future__ import annotations
 
+from .model.mocks import MockedPipeline
 from .model.pipeline import Entry, Pipeline
 from .model.pipeline import Out_co as Out_co
 from .model.pipeline import Start as Start
@@ -30,6 +32,7 @@ from .runtime.runner import start as start
 
 __all__ = [
     "Entry",
+    "MockedPipeline",
     "Pipeline",
     "Run",
     "configure",

@@ -107,6 +107,19 @@ class RunInfo:
         reason = self.extra.get("parked")
         return str(reason) if reason else None
 
+    @property
+    def queue(self) -> str | None:
+        """The task queue whose workers the run's step waits for (it was parked by a worker
+        that does not serve that queue), or ``None``: it waits for no queue."""
+        note = self.parked
+        if note is None or not note.startswith(QUEUE_WAIT):
+            return None
+        return note[len(QUEUE_WAIT) :].split(":", 1)[0].strip("'")
+
+
+#: how the parked note of a step waiting for a worker of its task queue begins (its queue follows)
+QUEUE_WAIT = "waiting for a worker of queue "
+
 
 _DELETED = None
 #: the prefix of the data keys dflow keeps in a run (compensations, rerun links, traces,

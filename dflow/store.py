@@ -324,10 +324,15 @@ class RunWriter(ABC):
         """Extend the leases of steps still running."""
 
     @abstractmethod
-    async def park(self, claim: Claim, reason: str, *, base: float = 0.5, cap: float = 30.0) -> int:
+    async def park(
+        self, claim: Claim, reason: str, *, base: float = 0.5, cap: float = 30.0, claimable: bool = False
+    ) -> int:
         """Release ``claim`` without running it, record ``reason`` on the run (visible in
         inspection), and deliver its message again after ``base * 2**(n-1)`` seconds (at most
-        ``cap``), n being how often it was parked, which is returned."""
+        ``cap``), n being how often it was parked, which is returned. The message of the new
+        attempt may be claimed before that pause ends only when ``claimable``: then the message
+        stays the one claimed (no new attempt, no due time), the caller sends it on at once (to
+        a task queue's workers), and the one delivered after the pause is a safety net."""
 
     @abstractmethod
     async def init_done(self, trace_id: str, seq: int) -> None:

@@ -114,3 +114,24 @@ def test_the_version_is_printed() -> None:
         timeout=60,
     )
     assert done.returncode == 0 and done.stdout.strip() == f"dflow {dflow.__version__}"
+
+
+@pytest.mark.parametrize(
+    ("queues", "said"),
+    [
+        (
+            "",
+            "--queues '' names no queue (or an empty one): give queue names separated by commas, e.g. --queues gpu,default",
+        ),
+        (
+            "gpu,g.p",
+            "--queues 'gpu,g.p': queue name 'g.p' is not allowed: use letters, digits, '_' and '-', 1 to 64 of them",
+        ),
+    ],
+)
+def test_an_empty_or_odd_queues_list_stops_the_worker_in_one_line_naming_it(
+    app: Path, queues: str, said: str
+) -> None:
+    done = _worker(app, "empty_app", "--queues", queues)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [f"dflow worker: {said}"]

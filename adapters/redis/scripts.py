@@ -230,7 +230,9 @@ RESUME = Script(
 )
 INIT_DONE = Script("INIT_DONE", ("init_done",), ("prefix", "trace", "seq"))
 EXTEND = Script("EXTEND", ("extend",), ("prefix", "now", "lease"), ("claims",))
-PARK = Script("PARK", ("park",), ("prefix", "trace", "token", "reason", "now", "msg", "base", "cap"))
+PARK = Script(
+    "PARK", ("park",), ("prefix", "trace", "token", "reason", "now", "msg", "base", "cap", "claimable")
+)
 DUE = Script("DUE", ("listed", "emit", "due"), ("prefix", "now", "limit", "redispatch", "stream"))
 CANCEL = Script(
     "CANCEL",

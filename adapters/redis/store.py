@@ -443,7 +443,9 @@ class RedisStore(RunReads, KeepsSchedules, Store, StepParts):
             keys=self._keys(at, trace_id),
         )
 
-    async def park(self, claim: Claim, reason: str, *, base: float = 0.5, cap: float = 30.0) -> int:
+    async def park(
+        self, claim: Claim, reason: str, *, base: float = 0.5, cap: float = 30.0, claimable: bool = False
+    ) -> int:
         msg = claim.message
         at = self._at(msg.trace_id)
         args = scripts.PARK.args(
@@ -455,6 +457,7 @@ class RedisStore(RunReads, KeepsSchedules, Store, StepParts):
             msg=msg.encode(),
             base=base,
             cap=cap,
+            claimable=int(claimable),
         )
         count = await self._run_script("PARK", args, at=at, keys=self._keys(at, msg.trace_id))
         return int(count or 0)

@@ -28,6 +28,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_store(w)
     w.add_argument("--concurrency", type=int, default=64, help="steps run at once (default 64)")
     w.add_argument(
+        "--queues",
+        default=os.environ.get("DFLOW_QUEUES", "default"),
+        metavar="NAMES",
+        help="run the steps of these task queues, comma-separated: those of nodes marked .queue(NAME); "
+        "'default' is every other step (default: $DFLOW_QUEUES, else default)",
+    )
+    w.add_argument(
         "--lease",
         type=float,
         default=15.0,
@@ -100,7 +107,8 @@ async def run(args: argparse.Namespace) -> int:
     from .. import client
     from ..ops.app_modules import import_app_modules
     from ..ops.worker_flags import WorkerObservability
-    from ..runtime.connect import check_reachable, store_from_url, transport_from_url
+    from ..runtime.connect import check_reachable, queue_transport_from_url, store_from_url
+    from ..runtime.queues import parse_queues
     from ..runtime.shutdown import StopSignals, exit_now, threads_left
     from ..runtime.worker import Runtime
     from ..wire.signing import Keys
@@ -113,13 +121,16 @@ async def run(args: argparse.Namespace) -> int:
     )
     observing.start_logs()
     Keys(os.environ.get("DFLOW_SECRET"))  # a worker signs and checks flows: refuse to start without a key
+    queues = parse_queues(args.queues)
     if args.app_dir is not None:
         sys.path.insert(0, os.path.abspath(args.app_dir))
     else:
         sys.path.append(os.getcwd())
     import_app_modules(args.modules, args.app_dir)
-    transport = transport_from_url(transport_url(args))
-    store = store_from_url(store_url(args), transport=transport)
+    transport = queue_transport_from_url(transport_url(args), queues)
+    # a Redis store writes step messages itself only onto the default queue's stream
+    fused = transport.consumed if queues == ["default"] else None
+    store = store_from_url(store_url(args), transport=fused)
     await check_reachable(transport, store, transport_url=args.transport, store_url=args.store)
     runtime = Runtime(
         transport,
@@ -137,9 +148,10 @@ async def run(args: argparse.Namespace) -> int:
     client.attach(runtime)
     await runtime.start()
     log.info(
-        "dflow worker %s: serving %s (concurrency %d)",
+        "dflow worker %s: serving %s on queues %s (concurrency %d)",
         runtime.worker_id,
         ", ".join(args.modules),
+        ",".join(queues),
         args.concurrency,
     )
     await signals.asked.wait()

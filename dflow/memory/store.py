@@ -400,15 +400,19 @@ class MemoryStore(RunEnds, RunListing, KeepsSchedules, Store, StepParts):
                 run.lease.until = now + lease
                 run.lease.length = lease
 
-    async def park(self, claim: Claim, reason: str, *, base: float = 0.5, cap: float = 30.0) -> int:
+    async def park(
+        self, claim: Claim, reason: str, *, base: float = 0.5, cap: float = 30.0, claimable: bool = False
+    ) -> int:
         run = self._leased_by(claim)
         if run is None:
             return 0
         self._release(run)
         run.parked = reason
         run.park_count += 1
-        run.attempt += 1  # a new delivery attempt, which a keyed transport may route elsewhere
-        at = run.due = self.clock.time() + min(cap, base * 2 ** (run.park_count - 1))
+        if not claimable:
+            run.attempt += 1  # a new delivery attempt, which a keyed transport may route elsewhere
+        at = self.clock.time() + min(cap, base * 2 ** (run.park_count - 1))
+        run.due = None if claimable else at
         self._timers.arm(at, claim.message._replace(attempt=run.attempt))
         return run.park_count
 

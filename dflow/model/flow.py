@@ -17,6 +17,7 @@ from ..policy import RetryPolicy, exception_classes
 from ..wire.values import encode
 from .nodes import Fallback, Frame, Kind, Node, compile_flow
 from .pipeline import Pipeline, Start, entry_run, new_trace
+from .queues import check_queue, with_default_queue
 from .running import runner
 from .signature import takes_ctx as _takes_ctx
 
@@ -317,6 +318,11 @@ class DFlow(Node, Generic[T_co]):
             )
         return self._with(_timeout=float(seconds))
 
+    def queue(self, name: str) -> DFlow[T_co]:
+        """Run the last node's step only on workers that serve queue ``name`` (``dflow worker
+        --queues name``); a node without a queue is on the ``default`` queue."""
+        return self._with(_queue=check_queue(name))
+
     def in_thread(self) -> DFlow[T_co]:
         """Run the last node's sync function in a worker thread instead of the event loop.
 
@@ -394,9 +400,11 @@ class DFlow(Node, Generic[T_co]):
 
     # -- running ---------------------------------------------------------------------
 
-    def init(self, name: str | None = None) -> Pipeline[T_co]:
-        """Check the flow (every id present, none repeated) and return its ``Pipeline``."""
-        return Pipeline._create(self, name)
+    def init(self, name: str | None = None, *, queue: str | None = None) -> Pipeline[T_co]:
+        """Check the flow (every id present, none repeated) and return its ``Pipeline``;
+        ``queue``: the queue of its nodes that name none (see ``queue``)."""
+        flow = self if queue is None else with_default_queue(self, check_queue(queue, "the pipeline's queue"))
+        return Pipeline._create(flow, name)
 
     if TYPE_CHECKING:
         # Type checkers see a callable attribute (what it is: see _DirectRun), not a static

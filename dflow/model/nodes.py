@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from ..errors import BuildError, DuplicateIdError, MissingIdError
 from ..policy import RetryPolicy
@@ -24,7 +24,9 @@ from ..wire.values import MessageKind
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-__all__ = ["CONSUMED", "Chain", "Fallback", "Frame", "Kind", "MessageKind", "Node", "compile_flow"]
+__all__ = ["CONSUMED", "Chain", "Fallback", "Frame", "Kind", "MessageKind", "Node", "compile_flow", "rebuilt"]
+
+N = TypeVar("N", bound="Node")
 
 
 class Kind(IntEnum):
@@ -85,6 +87,7 @@ class Node:
     _compiled: Chain | None
     _compensate: Chain | None  #: the one-node chain that undoes this step (``compensate``)
     _fallback: Fallback | None
+    _queue: str | None  #: the task queue whose workers run this step (``None``: the default queue)
     #: a flat_map whose flow takes its place in step keys (only dflow's own direct_run
     #: builder); a class attribute, so that nodes pickled before it existed load with it
     _transparent: bool = False
@@ -158,6 +161,7 @@ _DEFAULTS: dict[str, Any] = {
     "_compiled": None,
     "_compensate": None,
     "_fallback": None,
+    "_queue": None,
 }
 
 
@@ -260,7 +264,17 @@ def _node_state(n: Node) -> tuple[Any, ...]:
 
 
 _EXTRAS = frozenset(
-    ("_name", "_on_error", "_err_ctx_arg", "_retry", "_timeout", "_thread", "_compensate", "_fallback")
+    (
+        "_name",
+        "_on_error",
+        "_err_ctx_arg",
+        "_retry",
+        "_timeout",
+        "_thread",
+        "_compensate",
+        "_fallback",
+        "_queue",
+    )
 )
 
 
@@ -347,6 +361,24 @@ def compile_flow(flow: Any, what: str = "flow") -> Chain:
             compile_flow(branch, f"branch of {n._describe()}")
     flow.__dict__["_compiled"] = chain
     return chain
+
+
+def rebuilt(flow: N, changes: Callable[[Node], dict[str, Any]]) -> N:
+    """``flow`` made again with ``changes(node)`` applied to each of its nodes and to those of
+    its zip/any branches (ids, and so step keys, stay as they are unless changed)."""
+    nodes: list[Node] = []
+    node: Node | None = flow
+    while node is not None:
+        nodes.append(node)
+        node = node._source
+    out: Node | None = None
+    for n in reversed(nodes):
+        d = changes(n)
+        d["_source"] = out
+        if n._branches:
+            d["_branches"] = tuple(rebuilt(b, changes) for b in n._branches)
+        out = n._with(**d)
+    return cast("N", out)
 
 
 def _check_unique(nodes: list[Node]) -> None:

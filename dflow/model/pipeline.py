@@ -19,6 +19,7 @@ from ..schedules import Schedule, interval
 from ..wire.ids import check_trace_id
 from ..wire.values import Message, encode
 from . import chains
+from .mocks import mocked_for
 from .nodes import Chain, Frame, Kind, compile_flow
 from .running import runner
 
@@ -26,10 +27,13 @@ __all__ = ["Entry", "Out_co", "Pipeline", "Start", "entry_run", "new_trace", "st
 
 T = TypeVar("T")
 if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+
     from typing_extensions import TypeVar as TypeVarWithDefault
 
     from ..runtime.run import Run
     from .flow import DFlow
+    from .mocks import MockedPipeline
 
     #: what a run, a pipeline or an entry outputs; ``Any`` where it is not known (a ``Run``
     #: made from a trace id, a ``Pipeline`` or ``Run`` annotated without a type)
@@ -90,6 +94,9 @@ class Entry(Generic[Out_co]):
         return f"Entry({self.pipeline.name!r}, {self.call_type!r})"
 
     def _new_run(self, param: Any, trace_id: str | None) -> Start:
+        swap = mocked_for(self.pipeline)
+        if swap is not None:  # (under ``with pipeline.with_mocks(...)``)
+            return swap.entry(self.call_type)._new_run(param, trace_id)
         trace = new_trace(trace_id)
         frame = Frame(self.pipeline._chain, 0)
         return entry_run(
@@ -123,7 +130,20 @@ class Pipeline(Generic[Out_co]):
 
     @classmethod
     def _create(cls: type[Pipeline[T]], flow: DFlow[T], name: str | None) -> Pipeline[T]:
-        chain = compile_flow(flow)
+        self = cls._made(compile_flow(flow), name)
+        from .registry import register
+
+        register(self)
+        return self
+
+    @classmethod
+    def _copy(cls: type[Pipeline[T]], original: Pipeline[T], chain: Chain) -> Pipeline[T]:
+        """A pipeline of the same name on ``chain`` (the same flow, its steps changed), not
+        registered: its runs refer to its chain by the reference the caller gives it."""
+        return cls._made(chain, original.name)
+
+    @classmethod
+    def _made(cls: type[Pipeline[T]], chain: Chain, name: str | None) -> Pipeline[T]:
         self = object.__new__(cls)
         self._chain = chain
         self.name = name or chain.keys[0]
@@ -134,9 +154,6 @@ class Pipeline(Generic[Out_co]):
                 "a run starts when its entry is called. Start the outside job before calling the entry."
             )
         self._entries = {head._value: Entry(self, head._value)} if head._kind == Kind.FROM_CALL else {}
-        from .registry import register
-
-        register(self)
         return self
 
     def __repr__(self) -> str:
@@ -157,7 +174,20 @@ class Pipeline(Generic[Out_co]):
                 f"pipeline {self.name!r} has no entry {call_type!r}; its entries: {have}"
             ) from None
 
+    def with_mocks(self, mocks: Mapping[str, Callable[..., Any]]) -> MockedPipeline[Out_co]:
+        """This pipeline with the function of each step named in ``mocks`` (step id to fake,
+        called as the step's function is: ``fake(value)`` or ``fake(ctx, value)``) replaced,
+        for the runs it starts; in a ``with`` block, for those this pipeline starts too. For
+        unit tests in local mode (``dflow.model.mocks``). ``BuildError`` for an unknown id,
+        naming the pipeline's steps."""
+        from .mocks import MockedPipeline
+
+        return MockedPipeline(self, mocks)
+
     def _new_run(self, param: Any, trace_id: str | None) -> Start:
+        swap = mocked_for(self)
+        if swap is not None:  # (under ``with pipeline.with_mocks(...)``)
+            return swap._new_run(param, trace_id)
         if self._entries:
             (entry,) = self._entries.values()
             return entry._new_run(param, trace_id)

@@ -40,6 +40,12 @@ def register(pipeline: Pipeline) -> None:
     _add("p:" + key, pipeline._chain, primary=False)  # as runs of dflow 0.1 refer to it
 
 
+def register_local(ref: str, chain: Chain) -> None:
+    """Record ``chain`` (and its branches) under ``ref``, a ``p:`` reference of this process
+    alone (a mocked pipeline's: ``model.mocks``)."""
+    _add(ref, chain)
+
+
 def _add(ref: str, chain: Chain, *, primary: bool = True) -> None:
     old = _by_ref.get(ref)
     if old is not None and primary:

@@ -15,9 +15,11 @@ from typing import Any
 from urllib.parse import quote, urlencode, urlsplit, urlunsplit
 
 from ..errors import ConfigurationError, DFlowError
+from ..model.queues import DEFAULT_QUEUE, check_queue
 from ..store import Store
 from ..transport import Transport
 from ..wire.urls import query_items, redact_url
+from .queues import QueueTransport
 
 _TRANSPORT_KEYS = {
     "stream",
@@ -88,6 +90,26 @@ def transport_from_url(url: str, **options: Any) -> Transport:
         f"unknown transport URL {redact_url(url)!r}: use redis://, rediss://, redis+cluster:// or kafka:// "
         "(local mode needs no URL)"
     )
+
+
+def queue_transport_from_url(url: str, queues: list[str]) -> QueueTransport:
+    """The transport of a worker serving ``queues`` at ``url``: the default queue on the URL's
+    stream (Redis) or topic (Kafka) itself, queue ``q`` on ``<stream>:q:<q>`` or on
+    ``<topic>.q.<q>`` (consumer group ``<group>.q.<q>``)."""
+    for q in queues:
+        check_queue(q)
+    base = transport_from_url(url)
+    kafka = urlsplit(url).scheme == "kafka"
+
+    def make(queue: str) -> Transport:
+        if queue == DEFAULT_QUEUE:
+            return base
+        if kafka:
+            topic, group = getattr(base, "topic"), getattr(base, "group")  # noqa: B009 (a KafkaTransport's)
+            return transport_from_url(url, topic=f"{topic}.q.{queue}", group=f"{group}.q.{queue}")
+        return transport_from_url(url, stream=f"{getattr(base, 'stream')}:q:{queue}")  # noqa: B009
+
+    return QueueTransport(queues, make)
 
 
 def store_from_url(url: str, *, transport: Transport | None = None, **options: Any) -> Store:

@@ -26,6 +26,7 @@ from ..errors import (
 from ..model import interpret as interp
 from ..model.calls import contained_call, error_info, is_async, unwrap
 from ..model.nodes import Frame, Node
+from ..model.queues import DEFAULT_QUEUE
 from ..observe import StepObserver, step_labels
 from ..ops.failure_logs import log_commit
 from ..parts import PartsOfStep, StepParts
@@ -50,6 +51,7 @@ from ..wire.values import RUN, Message, decode, encode
 from .dispatch import Dispatcher
 from .observers import Observers
 from .parking import parked_note
+from .queues import QueueTransport, hand_to_queue
 from .step import StepRunner
 from .upkeep import Running, TimerScan
 
@@ -92,6 +94,10 @@ class StepCycle:
         self.clock = runner.clock
         self._monotonic = runner.clock.monotonic
         self.transport = dispatcher.transport
+        #: the transport of the task queues whose steps run here, and their names (``None``:
+        #: every queue's, as in local mode)
+        self.queued = self.transport if isinstance(self.transport, QueueTransport) else None
+        self.queues = None if self.queued is None else self.queued.queues
 
     async def dead_letter(self, d: Delivery, reason: str) -> None:
         """Set an undecodable message aside; if even that fails, acknowledge it anyway: a
@@ -133,9 +139,24 @@ class StepCycle:
                 raise  # the store is unreachable: the message is handed back, the lease lapses
             except DFlowError as exc:
                 return await self._unloadable(claim, exc, receipt)
+            if self.queues is not None:
+                elsewhere = self._queue_elsewhere(claim, frames)
+                if elsewhere is not None:
+                    assert self.queued is not None
+                    await hand_to_queue(self.store, self.queued, claim, elsewhere)
+                    return False, None
             return await self._run_claimed(claim, frames, receipt, take)
         finally:
             del self.running[claim.token]
+
+    def _queue_elsewhere(self, claim: Claim, frames: tuple[Frame, ...]) -> str | None:
+        """The task queue of the claimed step when this runtime does not serve it (the step
+        is then handed to that queue's workers: ``runtime.queues``), else ``None``."""
+        top = frames[-1]
+        queue = top.chain.nodes[top.pos]._queue or DEFAULT_QUEUE
+        if claim.init_only or (self.queues is not None and queue in self.queues):
+            return None  # (an on_init runs where its wait was claimed)
+        return queue
 
     async def _claim(self, msg: Message, delivery: Delivery | None) -> tuple[Claim | None, bool]:
         """Claim phase: the step's claim (``None`` for a stale message), and whether

@@ -225,7 +225,10 @@ def configure(
     where the runtime reads the time and waits for timers, retries and leases (see
     ``Runtime``). With ``check``, the store and the transport must answer a ping first:
     else ``ConfigurationError`` says which one does not, and why (its URL redacted), and
-    nothing is configured. Replaces (and stops) any runtime configured before.
+    nothing is configured. Replaces (and stops) any runtime configured before. A runtime
+    that consumes from a transport URL runs the steps of the ``default`` task queue only
+    (``DFlow.queue``) and hands the others on to their queues' workers; one given a transport
+    object runs every step it receives.
     """
     global _host
     transport = transport if transport is not None else _from_env("transport", "DFLOW_TRANSPORT")
@@ -235,10 +238,17 @@ def configure(
         "store_url": store if isinstance(store, str) else None,
     }
     if isinstance(transport, str) or isinstance(store, str):
-        from .connect import store_from_url, transport_from_url
+        from .connect import queue_transport_from_url, store_from_url, transport_from_url
 
-        transport = transport_from_url(transport) if isinstance(transport, str) else transport
-        store = store_from_url(store, transport=transport) if isinstance(store, str) else store
+        fused = None
+        if isinstance(transport, str) and consume:  # it runs the steps of the default queue, as a worker does
+            transport = queue_transport_from_url(transport, ["default"])
+            fused = transport.consumed
+        elif isinstance(transport, str):
+            transport = fused = transport_from_url(transport)
+        else:
+            fused = transport
+        store = store_from_url(store, transport=fused) if isinstance(store, str) else store
     with _host_lock:
         old, _host = _host, None
         if old is not None:

@@ -270,6 +270,29 @@ class RunWriterContract(ForkJoinContract):
         await store.close()
 
     @_sync
+    async def test_a_claimable_park_leaves_the_message_claimable_at_once_and_sends_it_again_later(
+        self, make_store: Callable[..., Store]
+    ) -> None:
+        store = make_store()
+        new = _new_run()
+        await store.create_run(new)
+        first = new.message
+        assert first is not None
+        claim = await store.claim(first, "w1", 30)
+        assert claim is not None
+        assert await store.park(claim, "for queue gpu", base=0.1, cap=1, claimable=True) == 1
+        info = await store.get_run(first.trace_id)
+        assert info is not None and info.extra["parked"] == "for queue gpu"
+        again = await store.claim(first, "w2", 30)
+        assert again is not None, "the same message is claimed at once: no new attempt, no due time"
+        assert await store.park(again, "for queue gpu", base=0.1, cap=1, claimable=True) == 2
+        (timer,) = await self.until(
+            store, lambda: self.due_for(store, first.trace_id), what="the parked step comes back"
+        )
+        assert timer == first, "the safety net sends the same message again"
+        await store.close()
+
+    @_sync
     async def test_blobs_are_kept_while_a_live_run_refers_to_them(
         self, make_store: Callable[..., Store]
     ) -> None:

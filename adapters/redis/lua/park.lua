@@ -11,6 +11,7 @@
 --   ARGV[6]  msg      the step message
 --   ARGV[7]  base     seconds of the first pause
 --   ARGV[8]  cap      the longest pause
+--   ARGV[9]  claimable  1: the message stays claimable as it is (no new attempt, no due time)
 -- KEYS: not read (every key is built from P; on a cluster the store declares those it can name: scripts).
 -- The arguments are bound to locals by their names (scripts.Script.preamble).
 local P, t = prefix, trace
@@ -20,10 +21,13 @@ redis.call('HDEL', rk, 'lease_token', 'lease_until', 'lease_len', 'lease_msg')
 redis.call('ZREM', P..':leases', t)
 redis.call('HSET', rk, 'parked', reason)
 local count = redis.call('HINCRBY', rk, 'park_count', 1)
-local attempt = redis.call('HINCRBY', rk, 'attempt', 1)
 local f = cmsgpack.unpack(msg)
-f[4] = attempt
+if claimable ~= '1' then f[4] = redis.call('HINCRBY', rk, 'attempt', 1) end
 local at = tonumber(now) + math.min(tonumber(cap), tonumber(base) * 2 ^ (count - 1))
 redis.call('ZADD', P..':timers', at, cmsgpack.pack(f))
-redis.call('HSET', rk, 'due', tostring(at))
+if claimable == '1' then
+  redis.call('HDEL', rk, 'due')
+else
+  redis.call('HSET', rk, 'due', tostring(at))
+end
 return count
