@@ -30,7 +30,8 @@ LAYERS: list[set[str]] = [
         "store",
         "shared_state",
         "run_pages",
-    },  # the seams: a run's context, Store, shared state, pages
+        "live",
+    },  # the seams: a run's context, Store, shared state, pages, live events
     {"model", "observe"},  # the flow model and its interpreter (and its port to the runtime); observers' seam
     {
         "memory",

@@ -13,6 +13,7 @@ import logging
 import time
 from typing import Any
 
+from .. import live
 from ..context import WAIT_FOR_KEY, ContextStack, StepRecord, StepStatus
 from ..errors import (
     DFlowError,
@@ -176,7 +177,11 @@ class StepCycle:
             started = self.clock.time()
             t0 = time.perf_counter()
             try:
-                outcome, status, out = await self.runner.execute(node, ctx, claim, frames, started)
+                here = live.enter(self.store, msg)  # (for dflow.live.publish in the step's code)
+                try:
+                    outcome, status, out = await self.runner.execute(node, ctx, claim, frames, started)
+                finally:
+                    live.leave(here)
                 transition, records = self._seal(claim, node, ctx, frames, outcome, status, out, started, t0)
                 changes = ctx._changes
             except BaseException as exc:

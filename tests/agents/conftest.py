@@ -49,6 +49,9 @@ class Answer:
     headers: dict[str, str]
     delay: float
     drop: str | None = None  # "before-reply": close unanswered; "mid-body": close halfway through
+    chunks: list[bytes] | None = None  # a streamed answer: SSE events, sent one by one (chunked)
+    hold_after: int | None = None  # a stream waits after this many chunks, until ``FakeLLMServer.go``
+    drop_after: int | None = None  # a stream closes after this many chunks, unfinished
 
 
 @dataclass
@@ -59,6 +62,7 @@ class FakeLLMServer:
     received: list[Received] = field(default_factory=list)
     answers: deque[Answer] = field(default_factory=deque)
     release: threading.Event = field(default_factory=threading.Event)
+    go: threading.Event = field(default_factory=threading.Event)  # (a held stream goes on)
 
     def answer(
         self,
@@ -74,6 +78,24 @@ class FakeLLMServer:
         (``"mid-body"``), as a server that crashes does."""
         raw = body if isinstance(body, bytes) else json.dumps(body).encode()
         self.answers.append(Answer(status, raw, headers or {}, delay, drop))
+
+    def stream(
+        self,
+        chunks: list[Any],
+        *,
+        done: bool = True,
+        hold_after: int | None = None,
+        drop_after: int | None = None,
+    ) -> None:
+        """Queue a streamed answer: each chunk (a JSON-able object, or bytes sent as they
+        are) as one ``data: ...`` event of a chunked ``text/event-stream`` response, then
+        ``data: [DONE]`` (unless ``done`` is False). ``hold_after``: after that many chunks
+        it waits for ``go`` to be set; ``drop_after``: after that many it closes the
+        connection mid-stream, as a server that crashes does."""
+        events = [c if isinstance(c, bytes) else b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks]
+        if done:
+            events.append(b"data: [DONE]\n\n")
+        self.answers.append(Answer(200, b"", {}, 0.0, None, events, hold_after, drop_after))
 
 
 def chat_body(
@@ -109,6 +131,9 @@ def _handler(server: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
                 server.release.wait(answer.delay)
             if answer.drop == "before-reply":
                 return  # HTTP/1.0: the connection closes with nothing said
+            if answer.chunks is not None:
+                self._stream(answer)
+                return
             try:
                 self.send_response(answer.status)
                 self.send_header("content-type", "application/json")
@@ -120,6 +145,27 @@ def _handler(server: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
                     answer.body[: len(answer.body) // 2] if answer.drop == "mid-body" else answer.body
                 )
             except OSError:  # the client gave up (a timeout test)
+                pass
+
+        def _stream(self, answer: Answer) -> None:
+            assert answer.chunks is not None
+            self.protocol_version = "HTTP/1.1"  # (chunked transfer encoding, as real servers stream)
+            self.close_connection = True
+            try:
+                self.send_response(200)
+                self.send_header("content-type", "text/event-stream")
+                self.send_header("transfer-encoding", "chunked")
+                self.end_headers()
+                for n, event in enumerate(answer.chunks):
+                    if answer.drop_after is not None and n >= answer.drop_after:
+                        self.wfile.flush()
+                        return  # closed mid-stream: no terminating chunk
+                    if answer.hold_after is not None and n == answer.hold_after:
+                        server.go.wait(30)
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
+                    self.wfile.flush()
+                self.wfile.write(b"0\r\n\r\n")
+            except OSError:
                 pass
 
         def log_message(self, format: str, *args: Any) -> None:
@@ -141,6 +187,7 @@ def llm_server() -> Iterator[FakeLLMServer]:
         yield fake
     finally:
         fake.release.set()
+        fake.go.set()
         httpd.shutdown()
         httpd.server_close()
         thread.join(timeout=5)
