@@ -22,12 +22,10 @@ publishes each delta as a live event of the step running here (``dflow.live``).
 from __future__ import annotations
 
 import json
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from dflow import live
-
+from ._live_reply import LiveReply
 from ._openai_wire import _dropped_errors, _error_in_body, _text, map_sdk_error, parse_chat_body, scrub
 from .errors import ModelConnectionError, ModelError, ModelResponseError
 from .messages import ChatResponse
@@ -177,23 +175,20 @@ class StreamedCall:
     from the ``data:`` lines of the response as they come, each delta published as a live
     event of the step running here (``dflow.live.publish``), and the whole reply.
 
-    The live events, each with ``call`` (an id of this call: a call made again after a
-    crash or a retry has a new one) and ``kind``: ``model.start`` (``model``), then
-    ``model.delta`` (``text``) and ``model.tool`` (``index``, ``name``, ``arguments``: the
-    fragment), then ``model.end`` (``finish_reason``) or ``model.dropped`` (``error``)."""
+    The live events are those of :mod:`dflow_agents._live_reply`."""
 
     def __init__(self, endpoint: str, secret: str, model: str) -> None:
         self.endpoint = endpoint
         self.secret = secret
         self.model = model
-        self.call = uuid.uuid4().hex[:12]
+        self.said = LiveReply(model)
         self.assembly = StreamAssembly(endpoint)
 
     async def run(
         self, client: Any, body: dict[str, Any], timeout: float, id_prefix: str
     ) -> tuple[ChatResponse, str]:
         """The reply and its non-streamed body as JSON text; ``ModelError`` subclasses."""
-        await self._say("model.start", model=self.model)
+        await self.said.start()
         error: ModelError | None = None
         try:
             await self._read(client, body, timeout)
@@ -208,10 +203,10 @@ class StreamedCall:
                 endpoint=self.endpoint,
             )
         if error is not None:
-            await self._say("model.dropped", error=str(error)[:500])
+            await self.said.dropped(str(error))
             raise error  # (outside the except block: the SDK's exception holds the request)
         reply = self.assembly.reply(id_prefix)
-        await self._say("model.end", finish_reason=reply.finish_reason)
+        await self.said.end(reply.finish_reason)
         return reply, json.dumps(self.assembly.body())
 
     async def _read(self, client: Any, body: dict[str, Any], timeout: float) -> None:
@@ -229,9 +224,9 @@ class StreamedCall:
                     continue
                 text, deltas = self.assembly.add(chunk)
                 if text:
-                    await self._say("model.delta", text=text)
+                    await self.said.delta(text)
                 for d in deltas:
-                    await self._say("model.tool", index=d.index, name=d.name, arguments=d.arguments)
+                    await self.said.tool(d.index, d.name, d.arguments)
 
     def _mapped(self, exc: Exception) -> ModelError:
         import openai
@@ -250,9 +245,6 @@ class StreamedCall:
             f"the model endpoint {self.endpoint} failed: {type(exc).__name__}: {scrub(str(exc), self.secret)}",
             endpoint=self.endpoint,
         )
-
-    async def _say(self, kind: str, **data: Any) -> None:
-        await live.publish({"kind": kind, "call": self.call, **data})
 
 
 _DONE = object()
