@@ -8,12 +8,14 @@ from collections.abc import Callable
 import pytest
 
 from dflow import MemoryBroker, MemoryStore, MemoryTransport, Store, Transport
+from dflow.live import LiveFeed
 from dflow.memory.state import MemoryStateBackend
 from dflow.shared_state import StateBackend
 from dflow.store import RunReader
 from dflow.testing import (
     FakeClock,
     FusedStoreContract,
+    LiveFeedContract,
     RunReaderContract,
     RunWriterContract,
     StateBackendContract,
@@ -98,3 +100,11 @@ class TestMemoryTransport(TransportContract):
             return [MemoryTransport(broker) for _ in range(n)]
 
         return make
+
+
+class TestMemoryLiveFeed(LiveFeedContract):
+    """The in-memory store's live events: a ring buffer per run."""
+
+    @pytest.fixture
+    def make_feed(self) -> Callable[[], LiveFeed]:
+        return lambda: MemoryStore().live

@@ -40,13 +40,16 @@ class RedisLiveFeed(LiveFeed):
     async def read(self, trace_id: str, after: str, wait: float) -> list[LiveEvent]:
         key = self.key(trace_id)
         block = int(wait * 1000) if wait > 0 else None
-        with store_errors():
-            found = await self.redis.xread({key: after or "0"}, count=KEEP_EVENTS, block=block)
         events: list[LiveEvent] = []
-        for _stream, entries in found or ():
-            for entry_id, fields in entries:
-                events.append(_event(trace_id, entry_id, fields))
-        return events
+        cursor = after or "0"
+        while True:  # (MAXLEN ~ keeps a few more than KEEP_EVENTS: read them all)
+            with store_errors():
+                found = await self.redis.xread({key: cursor}, count=KEEP_EVENTS, block=block)
+            entries = [entry for _stream, batch in found or () for entry in batch]
+            events += [_event(trace_id, entry_id, fields) for entry_id, fields in entries]
+            if len(entries) < KEEP_EVENTS:
+                return events
+            cursor, block = events[-1].id, None
 
 
 def _event(trace_id: str, entry_id: Any, fields: dict[Any, Any]) -> LiveEvent:

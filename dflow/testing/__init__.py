@@ -2,7 +2,8 @@
 per part of the seam (``conformance`` gathers them): ``StoreContract``, the whole store, made
 of ``RunWriterContract`` (``writes``, ``joins``), ``RunReaderContract`` (``reads``), the
 listings (``listing``) and runs holding compensations (``saga``); ``FusedStoreContract``
-(``fused``), ``StateBackendContract`` (``state``) and ``TransportContract`` (``transport``);
+(``fused``), ``StateBackendContract`` (``state``), ``LiveFeedContract`` (``live``) and
+``TransportContract`` (``transport``);
 and the table of malformed step messages every reader of step messages must refuse
 (``MALFORMED_MESSAGES``). ``cases`` holds what the suites build their cases from;
 ``FakeClock`` (``clock``) is a clock that moves only when a test moves it. Public: the names
@@ -21,11 +22,13 @@ from .conformance import (
     StoreContract,
     TransportContract,
 )
+from .live import LiveFeedContract
 
 # plain sorted(), as tests/test_exports.py checks (ruff's sort puts constants first)
 __all__ = [  # noqa: RUF022
     "FakeClock",
     "FusedStoreContract",
+    "LiveFeedContract",
     "MALFORMED_MESSAGES",
     "RunReaderContract",
     "RunWriterContract",

@@ -243,15 +243,8 @@ def test_stream_is_for_chat_mode_and_a_flag(llm_server: FakeLLMServer) -> None:
         OpenAIChatModel("m", base_url=llm_server.base_url, api_key=KEY, stream="yes")  # type: ignore[arg-type]
 
 
-@pytest.fixture
-def local() -> Any:
-    dflow.global_init_for_test()
-    yield
-    dflow.shutdown()
-
-
 def test_followers_see_the_deltas_while_the_step_streams_and_the_step_commits_the_whole_reply(
-    llm_server: FakeLLMServer, local: Any
+    llm_server: FakeLLMServer, local: dflow.Runtime
 ) -> None:
     llm_server.stream(text_stream("Once", " upon", " a time."), hold_after=3)
     model = dflow.shared(
@@ -289,7 +282,7 @@ def test_followers_see_the_deltas_while_the_step_streams_and_the_step_commits_th
 
 
 def test_an_agent_whose_stream_drops_asks_again_and_commits_one_reply(
-    llm_server: FakeLLMServer, local: Any
+    llm_server: FakeLLMServer, local: dflow.Runtime
 ) -> None:
     llm_server.stream(text_stream("The capital", " of France", " is Paris."), drop_after=2)
     llm_server.stream(text_stream("Paris", " is the capital."))

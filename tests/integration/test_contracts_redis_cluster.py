@@ -11,9 +11,17 @@ import pytest
 from dflow import Store, Transport
 from dflow.adapters.redis import RedisStore, RedisStreamsTransport
 from dflow.adapters.redis.client import disconnect
+from dflow.adapters.redis.live import RedisLiveFeed
 from dflow.adapters.redis.state import RedisStateBackend
+from dflow.live import LiveFeed
 from dflow.shared_state import StateBackend
-from dflow.testing import FusedStoreContract, StateBackendContract, StoreContract, TransportContract
+from dflow.testing import (
+    FusedStoreContract,
+    LiveFeedContract,
+    StateBackendContract,
+    StoreContract,
+    TransportContract,
+)
 
 from .test_contracts_redis import same_bucket_ids
 
@@ -68,3 +76,17 @@ class TestClusterRedisStreamsTransport(TransportContract):
             ]
 
         return make
+
+
+class TestRedisClusterLiveFeed(LiveFeedContract):
+    """A stream per run, trimmed with MAXLEN ~ (so about KEEP_EVENTS are kept), expiring."""
+
+    exact_cap = False
+
+    @pytest.fixture
+    def make_feed(self, redis_cluster_url: str, cluster_prefix: str) -> Callable[[], LiveFeed]:
+        return lambda: RedisStore(redis_cluster_url, prefix=cluster_prefix).live
+
+    async def close_feed(self, feed: LiveFeed) -> None:
+        assert isinstance(feed, RedisLiveFeed)
+        await disconnect(feed.redis)

@@ -120,7 +120,7 @@ async def _follow(console: Console, trace_id: str, credential: Credential) -> As
                 yield ServerSentEvent(data=event.to_json(), event="live")
             if not waiting.done():
                 continue
-            waiting, changed = None, waiting.result()
+            changed, waiting = waiting.result(), None
             if changed:
                 n += 1
                 parts = await console.parts(tree)
