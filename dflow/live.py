@@ -28,7 +28,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -106,27 +106,10 @@ class _NoLiveFeed(LiveFeed):
 NO_LIVE_FEED: LiveFeed = _NoLiveFeed()
 
 
-@dataclass(slots=True)
-class _Here:
-    """The step running in this context, as the runtime set it, and whether its feed failed."""
-
-    store: Store
-    message: Message
-    failed: bool = field(default=False)
-
-
-#: the step running in this context (set by the runtime around each step's function)
-_here: ContextVar[_Here | None] = ContextVar("dflow_live_step", default=None)
-
-
-def enter(store: Store, message: Message) -> Any:
-    """(For the runtime) the step of ``message`` runs in this context now: a token for ``leave``."""
-    return _here.set(_Here(store, message))
-
-
-def leave(token: Any) -> None:
-    """(For the runtime) the step of ``enter`` is over."""
-    _here.reset(token)
+#: (for the runtime) the store and the message of the step running in this context: the
+#: runtime sets it around each step's function; ``publish`` sets it to ``None`` for the rest
+#: of the step when the store did not take an event
+running_step: ContextVar[tuple[Store, Message] | None] = ContextVar("dflow_live_step", default=None)
 
 
 def _checked(data: Mapping[str, Any]) -> dict[str, Any]:
@@ -153,18 +136,15 @@ async def publish(data: Mapping[str, Any]) -> bool:
     function was called outside a flow: nothing is sent) or the store's feed failed during
     this step. Best effort: it never raises for the store (see the module); ``TypeError``
     or ``ValueError`` for data it cannot send."""
-    here = _here.get()
+    here = running_step.get()
     if here is None:
         return False
     event = _checked(data)
-    if here.failed:
-        return False
-    msg = here.message
+    store, msg = here
     try:
-        feed = here.store.live
-        await feed.publish(LiveEvent(msg.trace_id, msg.seq, msg.attempt, event, time.time()))
+        await store.live.publish(LiveEvent(msg.trace_id, msg.seq, msg.attempt, event, time.time()))
     except Exception as exc:  # best effort: the step goes on, its result is what counts
-        here.failed = True
+        running_step.set(None)
         log.warning(
             "live events of step %s of run %s are dropped: the store did not take one (%s: %s)",
             msg.seq,
