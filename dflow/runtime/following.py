@@ -1,9 +1,9 @@
 """Following a run's committed steps and its live events together (``Run.aevents(live=True)``).
 
 Both reads wait on the store at once, each as a task on the runtime's loop, and whichever
-answers first is handed out; the other goes on waiting for the next call. When a read of
-steps says the run ended, the live events already published are taken first (a short
-wait), so that a step's live events come before its committed record.
+answers first is handed out; the other goes on waiting for the next call. When records come,
+the live events published until then are read first (the waiting read of them stopped, a
+read that does not wait made), so that a step's live events come before its committed record.
 """
 
 from __future__ import annotations
@@ -16,9 +16,6 @@ from ..live import LiveEvent
 from ..store import Store
 
 __all__ = ["Following"]
-
-_LAST_LIVE = 0.2  # seconds the last read of live events waits, once the run ended
-
 
 class Following:
     """The steps (from the ``start``-th) and, with ``live``, the live events of run
@@ -55,10 +52,28 @@ class Following:
             records, info = self._steps.result()
             self._steps = None
             self.start += len(records)
-            if (info is None or info.status.finished) and not self._live.done():
-                await asyncio.wait((self._live,), timeout=_LAST_LIVE)
+            if records or info is None or info.status.finished:
+                return await self._caught_up(), records, info, read
+        return self._taken(), records, info, read
+
+    async def _caught_up(self) -> list[LiveEvent]:
+        """The live events published until now: those of the read that came, if it came,
+        and those of a read that does not wait."""
+        if self._live is not None and not self._live.done():
+            self._live.cancel()
+            await asyncio.gather(self._live, return_exceptions=True)
+            self._live = None
         events = self._taken()
-        return events, records, info, read
+        if self._failed:
+            return events
+        try:
+            more = await self.store.live.read(self.trace_id, self.after, 0)
+        except Exception:  # best effort (as in _taken)
+            self._failed = True
+            return events
+        if more:
+            self.after = more[-1].id
+        return events + more
 
     async def _read_live(self, wait: float) -> list[LiveEvent]:
         if self._failed:

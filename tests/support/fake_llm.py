@@ -34,6 +34,7 @@ class Answer:
     chunks: list[bytes] | None = None  # a streamed answer: SSE events, sent one by one (chunked)
     hold_after: int | None = None  # a stream waits after this many chunks, until ``FakeLLMServer.go``
     drop_after: int | None = None  # a stream closes after this many chunks, unfinished
+    repeat: bool = False  # it answers every request from now on (it stays queued)
 
 
 @dataclass
@@ -68,16 +69,18 @@ class FakeLLMServer:
         done: bool = True,
         hold_after: int | None = None,
         drop_after: int | None = None,
+        repeat: bool = False,
     ) -> None:
         """Queue a streamed answer: each chunk (a JSON-able object, or bytes sent as they
         are) as one ``data: ...`` event of a chunked ``text/event-stream`` response, then
         ``data: [DONE]`` (unless ``done`` is False). ``hold_after``: after that many chunks
         it waits for ``go`` to be set; ``drop_after``: after that many it closes the
-        connection mid-stream, as a server that crashes does."""
+        connection mid-stream, as a server that crashes does. ``repeat``: it answers every
+        request from its turn on (for a test where a step may run again more than once)."""
         events = [c if isinstance(c, bytes) else b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks]
         if done:
             events.append(b"data: [DONE]\n\n")
-        self.answers.append(Answer(200, b"", {}, 0.0, None, events, hold_after, drop_after))
+        self.answers.append(Answer(200, b"", {}, 0.0, None, events, hold_after, drop_after, repeat))
 
 
 def chat_body(
@@ -105,7 +108,7 @@ def _handler(server: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
                 body = raw
             server.received.append(Received(self.path, {k.lower(): v for k, v in self.headers.items()}, body))
             answer = (
-                server.answers.popleft()
+                (server.answers[0] if server.answers[0].repeat else server.answers.popleft())
                 if server.answers
                 else Answer(500, b'{"error": {"message": "the test queued no answer"}}', {}, 0.0)
             )
