@@ -17,6 +17,7 @@ from ..store import Store
 
 __all__ = ["Following"]
 
+
 class Following:
     """The steps (from the ``start``-th) and, with ``live``, the live events of run
     ``trace_id`` in ``store``.
