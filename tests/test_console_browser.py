@@ -6,7 +6,8 @@ step tree and follows the run live while it advances; answering a ``from_call`` 
 page resumes the run (invalid JSON is refused before anything is sent); cancelling from the
 page cancels it (dismissing the confirmation does not); an action without the login or the
 page's token is refused; a step's panel shows its values and re-runs a finished run from it;
-hostile stored text shows as text and runs no script. Screenshots go to each test's
+hostile stored text shows as text and runs no script; a streamed model reply grows in the
+conversation, then the committed one takes its place. Screenshots go to each test's
 ``tmp_path``."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The HTTP API (``dflow.server``) over real sockets, on the in-memory runtime: sessions and
 their tokens, starting runs, status, the step events as server-sent events until the run
-ends (or its token expires), answering a ``from_call``, cancelling; every token check
+ends (or its token expires), with the live events its steps publish when asked (``?live=1``), answering a ``from_call``, cancelling; every token check
 (missing, garbage, forged, expired, not canonical: 401; another session's run: 403; the admin
 token for sessions); bodies that are too big, not JSON or not sent as JSON; a server without
 an admin token (loopback host names only, no cross-site writes, no renewed sessions); a run
