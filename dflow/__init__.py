@@ -6,6 +6,7 @@ with ``init()``, and run it in local mode (``DFlow.global_init_for_test()``) or 
 
 from __future__ import annotations
 
+from . import live
 from .circuit import Circuit, CircuitState
 from .client import (
     Entry,
@@ -54,6 +55,7 @@ from .errors import (
     VersionNotFoundError,
 )
 from .flow import DFlow, InitParam, adirect_run
+from .live import LiveEvent
 from .mailbox import Mailbox
 from .memory import MemoryBroker, MemoryStore, MemoryTransport
 from .ops.conversations import declare_conversation
@@ -82,6 +84,7 @@ __all__ = [
     "Entry",
     "InitParam",
     "InvalidTraceIdError",
+    "LiveEvent",
     "Mailbox",
     "MailboxFullError",
     "MemoryBroker",
@@ -131,6 +134,7 @@ __all__ = [
     "declare_conversation",
     "gather",
     "global_init_for_test",
+    "live",
     "register_model",
     "shared",
     "shutdown",

@@ -30,6 +30,8 @@ Optional parts, each found by the runtime without a flag to set:
 - ``shared_state``: a ``dflow.shared_state.StateBackend`` beside the store (12 methods,
   ``StateBackendContract``) for ``dflow.State``, ``dflow.Circuit`` and the deadlock
   detector. Without it those raise ``ConfigurationError``.
+- ``live``: a ``dflow.live.LiveFeed`` beside the store, for the events steps publish
+  while they run (a model streaming its reply). Without it they are dropped.
 - ``ping`` and ``close``: no-ops by default.
 
 So a store is 15 methods; 27 with its shared state. ``MemoryStore`` is the reference.
@@ -47,6 +49,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 from .context import RunInfo, RunStatus, StepRecord
 from .errors import ConfigurationError, DFlowError, RunNotFoundError, RunTimeoutError
+from .live import NO_LIVE_FEED, LiveFeed
 from .mailbox import Mailbox
 from .wire.values import Message
 
@@ -531,6 +534,12 @@ class Store(RunWriter, RunReader):
         if backend is None:
             backend = self._registered_state = factory(self)
         return backend
+
+    @property
+    def live(self) -> LiveFeed:
+        """Where this store keeps its runs' live events (``dflow.live``); a store that
+        keeps none has ``NO_LIVE_FEED``: followers see the committed steps only."""
+        return NO_LIVE_FEED
 
     async def ping(self) -> None:
         """Raise ``StoreError`` when the store cannot be reached."""

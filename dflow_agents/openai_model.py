@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 from . import _guard
+from ._openai_stream import StreamedCall
 from ._openai_wire import map_sdk_error, parse_chat_body, parse_completion_body, wire_tool_choice
 from .errors import ModelConfigError, ModelError
 from .exchanges import note_http
@@ -34,6 +35,13 @@ def _import_openai() -> Any:
     return openai
 
 
+def _check_stream(stream: object, mode: str) -> None:
+    if not isinstance(stream, bool):
+        raise ModelConfigError(f"stream is True or False, got {stream!r:.80}")
+    if stream and mode == "raw":
+        raise ModelConfigError("stream=True streams chat replies: use it with mode='chat'")
+
+
 class OpenAIChatModel:
     """A model behind an OpenAI-compatible HTTP API.
 
@@ -41,6 +49,15 @@ class OpenAIChatModel:
     ``OPENAI_MODEL``, ``OPENAI_BASE_URL`` and ``OPENAI_API_KEY`` (servers that need no key
     take any placeholder, such as ``"EMPTY"``). ``options`` are defaults for every request
     (``temperature``, ``max_tokens``...); ``timeout`` is per request, in seconds.
+
+    ``stream=True`` asks for the reply as a stream of tokens: while it arrives, each
+    content delta and tool-call fragment is published as a live event of the step that
+    called the model (``dflow.live``; followers read them from ``Run.aevents(live=True)``,
+    the HTTP API and the console), and the call returns the whole reply, the same
+    ``ChatResponse`` as without streaming (see the agents' streaming docs). A stream
+    that drops mid-answer raises :class:`ModelConnectionError`, as a dropped non-streamed
+    call does. Add ``options={"stream_options": {"include_usage": True}}`` for the token
+    usage on servers that send it only when asked.
 
     ``mode="chat"`` uses ``/chat/completions`` with native tool calls. ``mode="raw"`` is for
     models served without them: the conversation is rendered as a Qwen2.5 prompt (with
@@ -73,11 +90,13 @@ class OpenAIChatModel:
         options: Mapping[str, Any] | None = None,
         default_headers: Mapping[str, str] | None = None,
         default_system: str | None = QWEN_DEFAULT_SYSTEM,
+        stream: bool = False,
     ) -> None:
         if mode not in ("chat", "raw"):
             raise ModelConfigError(
                 f"mode must be 'chat' (native tool calls) or 'raw' (Qwen prompt), got {mode!r}"
             )
+        _check_stream(stream, mode)
         model = model or os.environ.get("OPENAI_MODEL")
         base_url = base_url or os.environ.get("OPENAI_BASE_URL")
         api_key = api_key or os.environ.get("OPENAI_API_KEY")
@@ -108,6 +127,7 @@ class OpenAIChatModel:
         self._options = dict(options or {})
         self._headers = dict(default_headers or {})
         self._default_system = default_system
+        self._stream = stream
         self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, openai.AsyncOpenAI] = (
             weakref.WeakKeyDictionary()
         )
@@ -123,12 +143,18 @@ class OpenAIChatModel:
         return self._base_url
 
     @property
+    def stream(self) -> bool:
+        """Whether chat replies stream (see the class)."""
+        return self._stream
+
+    @property
     def mode(self) -> Literal["chat", "raw"]:
         """``"chat"`` (native tool calls) or ``"raw"`` (Qwen prompt on /completions)."""
         return self._mode
 
     def __repr__(self) -> str:
-        return f"OpenAIChatModel(model={self._model!r}, base_url={self._base_url!r}, mode={self._mode!r})"
+        streams = ", stream=True" if self._stream else ""
+        return f"OpenAIChatModel(model={self._model!r}, base_url={self._base_url!r}, mode={self._mode!r}{streams})"
 
     async def chat(
         self,
@@ -156,6 +182,8 @@ class OpenAIChatModel:
         if tools:
             body["tools"] = [t.to_openai() for t in tools]
             body["tool_choice"] = wire_tool_choice(choice)
+        if self._stream:
+            return await self._streamed(to_openai_messages(messages), body, id_prefix=f"call_{turn}_")
         text = await self._post("chat", to_openai_messages(messages), body)
         return parse_chat_body(text, endpoint=self._base_url, id_prefix=f"call_{turn}_")
 
@@ -209,6 +237,15 @@ class OpenAIChatModel:
             )
             self._clients[loop] = sdk
         return sdk
+
+    async def _streamed(self, messages: list[Any], body: dict[str, Any], *, id_prefix: str) -> ChatResponse:
+        _guard.check_allowed(self._base_url)
+        model = body.pop("model", self._model)
+        timeout = body.pop("timeout", self._timeout)
+        call = StreamedCall(self._base_url, self._api_key, model)
+        reply, raw = await call.run(self._client(), {"messages": messages, **body}, timeout, id_prefix)
+        note_http(lambda: {"endpoint": "chat/completions", "model": model, "stream": True, **body}, raw)
+        return reply
 
     async def _post(self, kind: Literal["chat", "raw"], payload: Any, body: dict[str, Any]) -> str:
         _guard.check_allowed(self._base_url)

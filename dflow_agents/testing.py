@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from . import _guard
+from ._live_reply import LiveReply
 from .messages import ChatMessage, ChatResponse, ToolCall, ToolSpec, Usage
 from .qwen import calls_as_text
 
@@ -177,31 +178,44 @@ class ScriptedModel:
     ``AssertionError`` saying which reply and why.
 
     Implements ``chat`` and ``complete`` (where tool calls are written as Qwen
-    ``<tool_call>`` text, so one script serves both paths).
+    ``<tool_call>`` text, so one script serves both paths). With ``stream=True`` a chat
+    reply is also published as live events of the step that asked, word by word, as
+    ``OpenAIChatModel(stream=True)`` publishes what it reads (``Run.aevents(live=True)``).
     """
 
     def __init__(
-        self, replies: Sequence[ScriptedReply | ChatResponse | str], *, name: str = "scripted"
+        self,
+        replies: Sequence[ScriptedReply | ChatResponse | str],
+        *,
+        name: str = "scripted",
+        stream: bool = False,
     ) -> None:
+        if not isinstance(stream, bool):
+            raise TypeError(f"ScriptedModel's stream is True or False, got {stream!r:.80}")
         self.replies: tuple[ScriptedReply, ...] = tuple(_as_reply(r) for r in replies)
         self.name = name
+        self.stream = stream
         self.requests: list[ModelRequest] = []
 
     def __repr__(self) -> str:
         return f"ScriptedModel({len(self.replies)} replies, name={self.name!r})"
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"replies": self.replies, "name": self.name}
+        return {"replies": self.replies, "name": self.name, "stream": self.stream}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.replies, self.name, self.requests = state["replies"], state["name"], []
+        self.stream = bool(state.get("stream", False))
 
     async def chat(
         self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec] | None = None, **options: Any
     ) -> ChatResponse:
         """The scripted reply for this conversation."""
         request = ModelRequest(tuple(messages), tuple(tools or ()), dict(options))
-        return self._answer(request)
+        reply = self._answer(request)
+        if self.stream:
+            await LiveReply(self.name).whole(reply)
+        return reply
 
     async def complete(self, prompt: str, **options: Any) -> ChatResponse:
         """The scripted reply for this raw prompt, as raw text."""

@@ -6,7 +6,8 @@ step tree and follows the run live while it advances; answering a ``from_call`` 
 page resumes the run (invalid JSON is refused before anything is sent); cancelling from the
 page cancels it (dismissing the confirmation does not); an action without the login or the
 page's token is refused; a step's panel shows its values and re-runs a finished run from it;
-hostile stored text shows as text and runs no script. Screenshots go to each test's
+hostile stored text shows as text and runs no script; a streamed model reply grows in the
+conversation, then the committed one takes its place. Screenshots go to each test's
 ``tmp_path``."""
 
 from __future__ import annotations
@@ -322,3 +323,40 @@ def test_hostile_stored_text_runs_no_script(page: Any, dialogs: Dialogs, tmp_pat
     expect(page.locator("#detail pre").nth(1)).to_have_text(HOSTILE)
     page.screenshot(path=str(tmp_path / "hostile.png"), full_page=True)
     assert dialogs.unexpected == []  # no alert fired
+
+
+def test_a_run_page_shows_a_streamed_reply_growing_then_the_committed_one(page: Any, tmp_path: Path) -> None:
+    from dflow_agents import OpenAIChatModel, ToolCallAgent
+    from tests.agents.test_toolcall_agent import close_on_runtime
+    from tests.support.fake_llm import serving
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return {
+            "object": "chat.completion.chunk",
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+        }
+
+    with serving() as llm:
+        pieces = ["Once", " upon", " a time", ", a console."]
+        llm.stream(
+            [chunk({"role": "assistant"}), *(chunk({"content": p}) for p in pieces), chunk({}, "stop")],
+            hold_after=3,
+        )
+        model = OpenAIChatModel("qwen-plus", base_url=llm.base_url, api_key="EMPTY", stream=True)
+        try:
+            run = ToolCallAgent(f"cb-streaming-{time.monotonic_ns()}", model, []).run("tell a story")
+            page.goto(f"/console/runs/{run.trace_id}")
+            growing = page.locator("#conversation .msg.streaming")
+            expect(growing.locator(".text")).to_have_text("Once upon", timeout=15_000)
+            expect(growing.locator(".who")).to_contain_text("streaming")
+            page.screenshot(path=str(tmp_path / "streaming.png"), full_page=True)
+            assert run.status().value == "running", "the page showed the reply while the step streamed"
+            llm.go.set()
+            assert run.result(15).answer == "Once upon a time, a console."
+            expect(growing).to_have_count(0, timeout=15_000)  # the committed reply took its place
+            expect(page.locator("#conversation .msg.assistant .text").last).to_have_text(
+                "Once upon a time, a console."
+            )
+            page.screenshot(path=str(tmp_path / "committed.png"), full_page=True)
+        finally:
+            close_on_runtime(model)

@@ -8,6 +8,7 @@ from collections.abc import Callable
 import pytest
 
 from dflow import MemoryBroker, MemoryStore, MemoryTransport, Store, Transport
+from dflow.live import LiveFeed
 from dflow.memory.state import MemoryStateBackend
 from dflow.schedules import ScheduleBook
 from dflow.shared_state import StateBackend
@@ -15,6 +16,7 @@ from dflow.store import RunReader
 from dflow.testing import (
     FakeClock,
     FusedStoreContract,
+    LiveFeedContract,
     RunReaderContract,
     RunWriterContract,
     ScheduleBookContract,
@@ -107,3 +109,11 @@ class TestMemoryScheduleBook(ScheduleBookContract):
     @pytest.fixture
     def make_book(self) -> Callable[[], ScheduleBook]:
         return lambda: MemoryStore().schedules
+
+
+class TestMemoryLiveFeed(LiveFeedContract):
+    """The in-memory store's live events: a ring buffer per run."""
+
+    @pytest.fixture
+    def make_feed(self) -> Callable[[], LiveFeed]:
+        return lambda: MemoryStore().live

@@ -33,7 +33,8 @@ LAYERS: list[set[str]] = [
         "schedules",
         "run_pages",
         "parts",
-    },  # the seams: a run's context, Store, shared state, schedules, pages, the parts of a step
+        "live",
+    },  # the seams: a run's context, Store, shared state, schedules, pages, the parts of a step, live events
     {"model", "observe"},  # the flow model and its interpreter (and its port to the runtime); observers' seam
     {
         "memory",

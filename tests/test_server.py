@@ -1,6 +1,6 @@
 """The HTTP API (``dflow.server``) over real sockets, on the in-memory runtime: sessions and
 their tokens, starting runs, status, the step events as server-sent events until the run
-ends (or its token expires), answering a ``from_call``, cancelling; every token check
+ends (or its token expires), with the live events its steps publish when asked (``?live=1``), answering a ``from_call``, cancelling; every token check
 (missing, garbage, forged, expired, not canonical: 401; another session's run: 403; the admin
 token for sessions); bodies that are too big, not JSON or not sent as JSON; a server without
 an admin token (loopback host names only, no cross-site writes, no renewed sessions); a run
@@ -57,6 +57,15 @@ ask = (
     .id("done")
     .init("srv-ask")
 )
+
+
+async def _tell(text: str) -> str:
+    for word in text.split():
+        await dflow.live.publish({"word": word})
+    return text.upper()
+
+
+told = DFlow.from_call("srv-tell").map(_tell).id("tell").init("srv-tell")
 session_of_run = (
     DFlow.from_call("srv-whose").map(lambda ctx, _: ctx.get(SESSION_KEY)).id("read").init("srv-whose")
 )
@@ -69,7 +78,9 @@ def tokens() -> Tokens:
 
 @pytest.fixture(scope="module")
 def url(runtime: dflow.Runtime, tokens: Tokens) -> Iterator[str]:
-    app = create_app(tokens=tokens, admin_token=ADMIN, pipelines=["srv-echo", "srv-ask", "srv-whose"])
+    app = create_app(
+        tokens=tokens, admin_token=ADMIN, pipelines=["srv-echo", "srv-ask", "srv-whose", "srv-tell"]
+    )
     with ServerThread(app) as base:
         yield base
 
@@ -155,6 +166,27 @@ def test_events_follow_a_live_run_and_end_when_it_does(api: httpx.Client, url: s
     assert events[-1][0] == "end" and events[-1][2]["result"] == {"answered": "yes"}
 
 
+def test_with_live_the_events_carry_what_a_step_published_before_its_step_event(api: httpx.Client) -> None:
+    s = new_session(api)
+    trace = start(api, s["token"], "srv-tell", "one two three").json()["trace_id"]
+    wait_status(api, s["token"], trace, until="done")
+    events = sse(api, f"/runs/{trace}/events?live=1", bearer(s["token"]))
+    assert [(e, d["data"]["word"]) for e, _, d in events if e == "live"] == [
+        ("live", "one"),
+        ("live", "two"),
+        ("live", "three"),
+    ]
+    live = [i for i, e in enumerate(events) if e[0] == "live"]
+    tell = [i for i, e in enumerate(events) if e[0] == "step" and e[2]["output"] == "ONE TWO THREE"]
+    assert live and tell and max(live) < tell[0], "a step's live events come before its record"
+    assert {e[1] for e in events if e[0] == "live"} == {""}, (
+        "live events have no id: Last-Event-ID counts steps"
+    )
+    assert events[live[0]][2]["seq"] == events[tell[0]][2]["seq"]
+    plain = sse(api, f"/runs/{trace}/events", bearer(s["token"]))
+    assert [e[0] for e in plain if e[0] == "live"] == [] and plain[-1][0] == "end"
+
+
 def test_answering_a_call_the_run_is_not_waiting_for_keeps_it_or_with_if_waiting_is_409(
     api: httpx.Client,
 ) -> None:
@@ -188,7 +220,7 @@ def test_cancel_ends_the_run_and_its_stream(api: httpx.Client) -> None:
 def test_a_session_lists_its_pipelines(api: httpx.Client) -> None:
     s = new_session(api)
     names = [p["name"] for p in api.get("/pipelines", headers=bearer(s["token"])).json()["pipelines"]]
-    assert names == ["srv-ask", "srv-echo", "srv-whose"]  # only those the app serves
+    assert names == ["srv-ask", "srv-echo", "srv-tell", "srv-whose"]  # only those the app serves
 
 
 # -- tokens -----------------------------------------------------------------------------------

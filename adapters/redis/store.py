@@ -52,6 +52,7 @@ from .errors import store_errors
 from .finish_watch import FinishWatch
 from .fusable import same_cluster, same_server
 from .keyspace import Keyspace
+from .live import RedisLiveFeed
 from .parts import RedisParts
 from .reads import RunReads, _s
 from .schedules import KeepsSchedules
@@ -140,6 +141,7 @@ class RedisStore(RunReads, KeepsSchedules, Store, StepParts):
         self._turn = 0
         self._watch: FinishWatch | None = None
         self._state: RedisStateBackend | None = None
+        self._live: RedisLiveFeed | None = None
         self._parts = RedisParts(self.redis, ttl)
 
     @property
@@ -148,6 +150,13 @@ class RedisStore(RunReads, KeepsSchedules, Store, StepParts):
         if self._state is None:
             self._state = RedisStateBackend(self.redis, self.prefix)
         return self._state
+
+    @property
+    def live(self) -> RedisLiveFeed:
+        """The live events of this store's runs (``dflow.live``): a stream per run."""
+        if self._live is None:
+            self._live = RedisLiveFeed(self.redis, self.prefix)
+        return self._live
 
     def _dispatch_via(self, transport: RedisStreamsTransport, keyspace: Keyspace) -> None:
         """Write step messages to ``transport``'s streams, which must be on this store's own

@@ -55,6 +55,7 @@ from .endings import CANCELLED as CANCELLED  # (where it was)
 from .endings import RunEnds
 from .followers import Followers
 from .listings import RunIndex, RunListing
+from .live import MemoryLiveFeed
 from .parts import PartTable
 from .runs import JoinState, Lease, RunState
 from .schedule import Outbox, Timers
@@ -104,6 +105,7 @@ class MemoryStore(RunEnds, RunListing, KeepsSchedules, Store, StepParts):
         self._quiet = False
         self._emitted: dict[bytes, Message] = {}  # bodies put on the transport during this commit
         self._state: MemoryStateBackend | None = None
+        self._live: MemoryLiveFeed | None = None
         self._parts = PartTable()
 
     @property
@@ -112,6 +114,13 @@ class MemoryStore(RunEnds, RunListing, KeepsSchedules, Store, StepParts):
         if self._state is None:
             self._state = MemoryStateBackend(self.clock)
         return self._state
+
+    @property
+    def live(self) -> MemoryLiveFeed:
+        """The live events of this store's runs (``dflow.live``): a ring buffer per run."""
+        if self._live is None:
+            self._live = MemoryLiveFeed()
+        return self._live
 
     # -- helpers ---------------------------------------------------------------------
 

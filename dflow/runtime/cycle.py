@@ -23,6 +23,7 @@ from ..errors import (
     UnknownStepError,
     ValueTooLargeError,
 )
+from ..live import running_step
 from ..model import interpret as interp
 from ..model.calls import contained_call, error_info, is_async, unwrap
 from ..model.nodes import Frame, Node
@@ -200,7 +201,11 @@ class StepCycle:
             started = self.clock.time()
             t0 = time.perf_counter()
             try:
-                outcome, status, out = await self.runner.execute(node, ctx, claim, frames, started)
+                here = running_step.set((self.store, msg))  # (for dflow.live.publish in the step)
+                try:
+                    outcome, status, out = await self.runner.execute(node, ctx, claim, frames, started)
+                finally:
+                    running_step.reset(here)
                 transition, records = self._seal(claim, node, ctx, frames, outcome, status, out, started, t0)
                 changes = ctx._changes
             except BaseException as exc:

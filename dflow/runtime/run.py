@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncGenerator, Iterator, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar, overload
 
 from ..context import ContextStack, RunInfo, RunStatus, StepRecord
 from ..errors import (
@@ -20,9 +20,11 @@ from ..errors import (
     RunNotFoundError,
     RunTimeoutError,
 )
+from ..live import LiveEvent
 from ..model.pipeline import Out_co
 from ..patterns.rerun import start_rerun
 from ..wire.ids import check_trace_id, is_run_id
+from .following import Following
 from .process import _current, _Host
 from .waits import wait_through_outages
 
@@ -117,41 +119,70 @@ class Run(Generic[Out_co]):
             raise RunNotFoundError(f"no run with trace id {self.trace_id!r}", trace_id=self.trace_id)
         return info
 
-    async def aevents(self, *, timeout: float | None = None) -> AsyncGenerator[StepRecord, None]:
+    @overload
+    def aevents(
+        self, *, timeout: float | None = None, live: Literal[False] = False
+    ) -> AsyncGenerator[StepRecord, None]: ...
+
+    @overload
+    def aevents(
+        self, *, timeout: float | None = None, live: Literal[True]
+    ) -> AsyncGenerator[StepRecord | LiveEvent, None]: ...
+
+    async def aevents(self, *, timeout: float | None = None, live: bool = False) -> AsyncGenerator[Any, None]:
         """The run's step records as they commit, in order, from any process, from its
         first; the iteration ends when the run ends. ``RunTimeoutError`` when ``timeout``
         seconds pass first; ``RunNotFoundError`` when there is no such run. (The steps of
-        zip/any branches are in their own runs; the join's record holds their results.)"""
+        zip/any branches are in their own runs; the join's record holds their results.)
+
+        With ``live=True`` the live events its steps publish while they run
+        (``dflow.live.LiveEvent``: a model's reply as it streams) come too, as they are
+        published, those still kept from its start first. They are best effort: a step
+        that runs again (a retry, a crash) publishes them again; its record is what counts."""
         host = _current()
         store = host.runtime.store
         deadline = None if timeout is None else time.monotonic() + timeout
-        start = 0
-        while True:
-            wait = 5.0 if deadline is None else max(0.0, min(5.0, deadline - time.monotonic()))
-            records, info = await host.arun(store.watch_steps(self.trace_id, start, wait))
-            if info is None:
-                raise RunNotFoundError(f"no run with trace id {self.trace_id!r}", trace_id=self.trace_id)
-            for record in records:
-                yield record
-            start += len(records)
-            if info.status.finished:
-                return
-            if deadline is not None and time.monotonic() >= deadline and not records:
-                raise RunTimeoutError(
-                    f"run {self.trace_id!r} did not end within {timeout}s; the run goes on",
-                    trace_id=self.trace_id,
-                )
+        following = Following(store, self.trace_id, live=live)
+        try:
+            while True:
+                wait = 5.0 if deadline is None else max(0.0, min(5.0, deadline - time.monotonic()))
+                events, records, info, read = await host.arun(following.next(wait))
+                for event in events:
+                    yield event
+                if read and info is None:
+                    raise RunNotFoundError(f"no run with trace id {self.trace_id!r}", trace_id=self.trace_id)
+                for record in records:
+                    yield record
+                if read and info is not None and info.status.finished:
+                    return
+                if deadline is not None and time.monotonic() >= deadline and not records and not events:
+                    raise RunTimeoutError(
+                        f"run {self.trace_id!r} did not end within {timeout}s; the run goes on",
+                        trace_id=self.trace_id,
+                    )
+        finally:
+            await host.arun(following.close())
 
-    def events(self, *, timeout: float | None = None) -> Iterator[StepRecord]:
+    @overload
+    def events(
+        self, *, timeout: float | None = None, live: Literal[False] = False
+    ) -> Iterator[StepRecord]: ...
+
+    @overload
+    def events(
+        self, *, timeout: float | None = None, live: Literal[True]
+    ) -> Iterator[StepRecord | LiveEvent]: ...
+
+    def events(self, *, timeout: float | None = None, live: bool = False) -> Iterator[Any]:
         """``aevents`` for plain code: a blocking iterator."""
         host = _current()
         if host.thread.on_loop():
             raise DFlowError(
                 "Run.events() blocks: on the runtime's event loop use `async for e in run.aevents()`"
             )
-        agen = self.aevents(timeout=timeout)
+        agen = self.aevents(timeout=timeout, live=True) if live else self.aevents(timeout=timeout)
 
-        async def step() -> tuple[bool, StepRecord | None]:
+        async def step() -> tuple[bool, Any]:
             try:
                 return True, await agen.__anext__()
             except StopAsyncIteration:
@@ -162,7 +193,6 @@ class Run(Generic[Out_co]):
                 more, record = host.run(step())
                 if not more:
                     return
-                assert record is not None
                 yield record
         finally:
             host.run(agen.aclose())

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pydantic
-from fastapi import APIRouter, Depends, Header, Request
+from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.security import HTTPAuthorizationCredentials
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 
@@ -18,6 +18,7 @@ from ..client import Run
 from ..context import RunInfo
 from ..errors import RunNotFoundError, RunTimeoutError
 from ..flow import DFlow
+from ..live import LiveEvent
 from .errors import NotAuthenticated, NotPermitted
 from .http import parse, read_json, request_body
 from .runs import record_json, run_json
@@ -167,27 +168,40 @@ def _event_route(router: APIRouter, server: Server) -> None:
         info: RunInfo = Depends(server.owned_run),
         session: Session = Depends(server.require_session),
         last_event_id: str | None = Header(None),
+        live: bool = Query(False, description="also the live events its steps publish (event: live)"),
     ) -> AsyncIterator[ServerSentEvent]:
         """The run's step records as server-sent events (``event: step``, ``id`` their
         index; reconnect with ``Last-Event-ID`` to go on after one), then ``event: end``
         with the run's final state; ``event: error`` when the run expired, or when the
-        token expires first (reconnect with a new one)."""
-        async for event in _run_events(server, info.trace_id, session, _resume_after(last_event_id)):
+        token expires first (reconnect with a new one). With ``?live=1``, also the live
+        events its steps publish while they run (``event: live``, no ``id``: a model's
+        reply as it streams; best effort, the step events are what counts)."""
+        skip = _resume_after(last_event_id)
+        async for event in _run_events(server, info.trace_id, session, skip, live=live):
             yield event
 
 
 async def _run_events(
-    server: Server, trace_id: str, session: Session, skip: int
+    server: Server, trace_id: str, session: Session, skip: int, *, live: bool = False
 ) -> AsyncIterator[ServerSentEvent]:
-    """The events of ``GET /runs/{trace_id}/events`` from the ``skip``-th step on."""
+    """The events of ``GET /runs/{trace_id}/events`` from the ``skip``-th step on (and,
+    with ``live``, the live events)."""
     n = 0
     final: RunInfo | None = None
     expired = False  # the token, before the run ended
     try:
-        async for record in Run(trace_id).aevents(timeout=max(0.0, session.expires_at - time.time())):
+        timeout = max(0.0, session.expires_at - time.time())
+        async for record in (
+            Run(trace_id).aevents(timeout=timeout, live=True)
+            if live
+            else Run(trace_id).aevents(timeout=timeout)
+        ):
             if time.time() >= session.expires_at:
                 expired = True
                 break
+            if isinstance(record, LiveEvent):
+                yield ServerSentEvent(data=record.to_json(), event="live")
+                continue
             if n >= skip:
                 yield ServerSentEvent(data=record_json(record), event="step", id=str(n))
             n += 1

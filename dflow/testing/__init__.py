@@ -2,9 +2,9 @@
 per part of the seam (``conformance`` gathers them): ``StoreContract``, the whole store, made
 of ``RunWriterContract`` (``writes``, ``joins``), ``RunReaderContract`` (``reads``), the
 listings (``listing``) and runs holding compensations (``saga``); ``FusedStoreContract``
-(``fused``), ``StateBackendContract`` (``state``), ``ScheduleBookContract``
-(``schedules``), ``StepPartsContract`` (``parts``: the parts of steps, for a store that keeps
-them) and ``TransportContract`` (``transport``);
+(``fused``), ``StateBackendContract`` (``state``), ``LiveFeedContract`` (``live``),
+``ScheduleBookContract`` (``schedules``), ``StepPartsContract`` (``parts``: the parts of steps,
+for a store that keeps them) and ``TransportContract`` (``transport``);
 and the table of malformed step messages every reader of step messages must refuse
 (``MALFORMED_MESSAGES``). ``cases`` holds what the suites build their cases from;
 ``FakeClock`` (``clock``) is a clock that moves only when a test moves it. Public: the names
@@ -24,6 +24,7 @@ from .conformance import (
     StoreContract,
     TransportContract,
 )
+from .live import LiveFeedContract
 from .parts import StepPartsContract
 from .schedules import ScheduleBookContract
 
@@ -31,6 +32,7 @@ from .schedules import ScheduleBookContract
 __all__ = [  # noqa: RUF022
     "FakeClock",
     "FusedStoreContract",
+    "LiveFeedContract",
     "MALFORMED_MESSAGES",
     "MailboxContract",
     "RunReaderContract",

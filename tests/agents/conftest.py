@@ -4,17 +4,16 @@ serves the shop of ``site.py``."""
 
 from __future__ import annotations
 
-import json
-import threading
-from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
 
 import pytest
 
 from dflow_agents.testing import block_network_models
+from tests.support.fake_llm import Answer as Answer
+from tests.support.fake_llm import FakeLLMServer as FakeLLMServer
+from tests.support.fake_llm import Received as Received
+from tests.support.fake_llm import chat_body as chat_body
+from tests.support.fake_llm import serving
 
 from . import site as S
 
@@ -33,114 +32,8 @@ def _no_network_models(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         yield
 
 
-@dataclass
-class Received:
-    """One request the fake server got."""
-
-    path: str
-    headers: dict[str, str]
-    body: Any
-
-
-@dataclass
-class Answer:
-    status: int
-    body: bytes
-    headers: dict[str, str]
-    delay: float
-    drop: str | None = None  # "before-reply": close unanswered; "mid-body": close halfway through
-
-
-@dataclass
-class FakeLLMServer:
-    """An OpenAI-compatible server on 127.0.0.1 that plays queued answers in order."""
-
-    base_url: str = ""
-    received: list[Received] = field(default_factory=list)
-    answers: deque[Answer] = field(default_factory=deque)
-    release: threading.Event = field(default_factory=threading.Event)
-
-    def answer(
-        self,
-        body: Any,
-        *,
-        status: int = 200,
-        headers: dict[str, str] | None = None,
-        delay: float = 0.0,
-        drop: str | None = None,
-    ) -> None:
-        """Queue an answer: a JSON-able body, or bytes sent as they are; ``drop`` closes the
-        connection before any reply (``"before-reply"``) or halfway through the body
-        (``"mid-body"``), as a server that crashes does."""
-        raw = body if isinstance(body, bytes) else json.dumps(body).encode()
-        self.answers.append(Answer(status, raw, headers or {}, delay, drop))
-
-
-def chat_body(
-    message: dict[str, Any], *, finish: str = "stop", usage: tuple[int, int] = (12, 5)
-) -> dict[str, Any]:
-    """A chat-completions body shaped like a real server's, around one assistant ``message``."""
-    return {
-        "id": "chatcmpl-1",
-        "object": "chat.completion",
-        "created": 1700000000,
-        "model": "qwen-plus-2025",
-        "choices": [{"index": 0, "message": {"role": "assistant", **message}, "finish_reason": finish}],
-        "usage": {"prompt_tokens": usage[0], "completion_tokens": usage[1], "total_tokens": sum(usage)},
-    }
-
-
-def _handler(server: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            size = int(self.headers.get("content-length") or 0)
-            raw = self.rfile.read(size)
-            try:
-                body: Any = json.loads(raw)
-            except ValueError:
-                body = raw
-            server.received.append(Received(self.path, {k.lower(): v for k, v in self.headers.items()}, body))
-            answer = (
-                server.answers.popleft()
-                if server.answers
-                else Answer(500, b'{"error": {"message": "the test queued no answer"}}', {}, 0.0)
-            )
-            if answer.delay:
-                server.release.wait(answer.delay)
-            if answer.drop == "before-reply":
-                return  # HTTP/1.0: the connection closes with nothing said
-            try:
-                self.send_response(answer.status)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(answer.body)))
-                for k, v in answer.headers.items():
-                    self.send_header(k, v)
-                self.end_headers()
-                self.wfile.write(
-                    answer.body[: len(answer.body) // 2] if answer.drop == "mid-body" else answer.body
-                )
-            except OSError:  # the client gave up (a timeout test)
-                pass
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
-
-    return Handler
-
-
 @pytest.fixture
 def llm_server() -> Iterator[FakeLLMServer]:
-    """A fake OpenAI-compatible server; ``base_url`` ends in ``/v1``."""
-    fake = FakeLLMServer()
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(fake))
-    httpd.daemon_threads = True
-    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
-    thread.start()
-    fake.base_url = f"http://127.0.0.1:{httpd.server_address[1]}/v1"
-    try:
+    """A fake OpenAI-compatible server (``tests.support.fake_llm``); ``base_url`` ends in ``/v1``."""
+    with serving() as fake:
         yield fake
-    finally:
-        fake.release.set()
-        httpd.shutdown()
-        httpd.server_close()
-        thread.join(timeout=5)

@@ -13,12 +13,15 @@ import pytest
 from dflow import Store, Transport
 from dflow.adapters.redis import RedisStore, RedisStreamsTransport
 from dflow.adapters.redis.client import disconnect
+from dflow.adapters.redis.live import RedisLiveFeed
 from dflow.adapters.redis.schedules import RedisScheduleBook
 from dflow.adapters.redis.state import RedisStateBackend
+from dflow.live import KEEP_SECONDS, LiveEvent, LiveFeed
 from dflow.schedules import ScheduleBook
 from dflow.shared_state import StateBackend
 from dflow.testing import (
     FusedStoreContract,
+    LiveFeedContract,
     ScheduleBookContract,
     StateBackendContract,
     StepPartsContract,
@@ -133,3 +136,37 @@ class TestRedisScheduleBook(ScheduleBookContract):
     async def close_book(self, book: ScheduleBook) -> None:
         assert isinstance(book, RedisScheduleBook)
         await disconnect(book.redis)
+
+
+class TestRedisLiveFeed(LiveFeedContract):
+    """A stream per run, trimmed with MAXLEN ~ (so about KEEP_EVENTS are kept), expiring."""
+
+    exact_cap = False
+
+    @pytest.fixture
+    def make_feed(self, redis_url: str, prefix: str) -> Callable[[], LiveFeed]:
+        return lambda: RedisStore(redis_url, prefix=prefix).live
+
+    async def close_feed(self, feed: LiveFeed) -> None:
+        assert isinstance(feed, RedisLiveFeed)
+        await disconnect(feed.redis)
+
+    def test_a_runs_events_are_one_stream_under_the_prefix_that_expires(
+        self, make_feed: Callable[[], LiveFeed], redis_url: str, prefix: str
+    ) -> None:
+        import asyncio
+
+        import redis
+
+        async def publish() -> None:
+            async with self.opened(make_feed) as feed:
+                await feed.publish(LiveEvent("run-ttl", 1, 0, {"text": "hi"}, 1.0))
+
+        asyncio.run(publish())
+        r = redis.Redis.from_url(redis_url)
+        try:
+            key = f"{prefix}:live:run-ttl"
+            assert r.type(key) == b"stream" and r.xlen(key) == 1
+            assert 0 < r.ttl(key) <= KEEP_SECONDS
+        finally:
+            r.close()

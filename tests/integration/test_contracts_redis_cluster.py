@@ -11,12 +11,15 @@ import pytest
 from dflow import Store, Transport
 from dflow.adapters.redis import RedisStore, RedisStreamsTransport
 from dflow.adapters.redis.client import disconnect
+from dflow.adapters.redis.live import RedisLiveFeed
 from dflow.adapters.redis.schedules import RedisScheduleBook
 from dflow.adapters.redis.state import RedisStateBackend
+from dflow.live import LiveFeed
 from dflow.schedules import ScheduleBook
 from dflow.shared_state import StateBackend
 from dflow.testing import (
     FusedStoreContract,
+    LiveFeedContract,
     ScheduleBookContract,
     StateBackendContract,
     StepPartsContract,
@@ -87,3 +90,17 @@ class TestClusterRedisScheduleBook(ScheduleBookContract):
     async def close_book(self, book: ScheduleBook) -> None:
         assert isinstance(book, RedisScheduleBook)
         await disconnect(book.redis)
+
+
+class TestRedisClusterLiveFeed(LiveFeedContract):
+    """A stream per run, trimmed with MAXLEN ~ (so about KEEP_EVENTS are kept), expiring."""
+
+    exact_cap = False
+
+    @pytest.fixture
+    def make_feed(self, redis_cluster_url: str, cluster_prefix: str) -> Callable[[], LiveFeed]:
+        return lambda: RedisStore(redis_cluster_url, prefix=cluster_prefix).live
+
+    async def close_feed(self, feed: LiveFeed) -> None:
+        assert isinstance(feed, RedisLiveFeed)
+        await disconnect(feed.redis)

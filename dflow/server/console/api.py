@@ -22,6 +22,7 @@ from ..http import parse
 from ..runs import jsonable, run_json
 from .auth import Credential
 from .html import cut, decoded, run_href, value_text
+from .live_tail import LiveTail
 from .shared import Console, RunsList, list_runs
 from .tree import RunTree
 
@@ -101,28 +102,49 @@ async def _follow(console: Console, trace_id: str, credential: Credential) -> As
     n = 0
     parts = await console.parts(tree)
     yield ServerSentEvent(data=parts, event="state", id=str(n))
-    while not parts["finished"]:
-        if time.time() >= credential.expires_at:
-            yield ServerSentEvent(data={"error": "your console login expired: log in again"}, event="expired")
-            return
-        if _quiet(tree):
-            yield ServerSentEvent(data={"trace_id": trace_id, "status": parts["status"]}, event="idle")
-            return
-        root = tree.root
-        busy = root.settled or any(not node.settled for node in tree.nodes() if node is not root)
-        wait = _BUSY if busy else _IDLE
-        if root.settled:  # (an ``any`` may end before its other branches)
-            await asyncio.sleep(wait)
-        else:
-            await console.on_store(console.store.watch_steps(root.trace_id, root.count, wait))
-        if await console.on_store(tree.refresh()):
-            n += 1
-            parts = await console.parts(tree)
-            yield ServerSentEvent(data=parts, event="state", id=str(n))
-            await asyncio.sleep(_MIN_GAP)
-        elif not tree.live:
-            parts = await console.parts(tree)
+    tail = LiveTail(console, tree.root.trace_id)
+    waiting: asyncio.Future[Any] | None = None
+    try:
+        while not parts["finished"]:
+            if time.time() >= credential.expires_at:
+                yield ServerSentEvent(
+                    data={"error": "your console login expired: log in again"}, event="expired"
+                )
+                return
+            if _quiet(tree):
+                yield ServerSentEvent(data={"trace_id": trace_id, "status": parts["status"]}, event="idle")
+                return
+            if waiting is None:
+                waiting = asyncio.ensure_future(_next_change(console, tree))
+            for event in await tail.until(waiting, _IDLE):
+                yield ServerSentEvent(data=event.to_json(), event="live")
+            if not waiting.done():
+                continue
+            changed, waiting = waiting.result(), None
+            if changed:
+                n += 1
+                parts = await console.parts(tree)
+                yield ServerSentEvent(data=parts, event="state", id=str(n))
+                await asyncio.sleep(_MIN_GAP)
+            elif not tree.live:
+                parts = await console.parts(tree)
+    finally:
+        if waiting is not None:
+            waiting.cancel()
+        await tail.close()
     yield ServerSentEvent(data={"trace_id": trace_id, "status": parts["status"]}, event="end")
+
+
+async def _next_change(console: Console, tree: RunTree) -> bool:
+    """Wait for the run to move (or a while), then whether its tree changed."""
+    root = tree.root
+    busy = root.settled or any(not node.settled for node in tree.nodes() if node is not root)
+    wait = _BUSY if busy else _IDLE
+    if root.settled:  # (an ``any`` may end before its other branches)
+        await asyncio.sleep(wait)
+    else:
+        await console.on_store(console.store.watch_steps(root.trace_id, root.count, wait))
+    return bool(await console.on_store(tree.refresh()))
 
 
 def add_api_routes(router: APIRouter, console: Console) -> None:

@@ -127,11 +127,88 @@
     return !!(waits && active && active.tagName === "TEXTAREA" && waits.contains(active));
   }
 
+  // -- a model's reply as it streams (event: live), until the step commits it ---------------------
+
+  var streaming = null; // {call, seq, box, text, calls, ended} of the reply streaming now
+
+  function streamingBox() {
+    var box = el("div", "msg assistant streaming");
+    box.setAttribute("aria-live", "polite");
+    var who = el("div", "who", "Thought · streaming…");
+    box.appendChild(who);
+    box.appendChild(el("div", "text"));
+    box.appendChild(el("div", "calls"));
+    return box;
+  }
+
+  function attachStreaming() {
+    if (!streaming || streaming.ended) {
+      return;
+    }
+    var holder = document.getElementById("conversation");
+    var msgs = holder ? holder.querySelector(".msgs") : null;
+    if (holder && !msgs) {
+      var card = el("section", "card conversation");
+      card.appendChild(el("h2", null, "Conversation"));
+      msgs = el("div", "msgs");
+      card.appendChild(msgs);
+      holder.appendChild(card);
+    }
+    if (msgs && streaming.box.parentNode !== msgs) {
+      msgs.appendChild(streaming.box);
+    }
+  }
+
+  function onLive(event) {
+    var data = event.data || {};
+    if (!data.call || !data.kind || data.kind.indexOf("model.") !== 0) {
+      return;
+    }
+    if (!streaming || streaming.call !== data.call) {
+      if (streaming && streaming.box.parentNode) {
+        streaming.box.parentNode.removeChild(streaming.box); // a call made again starts over
+      }
+      streaming = {
+        call: data.call,
+        seq: event.seq,
+        box: streamingBox(),
+        text: "",
+        calls: {},
+        complete: false,
+        ended: false,
+      };
+    }
+    var who = streaming.box.querySelector(".who");
+    if (data.kind === "model.delta") {
+      streaming.text += data.text || "";
+      streaming.box.querySelector(".text").textContent = streaming.text;
+    } else if (data.kind === "model.tool") {
+      var call = streaming.calls[data.index];
+      if (!call) {
+        call = streaming.calls[data.index] = { name: "", args: "", node: el("div", "call") };
+        streaming.box.querySelector(".calls").appendChild(call.node);
+      }
+      call.name = data.name && data.name !== call.name ? call.name + data.name : call.name;
+      call.args += data.arguments || "";
+      call.node.textContent = call.name + " " + call.args;
+    } else if (data.kind === "model.dropped") {
+      who.textContent = "Thought · the stream dropped: asked again";
+    } else if (data.kind === "model.end") {
+      who.textContent = "Thought · complete";
+      streaming.complete = true;
+    }
+    attachStreaming();
+  }
+
   function apply(state) {
     put("head", state.head);
     put("tree", state.tree);
     put("timeline", state.timeline);
     put("conversation", state.conversation);
+    if (streaming && streaming.complete) {
+      streaming.ended = true; // the step committed the reply: the conversation shows it now
+    }
+    attachStreaming();
     if (typing()) {
       pendingWaits = state.waits; // put in once the answer being written loses focus
     } else {
@@ -193,6 +270,9 @@
     });
     source.addEventListener("state", function (e) {
       apply(JSON.parse(e.data));
+    });
+    source.addEventListener("live", function (e) {
+      onLive(JSON.parse(e.data));
     });
     source.addEventListener("end", ended);
     source.addEventListener("idle", function (e) {
