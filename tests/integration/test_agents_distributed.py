@@ -12,15 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import Counter
 from collections.abc import Iterator
 
 import pytest
 
 import dflow
-from dflow import DFlow, StepStatus
+from dflow import DFlow
 from dflow_agents import AgentResult, AgentStatus, RedisChatMemory
-from tests.support.runs import runs_of, wait_for, worker_pids
+from tests.support.runs import committed_tool_calls, wait_for, worker_pids
 from tests.support.workers import Cluster, kafka_transport, streams_transport
 
 from .apps import agent_app as app
@@ -42,18 +41,6 @@ def cluster(request: pytest.FixtureRequest, redis_url: str, prefix: str) -> Iter
     env = {"DFLOW_TEST_REDIS": redis_url, "DFLOW_TEST_PREFIX": prefix}
     with Cluster("tests.integration.apps.agent_app", redis_url, prefix, transport_url=url, env=env) as c:
         yield c
-
-
-def committed_tools(trace_id: str) -> Counter[str]:
-    """The tool calls of a run's committed tool steps (a turn's calls, or a flow tool's
-    call), by tool name."""
-    outputs = [
-        s.output
-        for steps in runs_of(trace_id)
-        for s in steps
-        if s.status is StepStatus.DONE and s.key.split(">")[0].split("/")[0] == "tool"
-    ]
-    return Counter(r["name"] for out in outputs for r in (out if isinstance(out, list) else [out]))
 
 
 EXPECTED = AgentResult(
@@ -82,7 +69,7 @@ def test_same_agent_same_result_in_local_mode_and_on_workers(cluster: Cluster) -
     for job in (local_job, remote_job):
         assert c.counts(f"{job}:tool-execs") == {f"{job}:{k}": 1 for k in app.CALC_KEYS}
         assert c.counts(f"{job}:model-calls") == {"turn-0": 1, "turn-1": 1, "turn-2": 1}
-    assert committed_tools(run.trace_id) == {"add": 1, "capital": 1, "multiply": 1, "terminate": 1}
+    assert committed_tool_calls(run.trace_id) == {"add": 1, "capital": 1, "multiply": 1, "terminate": 1}
     assert worker_pids(run.trace_id) == {c.workers.procs[0].pid}, "every step ran on the worker process"
 
 
@@ -116,7 +103,7 @@ def test_worker_killed_while_a_tool_call_is_in_flight(cluster: Cluster) -> None:
     assert c.counts(f"{job}:model-calls") == {"turn-0": 1, "turn-1": 1, "turn-2": 1}, (
         "no model call ran twice"
     )
-    assert committed_tools(run.trace_id) == {"add": 1, "capital": 1, "multiply": 1, "terminate": 1}
+    assert committed_tool_calls(run.trace_id) == {"add": 1, "capital": 1, "multiply": 1, "terminate": 1}
     assert worker_pids(run.trace_id) == {first, second}
     assert recovery < 30, f"the step of the killed worker was taken over after {recovery:.1f} s"
 

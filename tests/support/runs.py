@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 
 import dflow
@@ -30,3 +31,15 @@ def wait_for(what: str, ok: Callable[[], bool], timeout: float) -> None:
     while not ok():
         assert time.monotonic() < deadline, f"timed out waiting: {what}"
         time.sleep(0.05)
+
+
+def committed_tool_calls(trace_id: str) -> Counter[str]:
+    """The tool calls of a run's committed tool steps, by tool name: each turn's step holds its
+    calls' results (a list); a flow tool's step, its call's."""
+    outputs = [
+        s.output
+        for steps in runs_of(trace_id)
+        for s in steps
+        if s.status is StepStatus.DONE and s.key.split(">")[0].split("/")[0] == "tool"
+    ]
+    return Counter(r["name"] for out in outputs for r in (out if isinstance(out, list) else [out]))
