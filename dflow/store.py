@@ -30,9 +30,11 @@ Optional parts, each found by the runtime without a flag to set:
 - ``shared_state``: a ``dflow.shared_state.StateBackend`` beside the store (12 methods,
   ``StateBackendContract``) for ``dflow.State``, ``dflow.Circuit`` and the deadlock
   detector. Without it those raise ``ConfigurationError``.
+- ``token_bucket``: a ``dflow.rate_limits.TokenBucket`` (1 method, ``TokenBucketContract``)
+  for the steps' ``rate_limit``. Without it a rate-limited step raises ``ConfigurationError``.
 - ``ping`` and ``close``: no-ops by default.
 
-So a store is 15 methods; 27 with its shared state. ``MemoryStore`` is the reference.
+So a store is 15 methods; 27 with its shared state, 28 with its token buckets. ``MemoryStore`` is the reference.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from .errors import ConfigurationError, DFlowError, RunNotFoundError, RunTimeout
 from .wire.values import Message
 
 if TYPE_CHECKING:
+    from .rate_limits import TokenBucket
     from .shared_state import StateBackend
 
 __all__ = [
@@ -510,6 +513,15 @@ class Store(RunWriter, RunReader):
         if backend is None:
             backend = self._registered_state = factory(self)
         return backend
+
+    @property
+    def token_bucket(self) -> TokenBucket:
+        """The token buckets of the steps' rate limits (``dflow.rate_limits``) beside this
+        store. ``ConfigurationError`` for a store that keeps none."""
+        raise ConfigurationError(
+            f"the store {type(self).__qualname__} keeps no token buckets (rate_limit): use the in-memory or "
+            "the Redis store, or give the store class a token_bucket property returning a TokenBucket"
+        )
 
     async def ping(self) -> None:
         """Raise ``StoreError`` when the store cannot be reached."""

@@ -8,7 +8,9 @@ from collections.abc import Callable
 import pytest
 
 from dflow import MemoryBroker, MemoryStore, MemoryTransport, Store, Transport
+from dflow.memory.rate_limits import MemoryTokenBucket
 from dflow.memory.state import MemoryStateBackend
+from dflow.rate_limits import TokenBucket
 from dflow.shared_state import StateBackend
 from dflow.store import RunReader
 from dflow.testing import (
@@ -18,6 +20,7 @@ from dflow.testing import (
     RunWriterContract,
     StateBackendContract,
     StoreContract,
+    TokenBucketContract,
     TransportContract,
 )
 
@@ -88,6 +91,20 @@ class TestMemoryStateBackend(StateBackendContract):
     async def pass_time(self, backend: StateBackend, seconds: float) -> None:
         assert isinstance(backend, MemoryStateBackend) and isinstance(backend.clock, FakeClock)
         await backend.clock.advance(seconds)
+
+
+class TestMemoryTokenBucket(TokenBucketContract):
+    """The token buckets of local mode, on a fake clock: the waits are the schedule's, exactly."""
+
+    slack = 0.0
+
+    @pytest.fixture
+    def make_bucket(self) -> Callable[[], TokenBucket]:
+        return lambda: MemoryStore(clock=FakeClock()).token_bucket
+
+    async def pass_time(self, bucket: TokenBucket, seconds: float) -> None:
+        assert isinstance(bucket, MemoryTokenBucket) and isinstance(bucket.clock, FakeClock)
+        await bucket.clock.advance(seconds)
 
 
 class TestMemoryTransport(TransportContract):

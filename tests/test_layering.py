@@ -30,7 +30,8 @@ LAYERS: list[set[str]] = [
         "store",
         "shared_state",
         "run_pages",
-    },  # the seams: a run's context, Store, shared state, pages
+        "rate_limits",
+    },  # the seams: a run's context, Store, shared state, pages, token buckets
     {"model", "observe"},  # the flow model and its interpreter (and its port to the runtime); observers' seam
     {
         "memory",

@@ -49,6 +49,7 @@ from .errors import store_errors
 from .finish_watch import FinishWatch
 from .fusable import same_cluster, same_server
 from .keyspace import Keyspace
+from .rate_limits import RedisTokenBucket
 from .reads import RunReads, _s
 from .state import RedisStateBackend
 
@@ -134,6 +135,7 @@ class RedisStore(RunReads, Store):
         self._turn = 0
         self._watch: FinishWatch | None = None
         self._state: RedisStateBackend | None = None
+        self._buckets: RedisTokenBucket | None = None
 
     @property
     def shared_state(self) -> RedisStateBackend:
@@ -141,6 +143,13 @@ class RedisStore(RunReads, Store):
         if self._state is None:
             self._state = RedisStateBackend(self.redis, self.prefix)
         return self._state
+
+    @property
+    def token_bucket(self) -> RedisTokenBucket:
+        """The token buckets of the steps' rate limits beside this store."""
+        if self._buckets is None:
+            self._buckets = RedisTokenBucket(self.redis, self.prefix)
+        return self._buckets
 
     def _dispatch_via(self, transport: RedisStreamsTransport, keyspace: Keyspace) -> None:
         """Write step messages to ``transport``'s streams, which must be on this store's own

@@ -53,6 +53,7 @@ from .endings import CANCELLED as CANCELLED  # (where it was)
 from .endings import RunEnds
 from .followers import Followers
 from .listings import RunIndex, RunListing
+from .rate_limits import MemoryTokenBucket
 from .runs import JoinState, Lease, RunState
 from .schedule import Outbox, Timers
 from .state import MemoryStateBackend
@@ -99,6 +100,7 @@ class MemoryStore(RunEnds, RunListing, Store):
         self._quiet = False
         self._emitted: dict[bytes, Message] = {}  # bodies put on the transport during this commit
         self._state: MemoryStateBackend | None = None
+        self._buckets: MemoryTokenBucket | None = None
 
     @property
     def shared_state(self) -> MemoryStateBackend:
@@ -106,6 +108,13 @@ class MemoryStore(RunEnds, RunListing, Store):
         if self._state is None:
             self._state = MemoryStateBackend(self.clock)
         return self._state
+
+    @property
+    def token_bucket(self) -> MemoryTokenBucket:
+        """The token buckets of the rate limits beside this store, on its clock."""
+        if self._buckets is None:
+            self._buckets = MemoryTokenBucket(self.clock)
+        return self._buckets
 
     # -- helpers ---------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import BuildError, DuplicateIdError, MissingIdError
 from ..policy import RetryPolicy
+from ..rate_limits import RateLimit
 from ..wire.values import MessageKind
 
 if TYPE_CHECKING:
@@ -85,6 +86,9 @@ class Node:
     _compiled: Chain | None
     _compensate: Chain | None  #: the one-node chain that undoes this step (``compensate``)
     _fallback: Fallback | None
+    #: the shared rate limit its step waits for (``rate_limit``); a class attribute too, so
+    #: that nodes pickled before it existed load with none
+    _rate: RateLimit | None = None
     #: a flat_map whose flow takes its place in step keys (only dflow's own direct_run
     #: builder); a class attribute, so that nodes pickled before it existed load with it
     _transparent: bool = False
@@ -158,6 +162,7 @@ _DEFAULTS: dict[str, Any] = {
     "_compiled": None,
     "_compensate": None,
     "_fallback": None,
+    "_rate": None,
 }
 
 
@@ -261,7 +266,7 @@ def _node_state(n: Node) -> tuple[Any, ...]:
 
 _EXTRAS = frozenset(
     ("_name", "_on_error", "_err_ctx_arg", "_retry", "_timeout", "_thread", "_compensate", "_fallback")
-)
+) | {"_rate"}
 
 
 def _chain_from(states: tuple[tuple[Any, ...], ...], keys: tuple[str, ...]) -> Chain:

@@ -2,7 +2,8 @@
 per part of the seam (``conformance`` gathers them): ``StoreContract``, the whole store, made
 of ``RunWriterContract`` (``writes``, ``joins``), ``RunReaderContract`` (``reads``), the
 listings (``listing``) and runs holding compensations (``saga``); ``FusedStoreContract``
-(``fused``), ``StateBackendContract`` (``state``) and ``TransportContract`` (``transport``);
+(``fused``), ``StateBackendContract`` (``state``), ``TokenBucketContract`` (``rate_limits``) and
+``TransportContract`` (``transport``);
 and the table of malformed step messages every reader of step messages must refuse
 (``MALFORMED_MESSAGES``). ``cases`` holds what the suites build their cases from;
 ``FakeClock`` (``clock``) is a clock that moves only when a test moves it. Public: the names
@@ -19,6 +20,7 @@ from .conformance import (
     RunWriterContract,
     StateBackendContract,
     StoreContract,
+    TokenBucketContract,
     TransportContract,
 )
 
@@ -31,5 +33,6 @@ __all__ = [  # noqa: RUF022
     "RunWriterContract",
     "StateBackendContract",
     "StoreContract",
+    "TokenBucketContract",
     "TransportContract",
 ]
