@@ -35,7 +35,7 @@ _NAME = re.compile(r"[A-Za-z0-9_.:@/+\-]{1,200}")
 #: largest burst: a bucket schedules in microseconds
 MAX_RATE = 1_000_000.0
 MAX_BURST = 1_000_000
-#: the longest ``per``: a year of seconds
+#: the longest ``per``, and the longest interval between two tokens: a year of seconds
 MAX_PER = 86400.0 * 365
 
 
@@ -76,6 +76,11 @@ class RateLimit:
             raise BuildError(
                 f"rate_limit rate={rate!r} per={per!r} is {r / p:g} steps a second, over the limit of "
                 f"{MAX_RATE:g}: a bucket schedules in microseconds"
+            )
+        if p / r > MAX_PER:
+            raise BuildError(
+                f"rate_limit rate={rate!r} per={per!r} is one step every {p / r:g} s, over the limit of "
+                f"{MAX_PER:g} s (a year)"
             )
         if isinstance(burst, bool) or not isinstance(burst, int) or not 1 <= burst <= MAX_BURST:
             raise BuildError(

@@ -171,6 +171,7 @@ def test_a_rate_limit_travels_with_its_flow() -> None:
         ({"rate": 10, "per": 0}, "per= is the seconds the rate is counted over, a number > 0"),
         ({"rate": 10, "per": -1.0}, "got -1.0"),
         ({"rate": 1000, "per": 0.0001}, "1e+07 steps a second, over the limit of 1e+06"),
+        ({"rate": 0.5, "per": 86400 * 365}, "is one step every 6.3072e+07 s, over the limit of 3.1536e+07 s"),
         ({"rate": 10, "burst": 0}, "burst= is how many steps may start at once, a whole number from 1 to"),
         ({"rate": 10, "burst": 2.5}, "got 2.5"),
         ({"rate": 10, "burst": False}, "got False"),
