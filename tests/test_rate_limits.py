@@ -19,6 +19,7 @@ import dflow
 from dflow import BuildError, ConfigurationError, DFlow, MemoryStore, RunStatus, StepStatus
 from dflow.model.nodes import compile_flow
 from dflow.ops.tree import render
+from dflow.rate_limits import RateLimit
 from dflow.testing import FakeClock
 
 
@@ -200,3 +201,16 @@ def test_a_store_without_token_buckets_says_so(fake_clock: Any) -> None:
 
     with pytest.raises(ConfigurationError, match="keeps no token buckets"):
         Bare().token_bucket  # noqa: B018
+
+
+def test_the_memory_buckets_forget_those_that_filled_again() -> None:
+    async def fill() -> tuple[int, int]:
+        clock = FakeClock()
+        bucket = MemoryStore(clock=clock).token_bucket
+        for i in range(10_000):
+            await bucket.reserve(RateLimit.build(f"b{i}", rate=1))
+        await clock.advance(1.0)  # every one of them is full again
+        await bucket.reserve(RateLimit.build("last", rate=1))
+        return len(bucket._tat), bucket._sweep_at
+
+    assert asyncio.run(fill()) == (1, 10_000)

@@ -12,7 +12,7 @@ from ..rate_limits import RateLimit, TokenBucket
 
 __all__ = ["MemoryTokenBucket"]
 
-#: buckets kept before the full ones are swept out
+#: buckets kept before the full ones are swept out (then twice as many as are left, at least)
 _SWEEP_AT = 10_000
 #: a wait shorter than this (a microsecond: rounding) is none
 _FREE = 1e-6
@@ -24,11 +24,13 @@ class MemoryTokenBucket(TokenBucket):
     def __init__(self, clock: Clock = SYSTEM_CLOCK) -> None:
         self.clock = clock
         self._tat: dict[str, float] = {}  # by name: when the bucket is full again
+        self._sweep_at = _SWEEP_AT
 
     async def reserve(self, limit: RateLimit) -> float:
         now = self.clock.time()
-        if len(self._tat) >= _SWEEP_AT:
+        if len(self._tat) >= self._sweep_at:
             self._tat = {k: t for k, t in self._tat.items() if t > now}
+            self._sweep_at = max(_SWEEP_AT, 2 * len(self._tat))
         step = limit.interval
         tat = max(self._tat.get(limit.name, now), now) + step
         self._tat[limit.name] = tat
