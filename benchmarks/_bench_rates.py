@@ -25,5 +25,9 @@ def chain(length: int, name: str, *, limited: bool) -> Any:
     return flow.init(name)
 
 
+# two of each, made in the order plain, limited, limited, plain: where in memory a flow's
+# objects fall moves a local step by a few µs, either way
 plain10 = chain(10, "rates-plain10", limited=False)
 limited10 = chain(10, "rates-limited10", limited=True)
+limited10b = chain(10, "rates-limited10b", limited=True)
+plain10b = chain(10, "rates-plain10b", limited=False)

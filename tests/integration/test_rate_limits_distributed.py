@@ -12,7 +12,7 @@ import pytest
 
 import dflow
 from dflow import StepStatus
-from tests.support.workers import Cluster, kafka_transport, streams_transport
+from tests.support.workers import Cluster, transport_for
 
 from .apps import rate_app
 
@@ -29,23 +29,12 @@ pytestmark = [
 @pytest.fixture(params=["redis-streams", "kafka"])
 def cluster(request: pytest.FixtureRequest, redis_url: str, prefix: str) -> Iterator[Cluster]:
     """Three workers on Redis Streams or on Kafka; the store (and the bucket) is Redis either way."""
-    if request.param == "kafka":
-        url = kafka_transport(request.getfixturevalue("kafka_bootstrap"), prefix)
-    else:
-        url = streams_transport(redis_url, prefix)
-    c = Cluster(
-        "tests.integration.apps.rate_app",
-        redis_url,
-        prefix,
-        transport_url=url,
-        env={"DFLOW_TEST_REDIS": redis_url, "DFLOW_TEST_PREFIX": prefix},
-    )
-    try:
+    url = transport_for(request, redis_url, prefix)
+    env = {"DFLOW_TEST_REDIS": redis_url, "DFLOW_TEST_PREFIX": prefix}
+    with Cluster("tests.integration.apps.rate_app", redis_url, prefix, transport_url=url, env=env) as c:
         c.workers.start(3)
         c.connect()
         yield c
-    finally:
-        c.close()
 
 
 def _starts(c: Cluster) -> list[tuple[float, str]]:
