@@ -16,10 +16,12 @@ from typing import Any
 import pytest
 
 import dflow
-from dflow import BuildError, ConfigurationError, DFlow, MemoryStore, RunStatus, StepStatus
+from dflow import BuildError, ConfigurationError, DFlow, MemoryStore, RunStatus, StepStatus, StoreError
+from dflow.memory.rate_limits import MemoryTokenBucket
 from dflow.model.nodes import compile_flow
 from dflow.ops.tree import render
 from dflow.rate_limits import RateLimit
+from dflow.runtime.rates import UNREACHABLE_WAIT
 from dflow.testing import FakeClock
 
 
@@ -214,3 +216,33 @@ def test_the_memory_buckets_forget_those_that_filled_again() -> None:
         return len(bucket._tat), bucket._sweep_at
 
     assert asyncio.run(fill()) == (1, 10_000)
+
+
+class Unreachable(MemoryTokenBucket):
+    """A bucket whose store cannot be reached for the first ``failures`` tokens asked."""
+
+    def __init__(self, clock: FakeClock, failures: int) -> None:
+        super().__init__(clock)
+        self.failures = failures
+
+    async def reserve(self, limit: RateLimit) -> float:
+        if self.failures:
+            self.failures -= 1
+            raise StoreError("the store is unreachable (connection refused)")
+        return await super().reserve(limit)
+
+
+def test_a_bucket_that_cannot_be_reached_makes_the_step_wait_and_ask_again(fake_clock: Any) -> None:
+    clock, advance, runtime = fake_clock
+    runtime.store._buckets = Unreachable(clock, failures=2)
+    calls = Calls(clock)
+    pipeline = DFlow.from_call("n").map(calls).id("ask").rate_limit(_bucket(), rate=1).init("unreachable")
+    run = pipeline.entry("n").call(7)
+    _until(lambda: run.status() is RunStatus.SLEEPING)
+    advance(UNREACHABLE_WAIT)
+    _until(lambda: len([s for s in run.context().steps if s.status is StepStatus.THROTTLED]) == 2)
+    advance(UNREACHABLE_WAIT)
+    assert run.result(10) == 7 and calls.count() == 1
+    waited = [s.output for s in run.context().steps if s.status is StepStatus.THROTTLED]
+    assert [w["wait"] for w in waited] == [UNREACHABLE_WAIT] * 2
+    assert "the bucket could not be reached: the store is unreachable" in waited[0]["error"]

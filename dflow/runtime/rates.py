@@ -9,7 +9,8 @@ run and the step's sequence number, how many times it waited, and the attempt th
 the token; a zip/any branch, which starts with a copy of the data, is another run), so that
 the attempt the timer delivers runs without asking again. Any later attempt (a retry, a
 step run again after its worker died) takes a token anew; the step's retry policy counts
-its attempts without the waits.
+its attempts without the waits. A bucket that cannot be reached (``StoreError``) does not
+fail the step: it waits ``UNREACHABLE_WAIT`` seconds, holding no token, and asks again.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..context import ContextStack, StepStatus
-from ..errors import SerializationError
+from ..errors import SerializationError, StoreError
 from ..model import interpret as interp
 from ..rate_limits import RateLimit
 from ..store import Claim, Store
@@ -29,6 +30,8 @@ __all__ = ["RATE_KEY", "rate_waits", "throttled"]
 #: the data key noting the rate-limit waits of the run's current step:
 #: ``[trace_id, seq, waits, the attempt that holds the token]``
 RATE_KEY = "dflow/rate"
+#: seconds a step waits before it asks a bucket that could not be reached again
+UNREACHABLE_WAIT = 1.0
 
 
 def _note(data: Mapping[str, bytes], msg: Message) -> tuple[int, bool]:
@@ -60,10 +63,16 @@ async def throttled(
     waits, held = _note(claim.data, msg)
     if held:
         return None
-    wait = await store.token_bucket.reserve(limit)
+    again = Message(msg.trace_id, msg.seq, msg.key, msg.attempt + 1, RUN)
+    holder = again.attempt
+    shown: dict[str, Any] = {"rate_limit": limit.name}
+    try:
+        wait = await store.token_bucket.reserve(limit)
+    except StoreError as exc:  # (the commit may reach the store yet: then the step asks again later)
+        wait, holder = UNREACHABLE_WAIT, -1
+        shown["error"] = f"the bucket could not be reached: {exc}"
     if wait <= 0.0:
         return None
-    again = Message(msg.trace_id, msg.seq, msg.key, msg.attempt + 1, RUN)
-    ctx._changes[RATE_KEY] = encode([msg.trace_id, msg.seq, waits + 1, again.attempt])
-    shown: dict[str, Any] = {"rate_limit": limit.name, "wait": round(wait, 6), "until": round(now + wait, 6)}
+    ctx._changes[RATE_KEY] = encode([msg.trace_id, msg.seq, waits + 1, holder])
+    shown.update(wait=round(wait, 6), until=round(now + wait, 6))
     return interp.Go(None, claim.value, again, at=now + wait), StepStatus.THROTTLED, encode(shown)
