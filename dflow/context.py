@@ -45,6 +45,7 @@ class StepStatus(str, Enum):
     DONE = "done"  #: produced its output
     FAILED = "failed"  #: raised; the error skipped forward
     RETRYING = "retrying"  #: raised; another attempt is scheduled
+    THROTTLED = "throttled"  #: waits on a timer for a token of its ``rate_limit``
     RECOVERED = "recovered"  #: an ``on_error_return`` handler produced the output
     WAITING = "waiting"  #: a ``from_call`` registered its wait
     SLEEPING = "sleeping"  #: a ``delay`` started its timer

@@ -32,9 +32,11 @@ Optional parts, each found by the runtime without a flag to set:
   detector. Without it those raise ``ConfigurationError``.
 - ``live``: a ``dflow.live.LiveFeed`` beside the store, for the events steps publish
   while they run (a model streaming its reply). Without it they are dropped.
+- ``token_bucket``: a ``dflow.rate_limits.TokenBucket`` (1 method, ``TokenBucketContract``)
+  for the steps' ``rate_limit``. Without it a rate-limited step raises ``ConfigurationError``.
 - ``ping`` and ``close``: no-ops by default.
 
-So a store is 15 methods; 27 with its shared state. ``MemoryStore`` is the reference.
+So a store is 15 methods; 27 with its shared state, 28 with its token buckets. ``MemoryStore`` is the reference.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ from .mailbox import Mailbox
 from .wire.values import Message
 
 if TYPE_CHECKING:
+    from .rate_limits import TokenBucket
     from .shared_state import StateBackend
 
 __all__ = [
@@ -540,6 +543,15 @@ class Store(RunWriter, RunReader):
         """Where this store keeps its runs' live events (``dflow.live``); a store that
         keeps none has ``NO_LIVE_FEED``: followers see the committed steps only."""
         return NO_LIVE_FEED
+
+    @property
+    def token_bucket(self) -> TokenBucket:
+        """The token buckets of the steps' rate limits (``dflow.rate_limits``) beside this
+        store. ``ConfigurationError`` for a store that keeps none."""
+        raise ConfigurationError(
+            f"the store {type(self).__qualname__} keeps no token buckets (rate_limit): use the in-memory or "
+            "the Redis store, or give the store class a token_bucket property returning a TokenBucket"
+        )
 
     async def ping(self) -> None:
         """Raise ``StoreError`` when the store cannot be reached."""

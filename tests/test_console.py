@@ -442,6 +442,23 @@ def test_retries_and_a_sleeping_run_are_drawn(browser: httpx.Client) -> None:
     run.cancel()
 
 
+def test_a_step_waiting_for_a_rate_limit_s_token_is_drawn_with_its_bucket(browser: httpx.Client) -> None:
+    limited = (
+        DFlow.from_call("con-limited")
+        .map(lambda x: x)
+        .id("call")
+        .rate_limit(f"con-{time.monotonic_ns()}", rate=1, per=600)
+        .init("con-limited")
+    )
+    first, second = limited.call(1), limited.call(2)
+    assert first.result(10) == 1
+    wait_for(second, "sleeping")
+    html = browser.get(f"/console/api/runs/{second.trace_id}/tree").json()["tree"]
+    assert re.search(r'<li class="step st-throttled"><button[^>]*><span class="nm">call</span>', html), html
+    assert "rate_limit" in html and "con-" in html
+    second.cancel()
+
+
 def test_a_parked_run_says_why_in_its_header_and_its_tree() -> None:
     """(A run is parked when no worker knows its next step: drawn from the state the store
     gives, as a ``RunInfo``.)"""

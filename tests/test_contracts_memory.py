@@ -9,7 +9,9 @@ import pytest
 
 from dflow import MemoryBroker, MemoryStore, MemoryTransport, Store, Transport
 from dflow.live import LiveFeed
+from dflow.memory.rate_limits import MemoryTokenBucket
 from dflow.memory.state import MemoryStateBackend
+from dflow.rate_limits import TokenBucket
 from dflow.schedules import ScheduleBook
 from dflow.shared_state import StateBackend
 from dflow.store import RunReader
@@ -23,6 +25,7 @@ from dflow.testing import (
     StateBackendContract,
     StepPartsContract,
     StoreContract,
+    TokenBucketContract,
     TransportContract,
 )
 
@@ -93,6 +96,20 @@ class TestMemoryStateBackend(StateBackendContract):
     async def pass_time(self, backend: StateBackend, seconds: float) -> None:
         assert isinstance(backend, MemoryStateBackend) and isinstance(backend.clock, FakeClock)
         await backend.clock.advance(seconds)
+
+
+class TestMemoryTokenBucket(TokenBucketContract):
+    """The token buckets of local mode, on a fake clock: the waits are the schedule's, exactly."""
+
+    slack = 0.0
+
+    @pytest.fixture
+    def make_bucket(self) -> Callable[[], TokenBucket]:
+        return lambda: MemoryStore(clock=FakeClock()).token_bucket
+
+    async def pass_time(self, bucket: TokenBucket, seconds: float) -> None:
+        assert isinstance(bucket, MemoryTokenBucket) and isinstance(bucket.clock, FakeClock)
+        await bucket.clock.advance(seconds)
 
 
 class TestMemoryTransport(TransportContract):

@@ -34,7 +34,8 @@ LAYERS: list[set[str]] = [
         "run_pages",
         "parts",
         "live",
-    },  # the seams: a run's context, Store, shared state, schedules, pages, the parts of a step, live events
+        "rate_limits",
+    },  # the seams: a run's context, Store, shared state, schedules, pages, the parts of a step, live events, token buckets
     {"model", "observe"},  # the flow model and its interpreter (and its port to the runtime); observers' seam
     {
         "memory",

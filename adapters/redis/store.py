@@ -54,6 +54,7 @@ from .fusable import same_cluster, same_server
 from .keyspace import Keyspace
 from .live import RedisLiveFeed
 from .parts import RedisParts
+from .rate_limits import RedisTokenBucket
 from .reads import RunReads, _s
 from .schedules import KeepsSchedules
 from .state import RedisStateBackend
@@ -143,6 +144,7 @@ class RedisStore(RunReads, KeepsSchedules, Store, StepParts):
         self._state: RedisStateBackend | None = None
         self._live: RedisLiveFeed | None = None
         self._parts = RedisParts(self.redis, ttl)
+        self._buckets: RedisTokenBucket | None = None
 
     @property
     def shared_state(self) -> RedisStateBackend:
@@ -157,6 +159,13 @@ class RedisStore(RunReads, KeepsSchedules, Store, StepParts):
         if self._live is None:
             self._live = RedisLiveFeed(self.redis, self.prefix)
         return self._live
+
+    @property
+    def token_bucket(self) -> RedisTokenBucket:
+        """The token buckets of the steps' rate limits beside this store."""
+        if self._buckets is None:
+            self._buckets = RedisTokenBucket(self.redis, self.prefix)
+        return self._buckets
 
     def _dispatch_via(self, transport: RedisStreamsTransport, keyspace: Keyspace) -> None:
         """Write step messages to ``transport``'s streams, which must be on this store's own

@@ -57,6 +57,7 @@ from .followers import Followers
 from .listings import RunIndex, RunListing
 from .live import MemoryLiveFeed
 from .parts import PartTable
+from .rate_limits import MemoryTokenBucket
 from .runs import JoinState, Lease, RunState
 from .schedule import Outbox, Timers
 from .schedules import KeepsSchedules
@@ -107,6 +108,7 @@ class MemoryStore(RunEnds, RunListing, KeepsSchedules, Store, StepParts):
         self._state: MemoryStateBackend | None = None
         self._live: MemoryLiveFeed | None = None
         self._parts = PartTable()
+        self._buckets: MemoryTokenBucket | None = None
 
     @property
     def shared_state(self) -> MemoryStateBackend:
@@ -121,6 +123,13 @@ class MemoryStore(RunEnds, RunListing, KeepsSchedules, Store, StepParts):
         if self._live is None:
             self._live = MemoryLiveFeed()
         return self._live
+
+    @property
+    def token_bucket(self) -> MemoryTokenBucket:
+        """The token buckets of the rate limits beside this store, on its clock."""
+        if self._buckets is None:
+            self._buckets = MemoryTokenBucket(self.clock)
+        return self._buckets
 
     # -- helpers ---------------------------------------------------------------------
 

@@ -2,7 +2,7 @@
 
 Operators return new ``DFlow`` values; nothing runs until a pipeline made by ``init()``
 is called, or ``DFlow.direct_run`` starts a run. Modifiers (``id``, ``name``,
-``on_error_return``, ``retry``, ``timeout``, ``in_thread``, ``circuit``, ``compensate``,
+``on_error_return``, ``retry``, ``timeout``, ``in_thread``, ``circuit``, ``rate_limit``, ``compensate``,
 ``fallback``) apply to the last node.
 """
 
@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
 from ..errors import BuildError
 from ..policy import RetryPolicy, exception_classes
+from ..rate_limits import RateLimit
 from ..wire.values import encode
 from .nodes import Fallback, Frame, Kind, Node, compile_flow
 from .pipeline import Pipeline, Start, entry_run, new_trace
@@ -361,6 +362,21 @@ class DFlow(Node, Generic[T_co]):
             raise BuildError(f"circuit on {self._describe()}: {exc}") from None
         assert self._fn is not None
         return self._with(_fn=breaker.guard(self._fn))
+
+    def rate_limit(self, name: str, rate: float, per: float = 1.0, *, burst: int = 1) -> DFlow[T_co]:
+        """Let the last (``map`` or ``flat_map``) step start at most ``rate`` times every
+        ``per`` seconds, together with every other step of the bucket ``name``, on every
+        worker of the store; up to ``burst`` at once after a quiet spell. A step without a
+        token waits for it on a timer in the store, holding no worker; its wait is recorded
+        (status ``throttled``). Each attempt of a retried step takes a token. Give every
+        user of one name the same settings.
+        """
+        if self._kind not in (Kind.MAP, Kind.FLAT_MAP):
+            raise BuildError(
+                f"rate_limit applies to map and flat_map steps, not to {self._describe()}: put it on the step "
+                "that calls the limited service"
+            )
+        return self._with(_rate=RateLimit.build(name, rate, per, burst))
 
     def compensate(
         self, fn: Callable[..., Any], *, attempts: int = 5, backoff: float = 0.5, max_backoff: float = 30.0

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from ..errors import BuildError, DuplicateIdError, MissingIdError
 from ..policy import RetryPolicy
+from ..rate_limits import RateLimit
 from ..wire.values import MessageKind
 
 if TYPE_CHECKING:
@@ -88,6 +89,9 @@ class Node:
     _compensate: Chain | None  #: the one-node chain that undoes this step (``compensate``)
     _fallback: Fallback | None
     _queue: str | None  #: the task queue whose workers run this step (``None``: the default queue)
+    #: the shared rate limit its step waits for (``rate_limit``); a class attribute too, so
+    #: that nodes pickled before it existed load with none
+    _rate: RateLimit | None = None
     #: a flat_map whose flow takes its place in step keys (only dflow's own direct_run
     #: builder); a class attribute, so that nodes pickled before it existed load with it
     _transparent: bool = False
@@ -162,6 +166,7 @@ _DEFAULTS: dict[str, Any] = {
     "_compensate": None,
     "_fallback": None,
     "_queue": None,
+    "_rate": None,
 }
 
 
@@ -275,7 +280,7 @@ _EXTRAS = frozenset(
         "_fallback",
         "_queue",
     )
-)
+) | {"_rate"}
 
 
 def _chain_from(states: tuple[tuple[Any, ...], ...], keys: tuple[str, ...]) -> Chain:

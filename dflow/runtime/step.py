@@ -23,6 +23,7 @@ from ..patterns.rerun import RERUN_KEY, replay
 from ..store import COMPENSATING, Advance, Claim, Fail, Finish, Fork, NewRun, Store, Transition, Wait
 from ..wire.values import FAIL, JOIN, NONE, RUN, Message, decode, encode
 from .lifecycle import Lifecycle
+from .rates import rate_waits, throttled
 from .shutdown import STEP_THREAD_PREFIX
 
 __all__ = ["StepRunner"]
@@ -76,6 +77,10 @@ class StepRunner:
                 replayed = await replay(self.store, self.pool, rerun, node, ctx, claim, frames)
                 if replayed is not None:
                     return replayed
+            if node._rate is not None:  # it waits for a token of its bucket, unless it holds one
+                waiting = await throttled(self.store, node._rate, ctx, claim, now)
+                if waiting is not None:
+                    return waiting
             nk = node._kind
             if nk == _MAP:  # (here, not in a function of its own: the most common step pays no call)
                 result = await call_step(node, node._fn, node._ctx_arg, ctx, decode(claim.value), self.pool)
@@ -238,10 +243,14 @@ class StepRunner:
         when a server said when to come back), if the policy retries ``exc``."""
         msg = claim.message
         policy = node._retry
-        if policy is None or msg.kind != RUN or not policy.should_retry(exc, msg.attempt):
+        if policy is None or msg.kind != RUN:
+            return None
+        # (the attempts that waited for a rate limit's token did not run: they do not count)
+        ran = msg.attempt - rate_waits(claim.data, msg) if node._rate is not None else msg.attempt
+        if not policy.should_retry(exc, ran):
             return None
         again = Message(msg.trace_id, msg.seq, msg.key, msg.attempt + 1, RUN)
-        wait = policy.delay(msg.attempt)
+        wait = policy.delay(ran)
         told = getattr(exc, "retry_after", None)  # a server said when to come back (HTTP 429)
         if isinstance(told, (int, float)) and not isinstance(told, bool) and told > wait:
             wait = min(float(told), 3600.0)

@@ -4,7 +4,8 @@ of ``RunWriterContract`` (``writes``, ``joins``), ``RunReaderContract`` (``reads
 listings (``listing``) and runs holding compensations (``saga``); ``FusedStoreContract``
 (``fused``), ``StateBackendContract`` (``state``), ``LiveFeedContract`` (``live``),
 ``ScheduleBookContract`` (``schedules``), ``StepPartsContract`` (``parts``: the parts of steps,
-for a store that keeps them) and ``TransportContract`` (``transport``);
+for a store that keeps them), ``TokenBucketContract`` (``rate_limits``) and
+``TransportContract`` (``transport``);
 and the table of malformed step messages every reader of step messages must refuse
 (``MALFORMED_MESSAGES``). ``cases`` holds what the suites build their cases from;
 ``FakeClock`` (``clock``) is a clock that moves only when a test moves it. Public: the names
@@ -22,6 +23,7 @@ from .conformance import (
     RunWriterContract,
     StateBackendContract,
     StoreContract,
+    TokenBucketContract,
     TransportContract,
 )
 from .live import LiveFeedContract
@@ -41,5 +43,6 @@ __all__ = [  # noqa: RUF022
     "StateBackendContract",
     "StepPartsContract",
     "StoreContract",
+    "TokenBucketContract",
     "TransportContract",
 ]

@@ -14,7 +14,8 @@ and ``joins``), its read side (``RunReaderContract``, ``reads``), its listings
 (``SagaStoreContract``, ``saga``) and the calls that come early (``MailboxContract``, ``mailbox``); a suite for one part needs the same fixture.
 ``make_fused(**opts)`` (``FusedStoreContract``, ``fused``) returns a fresh ``FusedDispatch``
 store and the transport it writes to; ``make_backend()`` (``StateBackendContract``,
-``state``) a fresh shared-state backend; ``make_transports(n, redeliver_after=...)``
+``state``) a fresh shared-state backend; ``make_bucket()`` (``TokenBucketContract``,
+``rate_limits``) a store's fresh token buckets; ``make_transports(n, redeliver_after=...)``
 (``TransportContract``, ``transport``) ``n`` consumers of one fresh queue. Tests are async
 functions run with ``asyncio.run``.
 """
@@ -25,6 +26,7 @@ from .cases import MALFORMED_MESSAGES
 from .fused import FusedStoreContract
 from .listing import RunListingContract
 from .mailbox import MailboxContract
+from .rate_limits import TokenBucketContract
 from .reads import RunReaderContract
 from .saga import SagaStoreContract
 from .state import StateBackendContract
@@ -41,6 +43,7 @@ __all__ = [
     "SagaStoreContract",
     "StateBackendContract",
     "StoreContract",
+    "TokenBucketContract",
     "TransportContract",
 ]
 

@@ -20,7 +20,7 @@ import dflow
 from dflow import DFlow
 from dflow_agents import AgentResult, AgentStatus, RedisChatMemory
 from tests.support.runs import committed_tool_calls, wait_for, worker_pids
-from tests.support.workers import Cluster, kafka_transport, streams_transport
+from tests.support.workers import Cluster, transport_for
 
 from .apps import agent_app as app
 
@@ -34,10 +34,7 @@ pytestmark = [
 @pytest.fixture(params=["redis-streams", "kafka"])
 def cluster(request: pytest.FixtureRequest, redis_url: str, prefix: str) -> Iterator[Cluster]:
     """Workers on Redis Streams or on Kafka (none started yet); the store is Redis either way."""
-    if request.param == "kafka":
-        url = kafka_transport(request.getfixturevalue("kafka_bootstrap"), prefix)
-    else:
-        url = streams_transport(redis_url, prefix)
+    url = transport_for(request, redis_url, prefix)
     env = {"DFLOW_TEST_REDIS": redis_url, "DFLOW_TEST_PREFIX": prefix}
     with Cluster("tests.integration.apps.agent_app", redis_url, prefix, transport_url=url, env=env) as c:
         yield c

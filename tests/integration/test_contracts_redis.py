@@ -14,9 +14,11 @@ from dflow import Store, Transport
 from dflow.adapters.redis import RedisStore, RedisStreamsTransport
 from dflow.adapters.redis.client import disconnect
 from dflow.adapters.redis.live import RedisLiveFeed
+from dflow.adapters.redis.rate_limits import RedisTokenBucket
 from dflow.adapters.redis.schedules import RedisScheduleBook
 from dflow.adapters.redis.state import RedisStateBackend
 from dflow.live import KEEP_SECONDS, LiveEvent, LiveFeed
+from dflow.rate_limits import TokenBucket
 from dflow.schedules import ScheduleBook
 from dflow.shared_state import StateBackend
 from dflow.testing import (
@@ -26,6 +28,7 @@ from dflow.testing import (
     StateBackendContract,
     StepPartsContract,
     StoreContract,
+    TokenBucketContract,
     TransportContract,
 )
 
@@ -63,6 +66,18 @@ class TestRedisStateBackend(StateBackendContract):
     async def close_backend(self, backend: StateBackend) -> None:
         assert isinstance(backend, RedisStateBackend)
         await disconnect(backend.redis)
+
+
+class TestRedisTokenBucket(TokenBucketContract):
+    """Times are the Redis server's: time passes by sleeping."""
+
+    @pytest.fixture
+    def make_bucket(self, redis_url: str, prefix: str) -> Callable[[], TokenBucket]:
+        return lambda: RedisStore(redis_url, prefix=prefix).token_bucket
+
+    async def close_bucket(self, bucket: TokenBucket) -> None:
+        assert isinstance(bucket, RedisTokenBucket)
+        await disconnect(bucket.redis)
 
 
 class TestRedisStreamsTransport(TransportContract):

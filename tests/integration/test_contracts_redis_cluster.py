@@ -12,9 +12,11 @@ from dflow import Store, Transport
 from dflow.adapters.redis import RedisStore, RedisStreamsTransport
 from dflow.adapters.redis.client import disconnect
 from dflow.adapters.redis.live import RedisLiveFeed
+from dflow.adapters.redis.rate_limits import RedisTokenBucket
 from dflow.adapters.redis.schedules import RedisScheduleBook
 from dflow.adapters.redis.state import RedisStateBackend
 from dflow.live import LiveFeed
+from dflow.rate_limits import TokenBucket
 from dflow.schedules import ScheduleBook
 from dflow.shared_state import StateBackend
 from dflow.testing import (
@@ -24,6 +26,7 @@ from dflow.testing import (
     StateBackendContract,
     StepPartsContract,
     StoreContract,
+    TokenBucketContract,
     TransportContract,
 )
 
@@ -66,6 +69,18 @@ class TestClusterRedisStateBackend(StateBackendContract):
     async def close_backend(self, backend: StateBackend) -> None:
         assert isinstance(backend, RedisStateBackend)
         await disconnect(backend.redis)
+
+
+class TestClusterRedisTokenBucket(TokenBucketContract):
+    """Each bucket is a slot of its own, hash-tagged by its name."""
+
+    @pytest.fixture
+    def make_bucket(self, redis_cluster_url: str, cluster_prefix: str) -> Callable[[], TokenBucket]:
+        return lambda: RedisStore(redis_cluster_url, prefix=cluster_prefix).token_bucket
+
+    async def close_bucket(self, bucket: TokenBucket) -> None:
+        assert isinstance(bucket, RedisTokenBucket)
+        await disconnect(bucket.redis)
 
 
 class TestClusterRedisStreamsTransport(TransportContract):

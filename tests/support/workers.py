@@ -19,6 +19,7 @@ import dflow
 from tests.integration.conftest import SECRET, kafka_test_settings
 
 if TYPE_CHECKING:
+    import pytest
     from typing_extensions import Self
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,6 +38,14 @@ def kafka_transport(bootstrap: str, prefix: str, **group: object) -> str:
     (``group`` overrides those of ``KAFKA_GROUP``)."""
     settings = "&".join(f"{k}={v}" for k, v in {**kafka_test_settings(), **KAFKA_GROUP, **group}.items())
     return f"kafka://{bootstrap}?topic={prefix}-steps&group={prefix}-workers&partitions=4&{settings}"
+
+
+def transport_for(request: pytest.FixtureRequest, redis_url: str, prefix: str) -> str:
+    """The transport of a fixture parametrized over ``["redis-streams", "kafka"]``: Redis
+    Streams under ``prefix``, or Kafka on the test broker (the store is Redis either way)."""
+    if request.param == "kafka":
+        return kafka_transport(request.getfixturevalue("kafka_bootstrap"), prefix)
+    return streams_transport(redis_url, prefix)
 
 
 def _pythonpath() -> str:
