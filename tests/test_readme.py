@@ -57,4 +57,8 @@ def test_agent_example_runs_with_its_scripted_model() -> None:
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines[0] == "finished: Paris is sunny at 24 °C (75.2 °F); Oslo has rain at 11 °C."
-    assert any("zip" in line and "2 branches" in line for line in lines)
+    tool_steps = [line for line in lines if re.search(r"#\d+\s+tool\s+done", line)]
+    assert len(tool_steps) == 3, (
+        "a turn's calls are one step: both weather calls, then convert, then terminate"
+    )
+    assert "'name': 'weather'" in tool_steps[0]
