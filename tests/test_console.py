@@ -578,7 +578,7 @@ def test_an_agent_run_shows_its_conversation(browser: httpx.Client) -> None:
     assert -1 not in at and at == sorted(at), dict(zip(order, at))
     assert conv.count('class="msg tool"') == 3 and conv.count('class="msg assistant"') == 2
     tree = browser.get(f"/console/api/runs/{run.trace_id}/tree").json()["tree"]
-    assert tree.count('<span class="nm">tool lookup</span>') == 2, "each call's step shows its tool"
+    assert tree.count('<span class="nm">tool lookup</span>') == 1, "the turn's tool step names its tool"
     plain = browser.get(f"/console/api/runs/{twice.call(1).trace_id}/tree").json()
     assert plain["conversation"] == ""  # not an agent's run: no conversation
 
