@@ -63,13 +63,15 @@ tokens: dict[str, str] = {}
 
 
 def tool_calls(trace_id: str) -> list[dict[str, Any]]:
-    """The tool calls the shopper made (each its own step), in no particular order."""
-    return [
+    """The tool calls the shopper made, in no particular order: those of a turn's tool step
+    (which takes the turn's state), and each flow tool's (whose step takes its call)."""
+    inputs = [
         s.input
         for steps in runs_of(trace_id)
         for s in steps
         if s.status is StepStatus.DONE and s.key.startswith("tool>")
     ]
+    return [c for i in inputs for c in (i["calls"] if "calls" in i else [i])]
 
 
 def test_a_chat_plans_runs_every_tool_and_the_plugin_does_the_pulled_jobs_over_http(here: Local) -> None:

@@ -12,6 +12,7 @@ pytest.importorskip("redis")
 
 from dflow.adapters.redis import scripts
 from dflow.adapters.redis.rate_limits import SCRIPTS as RATE_SCRIPTS
+from dflow.adapters.redis.schedules import SCRIPTS as SCHEDULE_SCRIPTS
 from dflow.adapters.redis.scripts import SCRIPTS, Script
 from dflow.adapters.redis.state import SCRIPTS as STATE_SCRIPTS
 
@@ -38,8 +39,8 @@ def test_every_lua_file_is_used_and_every_script_is_assembled_from_its_files() -
     lua = resources.files("dflow.adapters.redis").joinpath("lua")
     on_disk = {p.name[:-4] for p in lua.iterdir() if p.name.endswith(".lua")}
     used = {f for s in SCRIPTS.values() for f in s.files}
-    # (shared State, circuits and token buckets load theirs one per file)
-    assert used | set(STATE_SCRIPTS) | set(RATE_SCRIPTS) == on_disk
+    # (shared State, circuits, token buckets and schedules load theirs one per file)
+    assert used | set(STATE_SCRIPTS) | set(RATE_SCRIPTS) | set(SCHEDULE_SCRIPTS) == on_disk
     assert set(SCRIPTS) == {
         "CREATE",
         "CLAIM",

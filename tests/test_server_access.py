@@ -362,8 +362,13 @@ def test_answering_what_the_run_does_not_wait_for_changes_nothing(api: httpx.Cli
     s = new_session(api)
     trace = waiting_run(api, s["token"])
     for call_type in ("other", "ANSWER", "answer ", "x" * 3000, "%00", "\u00e9", "rv-srv-ask", "_dflow"):
-        r = api.post(f"/runs/{trace}/calls/{call_type}", headers=bearer(s["token"]), json="injected")
+        r = api.post(
+            f"/runs/{trace}/calls/{call_type}?if_waiting=true", headers=bearer(s["token"]), json="injected"
+        )
         assert r.status_code in (404, 409), (call_type[:20], r.status_code, r.text[:200])
+    # without if_waiting, a call of another type is kept for a wait of its type: not this one's
+    kept = api.post(f"/runs/{trace}/calls/other", headers=bearer(s["token"]), json="injected")
+    assert kept.status_code == 202, kept.text
     assert wait_status(api, s["token"], trace, until="waiting")["waiting_for"] == "answer"
     assert api.post(f"/runs/{trace}/calls/answer", headers=bearer(s["token"]), json="real").status_code == 202
     assert wait_status(api, s["token"], trace, until="done")["result"] == {"answered": "real"}

@@ -145,8 +145,8 @@ ASKED: dict[str, Ask] = {
     "the events of another session's run": lambda w: w.api.get(
         f"/runs/{THEIRS}/events", headers=bearer(w.mine)
     ),
-    "a call the run does not wait for": lambda w: w.api.post(
-        f"/runs/{WAITING}/calls/other", headers=bearer(w.mine), json=1
+    "a call the run does not wait for, refused with if_waiting": lambda w: w.api.post(
+        f"/runs/{WAITING}/calls/other?if_waiting=true", headers=bearer(w.mine), json=1
     ),
     "a call to a run that ended": lambda w: w.api.post(
         f"/runs/{DONE}/calls/err-answer", headers=bearer(w.mine), json=1
@@ -354,7 +354,7 @@ PINNED: dict[str, tuple[int, str, dict[str, str]]] = {
         "run 'err-theirs' belongs to another session: this token cannot see or change it",
         JSON,
     ),
-    "a call the run does not wait for": (
+    "a call the run does not wait for, refused with if_waiting": (
         409,
         "run 'err-waiting' waits for call 'err-answer', not 'other'",
         JSON,
