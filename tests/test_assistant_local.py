@@ -71,7 +71,7 @@ def tool_calls(trace_id: str) -> list[dict[str, Any]]:
         for s in steps
         if s.status is StepStatus.DONE and s.key.startswith("tool>")
     ]
-    return [c for i in inputs for c in (i["calls"] if "calls" in i else [i])]
+    return [c for i in inputs for c in i.get("calls", [i])]
 
 
 def test_a_chat_plans_runs_every_tool_and_the_plugin_does_the_pulled_jobs_over_http(here: Local) -> None:
