@@ -14,6 +14,7 @@ import os
 import queue
 import socket
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -27,6 +28,8 @@ from kafka.structs import OffsetAndMetadata, TopicPartition
 from dflow.errors import ConfigurationError, TransportError
 from dflow.transport import Delivery, Transport
 from dflow.wire.urls import query_items, redact_url
+
+from .assignment import AssignmentWatch
 
 __all__ = ["KafkaTransport"]
 
@@ -462,8 +465,12 @@ class _Reader(threading.Thread, ConsumerRebalanceListener):
             return
         consumer = self.consumer
         paused = False
+        watch, looked = AssignmentWatch(t.topic, t.partitions, time.monotonic()), 0.0
         try:
             while not self._halt.is_set():
+                if time.monotonic() - looked >= 1.0:  # (once a second: who holds what changes rarely)
+                    looked = time.monotonic()
+                    watch.look(len(consumer.assignment()), looked, log)
                 self._apply_acks()
                 self._commit(wait=False)
                 full = self.inflight >= t.prefetch
