@@ -96,7 +96,14 @@ from .model import ChatModel, CompletionModel
 from .openai_model import OpenAIChatModel
 from .options import DEFAULT_TOOL_TIMEOUT, AgentLimits, LongTermRecall, ModelCalls, ToolChoice
 from .plan_tool import PLANNING_DESCRIPTION, planning_tool
-from .planning import FINALIZE_PROMPT, PLANNER_PROMPT, PlanningFlow, PlanningOptions, default_step_prompt
+from .planning import (
+    DIRECT_ANSWER_PROMPT,
+    FINALIZE_PROMPT,
+    PLANNER_PROMPT,
+    PlanningFlow,
+    PlanningOptions,
+    default_step_prompt,
+)
 from .plans import (
     MAX_PLAN_STEPS,
     Plan,
@@ -105,6 +112,7 @@ from .plans import (
     PlanningError,
     PlanningResult,
     PlanStepStatus,
+    StepDetail,
     StepResult,
     default_plan,
     format_plan,
@@ -192,6 +200,7 @@ __all__ = [  # noqa: RUF022 - plain sorted(), as tests/test_exports.py checks
     "DEFAULT_FALLBACK_ON",
     "DEFAULT_SYSTEM_PROMPT",
     "DEFAULT_TOOL_TIMEOUT",
+    "DIRECT_ANSWER_PROMPT",
     "DeepCrawlerAgent",
     "FAILURE_WORDS",
     "FINALIZE_PROMPT",
@@ -269,6 +278,7 @@ __all__ = [  # noqa: RUF022 - plain sorted(), as tests/test_exports.py checks
     "SUMMARY_PROMPT",
     "SkippedModel",
     "StateLongTermMemory",
+    "StepDetail",
     "StepResult",
     "TERMINATE_DESCRIPTION",
     "TerminateStatus",
