@@ -29,6 +29,14 @@ Test doubles live in :mod:`dflow_agents.testing`.
 from __future__ import annotations
 
 from .agent import Agent, AgentResult, AgentStatus
+from .agent_definitions import (
+    AgentDefinition,
+    AgentDefinitionNotFoundError,
+    InMemoryAgentDefinitions,
+    RedisAgentDefinitions,
+    build_agents,
+    descriptions_of,
+)
 from .agent_tool import AgentDepthError, agent_tool
 from .browser_tool import BrowserAction, browser_tool
 from .compression import SUMMARY_PROMPT, ContextCompression
@@ -181,6 +189,8 @@ from .tools import Tool, ToolResult, tool
 __all__ = [  # noqa: RUF022 - plain sorted(), as tests/test_exports.py checks
     "AIFunction",
     "Agent",
+    "AgentDefinition",
+    "AgentDefinitionNotFoundError",
     "AgentDepthError",
     "AgentLimits",
     "AgentResult",
@@ -206,6 +216,7 @@ __all__ = [  # noqa: RUF022 - plain sorted(), as tests/test_exports.py checks
     "FINALIZE_PROMPT",
     "Fact",
     "Fetcher",
+    "InMemoryAgentDefinitions",
     "InMemoryChatMemory",
     "InMemoryJobBoard",
     "InMemoryPlanTemplates",
@@ -265,6 +276,7 @@ __all__ = [  # noqa: RUF022 - plain sorted(), as tests/test_exports.py checks
     "ReActLimits",
     "ReActParseFailure",
     "ReActStep",
+    "RedisAgentDefinitions",
     "RedisChatMemory",
     "RedisJobBoard",
     "RedisPlanTemplates",
@@ -296,6 +308,7 @@ __all__ = [  # noqa: RUF022 - plain sorted(), as tests/test_exports.py checks
     "agent_tool",
     "answer_job",
     "browser_tool",
+    "build_agents",
     "call_signature",
     "calls_as_text",
     "chat_formatter",
@@ -303,6 +316,7 @@ __all__ = [  # noqa: RUF022 - plain sorted(), as tests/test_exports.py checks
     "context_window",
     "default_plan",
     "default_step_prompt",
+    "descriptions_of",
     "estimate_tokens",
     "facts_prompt",
     "file_tools",
