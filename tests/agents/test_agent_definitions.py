@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import pickle
-import uuid
 from collections.abc import Sequence
 
 import pytest
@@ -23,28 +22,14 @@ from dflow_agents import (
     ToolSpec,
     build_agents,
     descriptions_of,
-    tool,
 )
 from dflow_agents.testing import FunctionModel, ScriptedModel, call, reply
-from tests.agents.test_planning import step_of
+from tests.agents.test_planning import step_of, unique
+from tests.agents.test_planning_richer import lookup
 from tests.integration import conftest as integration
 
 redis_url = integration.redis_url
 prefix = integration.prefix
-
-
-def unique(name: str) -> str:
-    return f"{name}_{uuid.uuid4().hex[:8]}"
-
-
-@tool
-def lookup(query: str) -> str:
-    """Look something up.
-
-    Args:
-        query: what to look up.
-    """
-    return f"found {query}"
 
 
 @pytest.mark.parametrize("kind", ["in-memory", "redis"])

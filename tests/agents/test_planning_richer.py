@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Sequence
 
 import pytest
@@ -19,11 +18,7 @@ from dflow_agents import AgentStatus, ChatMessage, ChatResponse, ToolCallAgent, 
 from dflow_agents.planning import DIRECT_ANSWER_PROMPT, PlanningFlow, PlanningOptions
 from dflow_agents.plans import PlanBook, PlanDraft, PlanningError, PlanStepStatus, StepDetail
 from dflow_agents.testing import FunctionModel, ScriptedModel, call, reply
-from tests.agents.test_planning import executor, step_of, steps_run
-
-
-def unique(name: str) -> str:
-    return f"{name}-{uuid.uuid4().hex[:8]}"
+from tests.agents.test_planning import executor, step_of, steps_run, unique
 
 
 @tool
