@@ -29,6 +29,14 @@ Test doubles live in :mod:`dflow_agents.testing`.
 from __future__ import annotations
 
 from .agent import Agent, AgentResult, AgentStatus
+from .agent_definitions import (
+    AgentDefinition,
+    AgentDefinitionNotFoundError,
+    InMemoryAgentDefinitions,
+    RedisAgentDefinitions,
+    build_agents,
+    descriptions_of,
+)
 from .agent_tool import AgentDepthError, agent_tool
 from .browser_tool import BrowserAction, browser_tool
 from .compression import SUMMARY_PROMPT, ContextCompression
@@ -96,7 +104,14 @@ from .model import ChatModel, CompletionModel
 from .openai_model import OpenAIChatModel
 from .options import DEFAULT_TOOL_TIMEOUT, AgentLimits, LongTermRecall, ModelCalls, ToolChoice
 from .plan_tool import PLANNING_DESCRIPTION, planning_tool
-from .planning import FINALIZE_PROMPT, PLANNER_PROMPT, PlanningFlow, PlanningOptions, default_step_prompt
+from .planning import (
+    DIRECT_ANSWER_PROMPT,
+    FINALIZE_PROMPT,
+    PLANNER_PROMPT,
+    PlanningFlow,
+    PlanningOptions,
+    default_step_prompt,
+)
 from .plans import (
     MAX_PLAN_STEPS,
     Plan,
@@ -105,6 +120,7 @@ from .plans import (
     PlanningError,
     PlanningResult,
     PlanStepStatus,
+    StepDetail,
     StepResult,
     default_plan,
     format_plan,
@@ -173,6 +189,8 @@ from .tools import Tool, ToolResult, tool
 __all__ = [  # noqa: RUF022 - plain sorted(), as tests/test_exports.py checks
     "AIFunction",
     "Agent",
+    "AgentDefinition",
+    "AgentDefinitionNotFoundError",
     "AgentDepthError",
     "AgentLimits",
     "AgentResult",
@@ -192,11 +210,13 @@ __all__ = [  # noqa: RUF022 - plain sorted(), as tests/test_exports.py checks
     "DEFAULT_FALLBACK_ON",
     "DEFAULT_SYSTEM_PROMPT",
     "DEFAULT_TOOL_TIMEOUT",
+    "DIRECT_ANSWER_PROMPT",
     "DeepCrawlerAgent",
     "FAILURE_WORDS",
     "FINALIZE_PROMPT",
     "Fact",
     "Fetcher",
+    "InMemoryAgentDefinitions",
     "InMemoryChatMemory",
     "InMemoryJobBoard",
     "InMemoryPlanTemplates",
@@ -256,6 +276,7 @@ __all__ = [  # noqa: RUF022 - plain sorted(), as tests/test_exports.py checks
     "ReActLimits",
     "ReActParseFailure",
     "ReActStep",
+    "RedisAgentDefinitions",
     "RedisChatMemory",
     "RedisJobBoard",
     "RedisPlanTemplates",
@@ -269,6 +290,7 @@ __all__ = [  # noqa: RUF022 - plain sorted(), as tests/test_exports.py checks
     "SUMMARY_PROMPT",
     "SkippedModel",
     "StateLongTermMemory",
+    "StepDetail",
     "StepResult",
     "TERMINATE_DESCRIPTION",
     "TerminateStatus",
@@ -286,6 +308,7 @@ __all__ = [  # noqa: RUF022 - plain sorted(), as tests/test_exports.py checks
     "agent_tool",
     "answer_job",
     "browser_tool",
+    "build_agents",
     "call_signature",
     "calls_as_text",
     "chat_formatter",
@@ -293,6 +316,7 @@ __all__ = [  # noqa: RUF022 - plain sorted(), as tests/test_exports.py checks
     "context_window",
     "default_plan",
     "default_step_prompt",
+    "descriptions_of",
     "estimate_tokens",
     "facts_prompt",
     "file_tools",

@@ -44,7 +44,7 @@ def _planning(
     command: Command,
     plan_id: str | None = None,
     title: str | None = None,
-    steps: list[str] | None = None,
+    steps: list[str | dict[str, Any]] | None = None,
     step_index: StrictInt | None = None,
     step_status: StepStatusName | None = None,
     step_notes: str | None = None,
@@ -56,7 +56,9 @@ def _planning(
         plan_id: the plan's id; needed by create, set_active and delete (update, get and mark_step
             use the active plan without it).
         title: the plan's title (create; update).
-        steps: the plan's steps, one text each (create; update).
+        steps: the plan's steps (create; update): each a text, or an object {"step": text,
+            "agent": the agent that does it, "tools": [tool names], "parallel": true when it
+            may run at the same time as the parallel steps next to it}.
         step_index: the step to mark, counted from 0 (mark_step).
         step_status: the step's new status (mark_step).
         step_notes: notes on the step: what was done or found (mark_step).

@@ -23,21 +23,23 @@ from __future__ import annotations
 
 import hashlib
 import inspect
-import re
 import weakref
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any
 
 from dflow import ContextStack, DFlow, Pipeline, Run
 
 from ._ask import ask, fresh_call_ids, ids_in
+from ._plan_steps import executor_key, routing_problem
 from ._plan_summary import Finalizer, note, results_text, summarise
 from ._planning_options import (
+    DIRECT_ANSWER_PROMPT,
     FINALIZE_PROMPT,
     PLANNER_PROMPT,
     PlanningOptions,
     default_step_prompt,
 )
+from ._planning_parts import checked_executors, checked_finalizer, checked_planner, executor_failed
 from .agent import (
     RUNNING,
     Agent,
@@ -53,7 +55,7 @@ from .agent import (
     stop,
 )
 from .errors import ModelRetryableError
-from .fallback import as_model, model_call
+from .fallback import model_call
 from .function import AIFunction
 from .messages import ChatMessage, ChatResponse, Usage
 from .model import ChatModel
@@ -66,13 +68,18 @@ from .plans import (
     PlanningResult,
     PlanStepStatus,
     StepResult,
-    step_tag,
 )
 from .templates import PlanTemplate, PlanTemplates
 
-__all__ = ["FINALIZE_PROMPT", "PLANNER_PROMPT", "PlanningFlow", "PlanningOptions", "default_step_prompt"]
+__all__ = [
+    "DIRECT_ANSWER_PROMPT",
+    "FINALIZE_PROMPT",
+    "PLANNER_PROMPT",
+    "PlanningFlow",
+    "PlanningOptions",
+    "default_step_prompt",
+]
 
-_KEY = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _flows: dict[str, weakref.ref[PlanningFlow]] = {}
 
 _DEFAULT_OPTIONS = PlanningOptions()
@@ -120,12 +127,12 @@ class PlanningFlow:
             raise TypeError(f"options is a PlanningOptions(...), got {options!r:.80}")
         if not isinstance(model_calls, ModelCalls):
             raise TypeError(f"model_calls is a ModelCalls(...), got {model_calls!r:.80}")
-        self.executors = _executors(executors)
+        self.executors = checked_executors(executors)
         self.default_executor = options.routed(self.executors)
-        self.planner = _planner(planner if planner is not None else model)
+        self.planner = checked_planner(planner if planner is not None else model)
         if not callable(model_calls.tool_choice):
             check_tool_choice(model_calls.tool_choice, [planning_tool.name])
-        self.finalizer = _finalizer(finalizer if finalizer is not None else model)
+        self.finalizer = checked_finalizer(finalizer if finalizer is not None else model)
         self.options = options
         self.model_calls = model_calls
         self._state_key = f"dflow_agents/planning/{name}"
@@ -275,9 +282,13 @@ class PlanningFlow:
         state["model_call"] = model_call(response)  # which model planned, and those skipped
         calls = fresh_call_ids(response.tool_calls, state["attempt"], ids_in(messages))
         if not calls:
+            if self.options.direct_answer and response.content.strip():
+                state["source"] = "direct"
+                why = "the planner answered at once: the request needed no plan"
+                return self._end(stop(state, AgentStatus.FINISHED, why, response.content))
             state = self._fallback(book, state, "the planner did not call the planning tool")
             return await self._next(ctx, state)
-        observations = [apply_call(book, call, plan_id=state["plan_id"]) for call in calls]
+        observations = [self._apply(book, call, state["plan_id"]) for call in calls]
         if book.get(state["plan_id"]) is not None:
             return await self._next(ctx, state)
         state["attempt"] += 1
@@ -287,11 +298,26 @@ class PlanningFlow:
         state["messages"] = dump([*messages, ChatMessage.assistant(response.content, calls), *observations])
         return self._retrying(DFlow.just(state).flat_map(self._plan).id("plan"))
 
+    def _apply(self, book: PlanBook, call: Any, plan_id: str) -> ChatMessage:
+        """A planning call carried out; a plan naming an agent or tool the flow does not
+        have is taken back, and the call's observation says what to change."""
+        observation = apply_call(book, call, plan_id=plan_id)
+        plan = book.get(plan_id)
+        problem = plan and routing_problem(
+            plan.steps, plan.step_details, self.executors, self.default_executor
+        )
+        if not problem:
+            return observation
+        book.delete(plan_id)
+        text = f"Error: {problem}. Call the planning tool again with corrected arguments."
+        return observation.model_copy(update={"content": text})
+
     def _planner_messages(self, request: str) -> list[ChatMessage]:
         system = self.options.planner_prompt
         if len(self.executors) > 1:
             lines = [
                 f"[{k.upper()}]: {self.options.descriptions.get(k, 'the ' + a.name + ' agent')}"
+                + (f" (tools: {', '.join(getattr(a, 'tools', {}))})" if getattr(a, "tools", None) else "")
                 for k, a in self.executors.items()
             ]
             system += (
@@ -299,6 +325,8 @@ class PlanningFlow:
                 "the agent that should do it; a step without a tag goes to "
                 f"[{self.default_executor.upper()}].\n" + "\n".join(lines)
             )
+        if self.options.direct_answer:
+            system += "\n\n" + DIRECT_ANSWER_PROMPT
         return [
             ChatMessage.system(system),
             ChatMessage.user(f"Create a plan with clear steps to accomplish this task: {request}"),
@@ -319,13 +347,21 @@ class PlanningFlow:
 
     # -- the steps ---------------------------------------------------------------------
 
-    def _executor_for(self, step: str) -> tuple[str, Agent]:
-        tag, _ = step_tag(step)
-        key = tag if tag in self.executors else self.default_executor
-        return key, self.executors[key]
+    def _executor_for(self, plan: Plan, index: int) -> str:
+        key = executor_key(plan.steps[index], plan.step_details[index], self.executors, self.default_executor)
+        return key if key in self.executors else self.default_executor
+
+    async def _step_prompt(self, state: dict[str, Any], plan: Plan, index: int) -> str:
+        prompt = self.options.step_prompt(state["request"], plan, index)
+        if inspect.isawaitable(prompt):
+            prompt = await prompt
+        if not isinstance(prompt, str):
+            raise TypeError(f"step_prompt returned {type(prompt).__name__}, not a str")
+        return prompt
 
     async def _next(self, ctx: ContextStack, state: dict[str, Any]) -> DFlow[PlanningResult]:
-        """Give the first step not done to its executor (a child run); or finalize."""
+        """Give the first step not done to its executor (a child run), with the parallel
+        steps right after it (a zip of child runs); or finalize."""
         if state["status"] != RUNNING:
             return self._end(state)
         book = PlanBook(ctx)
@@ -336,28 +372,48 @@ class PlanningFlow:
         index = plan.next_step()
         if index is None:
             return self._retrying(DFlow.just(state).map(self._finalize).id("finalize"))
-        key, agent = self._executor_for(plan.steps[index])
-        plan = book.put(plan.with_step(index, PlanStepStatus.IN_PROGRESS))
-        prompt = self.options.step_prompt(state["request"], plan, index)
-        if inspect.isawaitable(prompt):
-            prompt = await prompt
-        if not isinstance(prompt, str):
-            raise TypeError(f"step_prompt returned {type(prompt).__name__}, not a str")
-        ctx.put(self._state_key, {**state, "current": {"index": index, "executor": key}})
-        executor = DFlow.any(agent.flow(prompt, session=state["session"]), merge=False).id("executor")
-        return (
-            executor.on_error_return(_executor_failed)
-            .map(self._record)
-            .id("record")
-            .flat_map(self._next)
-            .id("next")
-        )
+        group = plan.parallel_group(index)
+        keys = [self._executor_for(plan, i) for i in group]
+        for i in group:
+            plan = plan.with_step(i, PlanStepStatus.IN_PROGRESS)
+        book.put(plan)
+        prompts = [await self._step_prompt(state, plan, i) for i in group]
+        ctx.put(self._state_key, {**state, "current": [[i, k] for i, k in zip(group, keys)]})
+        flows = [self.executors[k].flow(p, session=state["session"]) for k, p in zip(keys, prompts)]
+        executor: DFlow[Any]
+        if len(flows) == 1:
+            executor = DFlow.any(flows[0], merge=False).id("executor").on_error_return(executor_failed)
+        else:
+            branches = [f.on_error_return(executor_failed) for f in flows]
+            executor = DFlow.zip(branches, merge=False).id("executors")
+        return executor.map(self._record).id("record").flat_map(self._next).id("next")
 
     def _record(self, ctx: ContextStack, outcome: Any) -> dict[str, Any]:
-        """Mark the step with how its agent ended; a TERMINATED agent aborts the plan."""
+        """Mark the steps just run with how their agents ended (in plan order); a
+        TERMINATED agent aborts the plan."""
         state = dict(ctx.get(self._state_key))
-        index, key = state["current"]["index"], state["current"]["executor"]
+        current = state["current"]
+        if isinstance(current, dict):  # a run started before parallel steps
+            current = [[current["index"], current["executor"]]]
+        outcomes = outcome if len(current) > 1 else [outcome]
         book = PlanBook(ctx)
+        results = [self._mark(book, state, i, k, o) for (i, k), o in zip(current, outcomes)]
+        state["steps"] = [*state["steps"], *(r.model_dump(mode="json") for r in results)]
+        state["current"] = None
+        gave_up = next((r for r in results if r.status is AgentStatus.TERMINATED), None)
+        if gave_up is not None:
+            stop(
+                state,
+                AgentStatus.TERMINATED,
+                f"the plan was aborted at step {gave_up.index} ({gave_up.step!r}): "
+                f"the agent {gave_up.agent!r} gave up: "
+                f"{gave_up.reason}",
+                gave_up.answer,
+            )
+        return state
+
+    def _mark(self, book: PlanBook, state: dict[str, Any], index: int, key: str, outcome: Any) -> StepResult:
+        """Step ``index`` marked with how its agent ended; its usage added to ``state``."""
         plan = book.get(state["plan_id"])
         assert plan is not None, "the plan of a running step is in the run's data"
         if isinstance(outcome, AgentResult):
@@ -370,7 +426,7 @@ class PlanningFlow:
         else:
             said = f"{result.status.value}: {result.reason}" + (f". {result.answer}" if result.answer else "")
             book.put(plan.with_step(index, PlanStepStatus.BLOCKED, note(said)))
-        step = StepResult(
+        return StepResult(
             index=index,
             step=plan.steps[index],
             executor=key,
@@ -379,18 +435,6 @@ class PlanningFlow:
             answer=result.answer,
             reason=result.reason,
         )
-        state["steps"] = [*state["steps"], step.model_dump(mode="json")]
-        state["current"] = None
-        if result.status is AgentStatus.TERMINATED:
-            stop(
-                state,
-                AgentStatus.TERMINATED,
-                f"the plan was aborted at step {index} ({plan.steps[index]!r}): "
-                f"the agent {step.agent!r} gave up: "
-                f"{result.reason}",
-                result.answer,
-            )
-        return state
 
     # -- the end -----------------------------------------------------------------------
 
@@ -447,49 +491,3 @@ class PlanningFlow:
             usage=Usage.model_validate(state["usage"]),
             session=state["session"],
         )
-
-
-def _planner(planner: object) -> ChatModel | AIFunction[Any] | None:
-    planner = as_model(planner)
-    if planner is not None and not isinstance(planner, (ChatModel, AIFunction)):
-        raise TypeError(f"planner must be a ChatModel or an AIFunction, got {planner!r}")
-    return planner
-
-
-def _finalizer(finalizer: Any) -> ChatModel | AIFunction[Any] | Finalizer | None:
-    finalizer = as_model(finalizer)
-    if not (finalizer is None or callable(finalizer) or isinstance(finalizer, ChatModel)):
-        raise TypeError(
-            f"finalizer must be a ChatModel, an AIFunction or fn(request, plan, steps), got {finalizer!r}"
-        )
-    return cast("ChatModel | AIFunction[Any] | Finalizer | None", finalizer)
-
-
-def _executor_failed(error: BaseException) -> dict[str, str]:
-    text = f"the executor's run failed: {type(error).__name__}: {error}"
-    return {"__error__": text if len(text) <= 500 else text[:500] + "..."}
-
-
-def _executors(executors: object) -> dict[str, Agent]:
-    if isinstance(executors, Agent):
-        return {"default": executors}
-    if not isinstance(executors, Mapping) or not executors:
-        raise TypeError(
-            f"executors is an agent or a non-empty mapping of tag to agent, got {executors!r:.200}"
-        )
-    out: dict[str, Agent] = {}
-    for key, agent in executors.items():
-        if not isinstance(key, str) or _KEY.fullmatch(key) is None:
-            raise ValueError(
-                f"executor tag {key!r} is not accepted: use 1-64 letters, digits, _ and - (as in [SEARCH])"
-            )
-        if not isinstance(agent, Agent):
-            raise TypeError(
-                f"executor {key!r} is not an agent (ToolCallAgent, ConversationAgentExecutor): {agent!r:.200}"
-            )
-        if key.lower() in out:
-            raise ValueError(
-                f"two executors are tagged {key.lower()!r} (tags are matched without regard to case)"
-            )
-        out[key.lower()] = agent
-    return out

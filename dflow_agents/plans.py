@@ -23,6 +23,14 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 import dflow
 from dflow import ContextStack
 
+from ._plan_steps import (
+    MAX_PLAN_STEPS,
+    PlanningError,
+    StepDetail,
+    check_step_items,
+    step_tag,
+)
+from ._plan_steps import shown as _shown
 from .agent import AgentStatus
 from .messages import Usage
 
@@ -34,27 +42,21 @@ __all__ = [
     "PlanStepStatus",
     "PlanningError",
     "PlanningResult",
+    "StepDetail",
     "StepResult",
     "default_plan",
     "format_plan",
     "step_tag",
 ]
 
-MAX_PLAN_STEPS = 100  #: steps a plan may have
 MAX_PLANS = 50  # plans a run may hold
 MAX_TITLE_CHARS = 500
-MAX_STEP_CHARS = 2_000
 MAX_NOTE_CHARS = 4_000
 
 _ID = re.compile(r"[A-Za-z0-9_.:@-]{1,64}")
-_TAG = re.compile(r"\s*\[([A-Za-z0-9_-]{1,64})\]\s*")
 _PLAN_KEY = "dflow_agents/plan/"  # + plan id: the plan
 _ACTIVE_KEY = "dflow_agents/plan-active"  # the id of the active plan
 _COMMANDS = ("create", "update", "list", "get", "set_active", "mark_step", "delete")
-
-
-class PlanningError(ValueError):
-    """A planning command that cannot be carried out; the message says what to change."""
 
 
 class PlanStepStatus(str, Enum):
@@ -85,8 +87,9 @@ _MARKS = {
 
 
 class Plan(BaseModel):
-    """A plan: an id, a title, and its steps with their statuses and notes (lists of the
-    same length). Frozen: change one with :meth:`with_step` or ``model_copy``."""
+    """A plan: an id, a title, and its steps with their statuses, notes and details (who
+    does each, with what tools, whether in parallel): lists of the same length. Frozen:
+    change one with :meth:`with_step` or ``model_copy``."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -95,24 +98,29 @@ class Plan(BaseModel):
     steps: list[str]
     step_statuses: list[PlanStepStatus] = Field(default_factory=list)
     step_notes: list[str] = Field(default_factory=list)
+    step_details: list[StepDetail] = Field(default_factory=list)
 
     @model_validator(mode="before")
     @classmethod
     def _fresh(cls, data: Any) -> Any:
-        """A plan given only its steps starts with every step not started, without notes."""
+        """A plan given only its steps starts with every step not started, without notes
+        (and without details, unless given)."""
         if isinstance(data, dict) and isinstance(data.get("steps"), list):
             n = len(data["steps"])
             if "step_statuses" not in data and "step_notes" not in data:
                 data = {**data, "step_statuses": [PlanStepStatus.NOT_STARTED] * n, "step_notes": [""] * n}
+            if not data.get("step_details"):
+                data = {**data, "step_details": [StepDetail()] * n}
         return data
 
     @model_validator(mode="after")
     def _same_lengths(self) -> Plan:
         n = len(self.steps)
-        if len(self.step_statuses) != n or len(self.step_notes) != n:
+        if {len(self.step_statuses), len(self.step_notes), len(self.step_details)} != {n}:
             raise ValueError(
-                f"a plan has one status and one note per step: {n} steps, {len(self.step_statuses)} "
-                f"statuses, {len(self.step_notes)} notes"
+                f"a plan has one status and one note per step, and one detail: {n} steps, "
+                f"{len(self.step_statuses)} statuses, {len(self.step_notes)} notes, "
+                f"{len(self.step_details)} details"
             )
         return self
 
@@ -123,6 +131,17 @@ class Plan(BaseModel):
     def next_step(self) -> int | None:
         """The index of the first step still to do (not started or in progress), or ``None``."""
         return next((i for i, s in enumerate(self.step_statuses) if s.active), None)
+
+    def parallel_group(self, index: int) -> list[int]:
+        """``index`` and the steps still to do right after it that run with it: the run of
+        consecutive steps marked parallel it starts (just ``[index]`` when it is not)."""
+        group = [index]
+        while self.step_details[group[-1]].parallel and group[-1] + 1 < len(self.steps):
+            after = group[-1] + 1
+            if not (self.step_details[after].parallel and self.step_statuses[after].active):
+                break
+            group.append(after)
+        return group
 
     def with_step(self, index: int, status: PlanStepStatus | None = None, notes: str | None = None) -> Plan:
         """A copy with step ``index`` given a new status and/or notes."""
@@ -166,15 +185,6 @@ class PlanDraft(BaseModel):
 dflow.register_model(PlanDraft)
 
 
-def step_tag(step: str) -> tuple[str | None, str]:
-    """The ``[TYPE]`` tag at the start of a step's text (lowercased) and the text without it:
-    ``step_tag("[SEARCH] find flights") == ("search", "find flights")``."""
-    found = _TAG.match(step)
-    if found is None:
-        return None, step
-    return found.group(1).lower(), step[found.end() :]
-
-
 def default_plan(request: str) -> PlanDraft:
     """The plan used when the planner makes none: analyse, execute, verify."""
     title = f"Plan for: {request[:50]}{'...' if len(request) > 50 else ''}"
@@ -201,16 +211,12 @@ def format_plan(plan: Plan) -> str:
         ),
         "Steps:",
     ]
-    for i, (step, status, notes) in enumerate(zip(plan.steps, plan.step_statuses, plan.step_notes)):
-        lines.append(f"{i}. {status.mark} {step}")
+    rows = zip(plan.steps, plan.step_statuses, plan.step_notes, plan.step_details)
+    for i, (step, status, notes, detail) in enumerate(rows):
+        lines.append(f"{i}. {status.mark} {step}{detail.text()}")
         if notes:
             lines.append(f"   Notes: {notes}")
     return "\n".join(lines) + "\n"
-
-
-def _shown(value: object, limit: int = 60) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def check_plan_id(plan_id: object) -> str:
@@ -233,24 +239,9 @@ def check_title(title: object) -> str:
 
 
 def check_steps(steps: object) -> list[str]:
-    """``steps`` if they are 1 to ``MAX_PLAN_STEPS`` non-empty texts within the limit."""
-    if isinstance(steps, str) or not isinstance(steps, Sequence) or not steps:
-        raise PlanningError(
-            f"steps must be a non-empty list of texts, one per step, got {_shown(steps)}: "
-            'for example ["Find the flights", "Book a hotel"]'
-        )
-    if len(steps) > MAX_PLAN_STEPS:
-        raise PlanningError(
-            f"the plan has {len(steps)} steps; a plan has at most {MAX_PLAN_STEPS}: merge some"
-        )
-    out = []
-    for i, step in enumerate(steps):
-        if not isinstance(step, str) or not step.strip():
-            raise PlanningError(f"step {i} is {_shown(step)}; every step is a non-empty text")
-        if len(step) > MAX_STEP_CHARS:
-            raise PlanningError(f"step {i} is {len(step)} characters long; make it at most {MAX_STEP_CHARS}")
-        out.append(step.strip())
-    return out
+    """The texts of ``steps`` if they are 1 to ``MAX_PLAN_STEPS`` non-empty texts (or step
+    objects, see :mod:`dflow_agents._plan_steps`) within the limit."""
+    return check_step_items(steps)[0]
 
 
 def _check_status(status: object) -> PlanStepStatus:
@@ -335,7 +326,8 @@ class PlanBook:
             raise PlanningError(
                 f"this run already holds {MAX_PLANS} plans: delete one before creating another"
             )
-        plan = Plan(plan_id=plan_id, title=check_title(title), steps=check_steps(steps))
+        texts, details = check_step_items(steps)
+        plan = Plan(plan_id=plan_id, title=check_title(title), steps=texts, step_details=details)
         self.put(plan)
         self.ctx.put(_ACTIVE_KEY, plan_id)
         return plan
@@ -350,9 +342,10 @@ class PlanBook:
         if title is not None:
             update["title"] = check_title(title)
         if steps is not None:
-            new = check_steps(steps)
+            new, details = check_step_items(steps)
             kept = [i < len(plan.steps) and plan.steps[i] == s for i, s in enumerate(new)]
             update["steps"] = new
+            update["step_details"] = details
             update["step_statuses"] = [
                 plan.step_statuses[i] if k else PlanStepStatus.NOT_STARTED for i, k in enumerate(kept)
             ]
@@ -471,7 +464,8 @@ class PlanningResult(BaseModel):
     plan: Plan | None = None
     plan_text: str = ""  #: the plan as text, with each step's mark and notes
     steps: list[StepResult] = Field(default_factory=list)  #: the steps run, in order
-    source: Literal["model", "default", "given", "template"] = "model"  #: where the plan came from
+    source: Literal["model", "default", "given", "template", "direct"] = "model"
+    """where the plan came from; ``"direct"``: the planner answered without a plan"""
     template: str | None = None  #: ``name@version`` of the template it came from
     usage: Usage = Field(default_factory=Usage)  #: tokens of the planner, the executors and the finalizer
     session: str | None = None

@@ -5,6 +5,8 @@
   side effect once and every model call once;
 * a worker killed (``kill -9``) while a step's tool call is in flight costs only that step: a
   new worker runs it again and the plan completes, every other side effect once;
+* two steps marked parallel run as a zip on a worker, their results in plan order; a worker
+  killed while one of them is in flight costs only that step;
 * plan templates in Redis: names with special characters are refused and write nothing.
 """
 
@@ -96,6 +98,47 @@ def test_a_worker_killed_mid_plan(cluster: Cluster) -> None:
     assert c.counts(f"{job}:model-calls") == MODEL_CALLS, "no model call ran twice"
     assert worker_pids(run.trace_id) == {first, second}
     assert recovery < 30, f"the step of the killed worker was taken over after {recovery:.1f} s"
+
+
+def check_parallel(result: PlanningResult, job: str) -> None:
+    assert result.status is AgentStatus.FINISHED, result.reason
+    assert result.answer == app.ANSWER, "the results came back in plan order"
+    assert result.plan is not None and result.plan.step_statuses == [PlanStepStatus.COMPLETED] * 3
+    assert [d.parallel for d in result.plan.step_details] == [True, True, False]
+
+
+@pytest.mark.timeout(120)
+def test_parallel_steps_run_as_a_zip_on_a_worker(cluster: Cluster) -> None:
+    c = cluster
+    job = c.prefix
+    c.connect()
+    c.workers.start(1)
+    run = app.parallel_trip.run(app.parallel_request(job))
+    result = run.result(60)
+    check_parallel(result, job)
+    assert c.counts(f"{job}:tool-execs") == {f"{job}:{k}": 1 for k in STEP_KEYS}
+    assert c.counts(f"{job}:model-calls") == MODEL_CALLS
+    assert any("executors" in s.key for s in run.context().steps), "steps 0 and 1 ran as one zip"
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_killed_during_a_parallel_step(cluster: Cluster) -> None:
+    c = cluster
+    job = c.prefix
+    held = f"{job}:step-1"  # the second of the two parallel steps
+    c.r.sadd(f"{job}:hold", held)
+    c.connect()
+    c.workers.start(1)
+    run = app.parallel_trip.run(app.parallel_request(job))
+    wait_for("the held tool call to start", lambda: c.r.lrange(f"{job}:holding", 0, -1) == [held], 30)
+    c.workers.kill_one()
+    c.workers.start(1)
+    result = run.result(60)
+    check_parallel(result, job)
+    execs = c.counts(f"{job}:tool-execs")
+    assert execs[f"{job}:step-1"] == 2 and execs[f"{job}:step-2"] == 1, execs
+    assert execs[f"{job}:step-0"] in (1, 2), "the other branch ran once, or again if it was in flight too"
+    assert c.counts(f"{job}:model-calls")["planner"] == 1
 
 
 # -- plan templates in Redis ------------------------------------------------------------

@@ -35,6 +35,12 @@ _JOB = re.compile(r"\bjob (\S+): ")
 _STEP = re.compile(r"working on step (\d+): ")
 
 STEPS = ["[SEARCH] find the flights", "[WRITE] draft the itinerary", "[SEARCH] check the hotels"]
+#: the steps of ``parallel_trip``: the first two run together, as a zip
+PARALLEL_STEPS = [
+    {"step": "find the flights", "agent": "search", "parallel": True},
+    {"step": "draft the itinerary", "agent": "write", "parallel": True},
+    "[SEARCH] check the hotels",
+]
 
 
 def job_in(messages: Sequence[ChatMessage]) -> str:
@@ -80,12 +86,13 @@ def planner_model(messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) ->
     job = job_in(messages)
     if tools:  # the planner is offered the planning tool; the finalizer is not
         _r.hincrby(f"{job}:model-calls", "planner", 1)
+        steps = PARALLEL_STEPS if "in parallel" in messages[-1].content else STEPS
         return ChatResponse(
             tool_calls=[
                 ToolCall(
                     id="",
                     name="planning",
-                    arguments={"command": "create", "title": f"Trip {job}", "steps": STEPS},
+                    arguments={"command": "create", "title": f"Trip {job}", "steps": steps},
                 )
             ]
         )
@@ -99,6 +106,9 @@ write = ToolCallAgent("it-plan-write", executor_model("write"), [work], limits=A
 trip = PlanningFlow(
     "it-trip", {"search": search, "write": write}, FunctionModel(planner_model, name="planner")
 )
+parallel_trip = PlanningFlow(
+    "it-trip-parallel", {"search": search, "write": write}, FunctionModel(planner_model, name="planner")
+)
 
 ANSWER = (
     "Summary: Step 0 (finished, by search): search: result of step-0\n"
@@ -109,3 +119,7 @@ ANSWER = (
 
 def trip_request(job: str) -> str:
     return f"job {job}: plan my trip"
+
+
+def parallel_request(job: str) -> str:
+    return f"job {job}: plan my trip in parallel"
