@@ -16,7 +16,8 @@ import pytest
 
 import dflow
 from dflow import DFlow, RunCompensatedError, RunDeadlineError, RunStatus, RunTimeoutError
-from dflow.memory import MemoryStore
+from dflow.memory import MemoryStore, MemoryTransport
+from dflow.model.pipeline import start_of
 from dflow.testing import FakeClock
 
 
@@ -166,3 +167,26 @@ def test_a_bad_deadline_is_refused_naming_the_value_and_the_limit(
     with pytest.raises(error, match=says):
         _waiting_flow().init(_name("deadline-bad-default"), deadline=deadline)
     assert _store()._runs == {}, "no run started"
+
+
+def test_a_run_made_to_be_started_elsewhere_carries_its_pipeline_s_deadline(
+    advance: Callable[[float], None],
+) -> None:
+    pipeline = _waiting_flow().init(_name("deadline-start-of"), deadline=42)
+    assert start_of(pipeline, 1).deadline == 42 and start_of(pipeline.entry("go"), 1).deadline == 42
+    assert start_of(_waiting_flow().init(_name("deadline-none")), 1).deadline is None
+
+
+class _KeepsNoDeadlines(MemoryStore):
+    keeps_deadlines = False
+
+
+def test_a_store_that_keeps_no_deadlines_refuses_a_run_with_one() -> None:
+    dflow.configure(MemoryTransport(), _KeepsNoDeadlines(), secret="k" * 32)
+    try:
+        pipeline = _waiting_flow().init(_name("deadline-refused"))
+        with pytest.raises(dflow.ConfigurationError, match="keeps no deadlines"):
+            pipeline.call(1, deadline=5)
+        assert pipeline.call(2).trace_id, "without one it starts"
+    finally:
+        dflow.shutdown()

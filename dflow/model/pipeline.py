@@ -79,8 +79,9 @@ def entry_run(
 def start_of(target: Pipeline[Any] | Entry[Any], param: Any = None, trace_id: str | None = None) -> Start:
     """The run ``target.call(param, trace_id)`` starts, made but not started: for a caller
     that starts it itself with more to it (the HTTP server, with its session in the run's
-    data: ``Runtime.start_run(..., data=...)``)."""
-    return target._new_run(param, trace_id)
+    data: ``Runtime.start_run(..., data=...)``), with the pipeline's deadline."""
+    default = target.deadline if isinstance(target, Pipeline) else target.pipeline.deadline
+    return _with_deadline(target._new_run(param, trace_id), None, default)
 
 
 def _with_deadline(start: Start, deadline: object, default: float | None) -> Start:

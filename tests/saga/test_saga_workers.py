@@ -133,7 +133,9 @@ def test_a_run_waiting_past_its_deadline_times_out_compensated_though_a_worker_w
 ) -> None:
     run = saga_flows.cancel_pipeline.call({"hold": False}, trace_id=_id("deadline"), deadline=3)
     _until(lambda: run.info().waiting_for == "approval")
-    assert cluster.r.zscore(_deadlines_key(cluster), run.trace_id) is not None, "its deadline is a store timer"
+    assert cluster.r.zscore(_deadlines_key(cluster), run.trace_id) is not None, (
+        "its deadline is a store timer"
+    )
     cluster.workers.kill_one()  # kill -9 while it waits: the deadline is the store's, not a worker's
     cluster.workers.start(1)
     error = _ended_compensated(run)
