@@ -13,6 +13,7 @@ import pytest
 
 from ..context import RunStatus
 from ..errors import NotWaitingError
+from ..mailbox import Mailbox
 from ..store import SAGA_PREFIX, Finish, Fork, NewRun, Parent, Store, Wait, timed_out_error
 from ..wire.values import FAIL, JOIN, Message, decode, encode
 from .cases import KEYS, StoreTime, sync
@@ -62,8 +63,9 @@ class DeadlineContract(StoreTime):
         info = await store.get_run(run.trace_id)
         assert info is not None and info.status is RunStatus.TIMED_OUT and info.status.finished
         assert info.error == timed_out_error("0.2", KEYS[1])
-        with pytest.raises(NotWaitingError):
-            await store.resume(run.trace_id, "approval", encode(1))
+        for keep in (None, Mailbox()):  # (a call to a run that ended is not kept for later)
+            with pytest.raises(NotWaitingError):
+                await store.resume(run.trace_id, "approval", encode(1), keep=keep)
         assert (await store.wait_many([run.trace_id], 1))[0].status is RunStatus.TIMED_OUT
         page = await store.page_runs(10, status=RunStatus.TIMED_OUT, pipeline="deadline-contract")
         assert [r.trace_id for r in page.runs] == [run.trace_id]
