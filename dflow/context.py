@@ -29,14 +29,19 @@ class RunStatus(str, Enum):
     #: failed or cancelled, and the compensations of its completed steps all ran (see
     #: ``DFlow.compensate``); ``error`` holds why it ended and what was compensated
     COMPENSATED = "compensated"
+    #: its deadline (``call(..., deadline=)``, ``init(..., deadline=)``) passed before it
+    #: ended; ``error`` names the step it was at
+    TIMED_OUT = "timed_out"
 
     @property
     def finished(self) -> bool:
-        """Whether the run has ended (done, failed, cancelled or compensated)."""
+        """Whether the run has ended (done, failed, cancelled, compensated or timed out)."""
         return self in _ENDED
 
 
-_ENDED = frozenset((RunStatus.DONE, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.COMPENSATED))
+_ENDED = frozenset(
+    (RunStatus.DONE, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.COMPENSATED, RunStatus.TIMED_OUT)
+)
 
 
 class StepStatus(str, Enum):

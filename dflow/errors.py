@@ -22,7 +22,8 @@
     │   ├── RunFailedError          the awaited run ended failed
     │   │   └── RunCompensatedError ... and its compensations ran (``compensate``)
     │   ├── RunCancelledError       the awaited run was cancelled
-    │   └── RunTimeoutError         waiting for a run's result timed out
+    │   ├── RunTimeoutError         waiting for a run's result timed out
+    │   └── RunDeadlineError        the awaited run's deadline passed: it ended timed out
     ├── StepTimeoutError            a step ran longer than its ``timeout``
     ├── StepFailedError             an error recorded elsewhere (a branch, an on_init)
     │   └── DeadlockError           the deadlock detector broke a run's wait
@@ -59,6 +60,7 @@ __all__ = [
     "RefusedMessageError",
     "RunCancelledError",
     "RunCompensatedError",
+    "RunDeadlineError",
     "RunError",
     "RunExistsError",
     "RunFailedError",
@@ -204,6 +206,18 @@ class RunCancelledError(RunError):
 class RunTimeoutError(RunError, TimeoutError):
     """The run did not finish within the time the caller was willing to wait. The run
     itself goes on."""
+
+
+class RunDeadlineError(RunError, TimeoutError):
+    """The run's deadline passed before it ended: it ended ``timed_out`` (its
+    compensations, if it held any, ran first). ``step`` is the key of the step it was at,
+    ``deadline`` its deadline in seconds. Not a ``RunTimeoutError``: that one says the
+    caller stopped waiting while the run goes on; this run has ended."""
+
+    def __init__(self, message: str, *, trace_id: str, step: str, deadline: float | None) -> None:
+        super().__init__(message, trace_id=trace_id)
+        self.step = step
+        self.deadline = deadline
 
 
 class StepTimeoutError(DFlowError, TimeoutError):

@@ -34,6 +34,8 @@ Optional parts, each found by the runtime without a flag to set:
   while they run (a model streaming its reply). Without it they are dropped.
 - ``token_bucket``: a ``dflow.rate_limits.TokenBucket`` (1 method, ``TokenBucketContract``)
   for the steps' ``rate_limit``. Without it a rate-limited step raises ``ConfigurationError``.
+- ``keeps_deadlines``: a store that honours the runs' deadlines (``NewRun.deadline``,
+  ``DeadlineContract``) sets it. Without it a run with a deadline is refused.
 - ``ping`` and ``close``: no-ops by default.
 
 So a store is 15 methods; 27 with its shared state, 28 with its token buckets. ``MemoryStore`` is the reference.
@@ -81,7 +83,9 @@ __all__ = [
     "Transition",
     "Wait",
     "compensations_in",
+    "deadline_text",
     "fused_variant",
+    "timed_out_error",
 ]
 
 S = TypeVar("S", bound="Store")
@@ -130,6 +134,25 @@ def compensations_in(trace_id: str, changes: Mapping[str, bytes | None]) -> Comp
     return None
 
 
+def deadline_text(seconds: float) -> str:
+    """``seconds`` as a deadline is written in the error of a run that timed out (and
+    kept by a store that writes that error itself): ``5``, ``0.25``."""
+    short = f"{seconds:g}"
+    return short if float(short) == seconds else repr(seconds)
+
+
+def timed_out_error(text: str, step: str) -> dict[str, Any]:
+    """The error a store records on a run whose deadline (``text``: ``deadline_text``)
+    passed while it was at ``step`` (the key of its current step), and on the branches
+    its join waited for."""
+    return {
+        "type": "dflow.RunTimedOut",
+        "message": f"its deadline of {text} s passed at step '{step}'",
+        "step": step,
+        "deadline": float(text),
+    }
+
+
 def raised(flag: Compensations, to: Compensations | None) -> Compensations:
     """The flag ``flag`` after a write that sets it ``to`` (it never goes down)."""
     order = (Compensations.NONE, Compensations.HELD, Compensations.RUNNING)
@@ -171,6 +194,9 @@ class NewRun:
     parent: Parent | None = None
     result: bytes | None = None
     pipeline: str | None = None
+    #: seconds after its creation when a store that ``keeps_deadlines`` ends the run (and
+    #: the branches it waits for) ``timed_out``, as ``cancel`` would; ``None``: never
+    deadline: float | None = None
 
 
 @dataclass(slots=True)
@@ -515,6 +541,12 @@ class Store(RunWriter, RunReader):
     describes. Every method is atomic."""
 
     _registered_state: StateBackend | None = None  # (made by a factory of register_backend)
+    #: whether the store honours ``NewRun.deadline`` (``DeadlineContract``): then ``due``
+    #: ends a run whose deadline passed ``timed_out``, like ``cancel`` with the error
+    #: ``{"type": "dflow.RunTimedOut", "message": ..., "step": its current step's key}``,
+    #: and a run that ends first leaves no timer behind. Without it, a run with a deadline
+    #: is refused (``ConfigurationError``).
+    keeps_deadlines: bool = False
 
     @property
     def fused(self) -> bool:

@@ -238,6 +238,7 @@ def test_the_runs_list_shows_counts_filters_and_pages(browser: httpx.Client) -> 
         "failed",
         "cancelled",
         "compensated",
+        "timed_out",
     }
     assert listed["counts"]["done"] >= 5 and all(r["pipeline"] == "con-twice" for r in listed["runs"])
     seen: list[str] = []

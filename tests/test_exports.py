@@ -30,7 +30,9 @@ ADAPTER_SEAM = {
     "Transition",
     "Wait",
     "compensations_in",
+    "deadline_text",
     "fused_variant",
+    "timed_out_error",
 }
 
 

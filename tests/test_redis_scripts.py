@@ -18,7 +18,7 @@ from dflow.adapters.redis.state import SCRIPTS as STATE_SCRIPTS
 
 SLOT = re.compile(r"^--\s+ARGV\[(\d+)\]\s+(\w+)", re.MULTILINE)
 PARTS = re.compile(r"^--\s+ARGV\[(\d+)\.\.\]\s+(\w+(?:, \w+)*)", re.MULTILINE)
-FRAGMENTS = {"listed", "emit", "blobs", "finish", "claim_step", "mailbox"}
+FRAGMENTS = {"listed", "emit", "blobs", "finish", "ending", "claim_step", "mailbox"}
 
 
 def _lua(name: str) -> str:
@@ -66,6 +66,8 @@ def test_every_lua_file_is_used_and_every_script_is_assembled_from_its_files() -
                 < s.files.index("blobs")
                 < s.files.index("finish")
             )
+        if "ending" in s.files:
+            assert s.files.index("finish") < s.files.index("ending")
         if "claim_step" in s.files:
             assert s.files.index("listed") < s.files.index("claim_step")
     # every script that writes a run's status keeps the listings: it has the fragment that does

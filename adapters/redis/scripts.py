@@ -3,7 +3,7 @@ layout of the arguments each reads. Each store operation is one atomic script.
 
 The source is in ``lua/*.lua`` beside this module (package data, read with
 ``importlib.resources``): one file per script, and fragments that several scripts share
-(``listed``, ``emit``, ``blobs``, ``finish``, ``claim_step``). ``Script.files`` names, for
+(``listed``, ``emit``, ``blobs``, ``finish``, ``ending``, ``claim_step``). ``Script.files`` names, for
 each script, the files that make it, in order: they are joined into one chunk, fragments
 first, and a fragment needs only those before it. This module is the only place that
 assembles them.
@@ -33,7 +33,8 @@ state, ``P:js:<trace>`` branch results in arrival order, ``P:ja:<trace>`` arrive
 indexes, ``P:jc:<trace>`` branch run ids, ``P:w:<trace>`` channels of processes waiting for
 the run to finish, ``P:e:<trace>`` channels of processes following its step records, ``P:m:<trace>`` its mailbox
 (the calls that came before it waited for them, ``mailbox.lua``); global
-sorted sets ``P:outbox`` (published, not yet claimed), ``P:timers``, ``P:leases``, ``P:runs``
+sorted sets ``P:outbox`` (published, not yet claimed), ``P:timers``, ``P:leases``,
+``P:deadlines`` (runs by the time their deadline passes: ``DUE`` ends them), ``P:runs``
 (by creation) and ``P:expiry`` (finished runs, by the time their keys expire: ``DUE`` takes
 them out of ``P:runs`` and the listings then; ``P:expiryp`` for listed runs of a pipeline,
 whose members name it: see ``listed.lua``); the run listings ``P:ix`` (root runs, by the band
@@ -149,8 +150,8 @@ def _read(name: str) -> str:
     return lua.joinpath(f"{name}.lua").read_text(encoding="utf-8")
 
 
-# The fragments a script uses come first, each after those it needs: finish needs listed, emit
-# and blobs; claim_step needs listed; listed, emit and blobs need nothing.
+# The fragments a script uses come first, each after those it needs: ending needs finish; finish
+# needs listed, emit and blobs; claim_step needs listed; listed, emit and blobs need nothing.
 CREATE = Script(
     "CREATE",
     ("listed", "emit", "blobs", "finish", "create"),
@@ -177,6 +178,7 @@ CREATE = Script(
         "listed_ms",
         "token",
         "compensations",
+        "deadline",
     ),
     ("records", "data"),
 )
@@ -233,10 +235,14 @@ EXTEND = Script("EXTEND", ("extend",), ("prefix", "now", "lease"), ("claims",))
 PARK = Script(
     "PARK", ("park",), ("prefix", "trace", "token", "reason", "now", "msg", "base", "cap", "claimable")
 )
-DUE = Script("DUE", ("listed", "emit", "due"), ("prefix", "now", "limit", "redispatch", "stream"))
+DUE = Script(
+    "DUE",
+    ("listed", "emit", "blobs", "finish", "ending", "due"),
+    ("prefix", "now", "limit", "redispatch", "stream", "ttl_ms"),
+)
 CANCEL = Script(
     "CANCEL",
-    ("listed", "emit", "blobs", "finish", "cancel"),
+    ("listed", "emit", "blobs", "finish", "ending", "cancel"),
     ("prefix", "trace", "now", "ttl_ms", "redispatch", "stream", "error"),
 )
 # Reading the run listings (they only read).

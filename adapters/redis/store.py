@@ -35,6 +35,7 @@ from dflow.store import (
     Taken,
     Transition,
     compensations_in,
+    deadline_text,
     fused_variant,
 )
 from dflow.wire.urls import redact_url
@@ -86,6 +87,8 @@ class RedisStore(RunReads, KeepsSchedules, Store, StepParts):
     Its ``shared_state`` is a ``RedisStateBackend`` on the same client and prefix, its
     ``schedules`` a ``RedisScheduleBook``.
     """
+
+    keeps_deadlines = True
 
     def __new__(cls, *args: Any, **options: Any) -> RedisStore:
         fused = options.get("transport") is not None
@@ -251,6 +254,7 @@ class RedisStore(RunReads, KeepsSchedules, Store, StepParts):
             listed_ms=created_ms(now) if parent is None else "",
             token=self._token(),
             compensations=flag.value,
+            deadline="" if run.deadline is None else deadline_text(run.deadline),
             records=[record(r) for r in run.records],
             data=[x for kv in run.data.items() for x in kv],
         )
@@ -551,6 +555,7 @@ class RedisStore(RunReads, KeepsSchedules, Store, StepParts):
                     limit=limit,
                     redispatch=self.redispatch_after,
                     stream=self._streams[at],
+                    ttl_ms=int(self.ttl * 1000),
                 ),
                 at=at,
             )

@@ -1,7 +1,8 @@
 """How the runs of the in-memory store end: a finished run wakes its followers, lets its
 blobs go and is kept ``ttl`` seconds; a zip/any branch arrives at its join, which, once
-complete, sends its run on and ends the branches it no longer needs; a cancelled run ends
-with the branches its open join waits for, and its timers and unclaimed messages go. A run
+complete, sends its run on and ends the branches it no longer needs; a cancelled (or timed
+out: ``memory.deadlines``) run ends with the branches its open join waits for, and its
+timers and unclaimed messages go. A run
 whose compensations flag is ``HELD`` is sent a FAIL message instead of ending (see
 ``Store.cancel``).
 """
@@ -48,8 +49,10 @@ class RunEnds:
 
         def _emit(self, msg: Message, now: float, out: list[Message]) -> None: ...
         def _status(self, run: RunState, status: RunStatus) -> None: ...
+        def _drop_deadline(self, trace_id: str) -> None: ...
 
     def _finished(self, run: RunState, now: float, out: list[Message]) -> None:
+        self._drop_deadline(run.trace_id)
         run.lease = None
         run.frames = None
         run.due = None
@@ -111,14 +114,21 @@ class RunEnds:
         return run.info(), out
 
     def _cancel(
-        self, run: RunState, error: dict[str, Any], now: float, out: list[Message], gone: set[str]
+        self,
+        run: RunState,
+        error: dict[str, Any],
+        now: float,
+        out: list[Message],
+        gone: set[str],
+        status: RunStatus = RunStatus.CANCELLED,
     ) -> None:
-        """End ``run`` and the branches its open join waits for (first: their arrivals
-        must not reach a join that is going away); one holding compensations runs them."""
+        """End ``run`` with ``status`` (cancelled, or timed out: ``memory.deadlines``) and
+        the branches its open join waits for (first: their arrivals must not reach a join
+        that is going away); one holding compensations runs them."""
         compensates = self._compensates(run, error, now, out)
         if not compensates:
             gone.add(run.trace_id)
-            self._status(run, RunStatus.CANCELLED)
+            self._status(run, status)
             run.error = dict(error)
             run.updated = now
             run.waiting_for = None
@@ -131,7 +141,7 @@ class RunEnds:
             for child_id in j.children:
                 child = self._runs.get(child_id)
                 if child is not None and not child.status.finished:
-                    self._cancel(child, error, now, out, gone)
+                    self._cancel(child, error, now, out, gone, status)
         if not compensates:
             self._finished(run, now, out)
 

@@ -51,6 +51,7 @@ from ..store import (
 )
 from ..wire.values import CONTINUE, FAIL, JOIN, RUN, Message
 from .blobs import BlobTable
+from .deadlines import RunDeadlines
 from .endings import CANCELLED as CANCELLED  # (where it was)
 from .endings import RunEnds
 from .followers import Followers
@@ -67,7 +68,7 @@ from .transport import MemoryBroker, MemoryTransport
 __all__ = ["MemoryBroker", "MemoryStore", "MemoryTransport"]
 
 
-class MemoryStore(RunEnds, RunListing, KeepsSchedules, Store, StepParts):
+class MemoryStore(RunEnds, RunDeadlines, RunListing, KeepsSchedules, Store, StepParts):
     """``Store`` in a dict. ``ttl``: seconds a finished run is kept; ``blob_ttl``: seconds
     a flow blob no live run references is kept; ``redispatch_after``: seconds after which a
     committed but unclaimed next message is handed out again (outbox; not fused).
@@ -75,6 +76,8 @@ class MemoryStore(RunEnds, RunListing, KeepsSchedules, Store, StepParts):
     ``FusedDispatch``). ``clock``: where it reads the time (``dflow.testing.FakeClock`` in
     tests). Its ``shared_state`` is a ``MemoryStateBackend`` on the same clock, its
     ``schedules`` a ``MemoryScheduleBook``."""
+
+    keeps_deadlines = True
 
     def __new__(cls, *args: Any, **options: Any) -> MemoryStore:
         fused = options.get("transport") is not None
@@ -109,6 +112,7 @@ class MemoryStore(RunEnds, RunListing, KeepsSchedules, Store, StepParts):
         self._live: MemoryLiveFeed | None = None
         self._parts = PartTable()
         self._buckets: MemoryTokenBucket | None = None
+        self._init_deadlines()
 
     @property
     def shared_state(self) -> MemoryStateBackend:
@@ -196,6 +200,8 @@ class MemoryStore(RunEnds, RunListing, KeepsSchedules, Store, StepParts):
             r.result = run.result
             self._finished(r, now, out)
         else:
+            if run.deadline is not None and run.parent is None:
+                self._arm_deadline(run.trace_id, run.deadline, now)
             self._emit(run.message, now, out)
         return out
 
@@ -479,6 +485,7 @@ class MemoryStore(RunEnds, RunListing, KeepsSchedules, Store, StepParts):
         out += self._outbox.due(now, limit - len(out), self._current)
         next_due += [t for t in (self._timers.soonest(), self._outbox.soonest()) if t is not None]
         self._due_leases(now, out, next_due)
+        self._due_deadlines(now, out, next_due)
         self._expire_runs(now, next_due)
         self._blobs.expire(now)
         return out, (min(next_due) if next_due else None)

@@ -16,6 +16,7 @@ from ..errors import BuildError
 from ..policy import RetryPolicy, exception_classes
 from ..rate_limits import RateLimit
 from ..wire.values import encode
+from .deadlines import check_deadline
 from .nodes import Fallback, Frame, Kind, Node, compile_flow
 from .pipeline import Pipeline, Start, entry_run, new_trace
 from .queues import check_queue, with_default_queue
@@ -416,11 +417,16 @@ class DFlow(Node, Generic[T_co]):
 
     # -- running ---------------------------------------------------------------------
 
-    def init(self, name: str | None = None, *, queue: str | None = None) -> Pipeline[T_co]:
+    def init(
+        self, name: str | None = None, *, queue: str | None = None, deadline: float | None = None
+    ) -> Pipeline[T_co]:
         """Check the flow (every id present, none repeated) and return its ``Pipeline``;
-        ``queue``: the queue of its nodes that name none (see ``queue``)."""
+        ``queue``: the queue of its nodes that name none (see ``queue``); ``deadline``:
+        seconds after which a run it starts ends ``timed_out`` (unless its ``call`` gives
+        its own; see ``docs/flows/deadlines.md``)."""
+        seconds = check_deadline(deadline, f"the deadline of pipeline {name!r}")
         flow = self if queue is None else with_default_queue(self, check_queue(queue, "the pipeline's queue"))
-        return Pipeline._create(flow, name)
+        return Pipeline._create(flow, name, seconds)
 
     if TYPE_CHECKING:
         # Type checkers see a callable attribute (what it is: see _DirectRun), not a static

@@ -119,13 +119,17 @@ class MockedPipeline(Generic[Out_co]):
     def _new_run(self, param: Any, trace_id: str | None) -> Start:
         return self.pipeline._new_run(param, trace_id)
 
-    def call(self, param: Any = None, trace_id: str | None = None) -> Run[Out_co]:
+    def call(
+        self, param: Any = None, trace_id: str | None = None, *, deadline: float | None = None
+    ) -> Run[Out_co]:
         """Start a run of the mocked copy (as ``Pipeline.call``)."""
-        return self.pipeline.call(param, trace_id)
+        return self.pipeline.call(param, trace_id, deadline=deadline)
 
-    async def acall(self, param: Any = None, trace_id: str | None = None) -> Run[Out_co]:
+    async def acall(
+        self, param: Any = None, trace_id: str | None = None, *, deadline: float | None = None
+    ) -> Run[Out_co]:
         """Async ``call``."""
-        return await self.pipeline.acall(param, trace_id)
+        return await self.pipeline.acall(param, trace_id, deadline=deadline)
 
     def __enter__(self) -> MockedPipeline[Out_co]:
         active = dict(_active.get() or {})

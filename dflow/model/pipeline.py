@@ -19,6 +19,7 @@ from ..schedules import Schedule, interval
 from ..wire.ids import check_trace_id
 from ..wire.values import Message, encode
 from . import chains
+from .deadlines import check_deadline
 from .mocks import mocked_for
 from .nodes import Chain, Frame, Kind, compile_flow
 from .running import runner
@@ -60,6 +61,7 @@ class Start:
     records: list[StepRecord] = field(default_factory=list)
     result: bytes | None = None
     pipeline: str | None = None
+    deadline: float | None = None  #: seconds after its start when it ends ``timed_out``
 
 
 def entry_run(
@@ -77,8 +79,17 @@ def entry_run(
 def start_of(target: Pipeline[Any] | Entry[Any], param: Any = None, trace_id: str | None = None) -> Start:
     """The run ``target.call(param, trace_id)`` starts, made but not started: for a caller
     that starts it itself with more to it (the HTTP server, with its session in the run's
-    data: ``Runtime.start_run(..., data=...)``)."""
-    return target._new_run(param, trace_id)
+    data: ``Runtime.start_run(..., data=...)``), with the pipeline's deadline."""
+    default = target.deadline if isinstance(target, Pipeline) else target.pipeline.deadline
+    return _with_deadline(target._new_run(param, trace_id), None, default)
+
+
+def _with_deadline(start: Start, deadline: object, default: float | None) -> Start:
+    """``start`` with its deadline: ``deadline`` once checked, else the pipeline's
+    ``default``; a run finished at its creation has none."""
+    seconds = check_deadline(deadline, "a run's deadline")
+    start.deadline = None if start.message is None else (default if seconds is None else seconds)
+    return start
 
 
 class Entry(Generic[Out_co]):
@@ -107,21 +118,30 @@ class Entry(Generic[Out_co]):
             self.pipeline.name,
         )
 
-    def call(self, param: Any = None, trace_id: str | None = None) -> Run[Out_co]:
-        """Start a run with ``param``; ``RunExistsError`` if ``trace_id`` is taken."""
-        return runner().start(self._new_run(param, trace_id))
+    def call(
+        self, param: Any = None, trace_id: str | None = None, *, deadline: float | None = None
+    ) -> Run[Out_co]:
+        """Start a run with ``param``; ``RunExistsError`` if ``trace_id`` is taken. With
+        ``deadline`` (seconds; else the pipeline's), the run ends ``timed_out`` when it has
+        not ended by then (see ``docs/flows/deadlines.md``)."""
+        start = _with_deadline(self._new_run(param, trace_id), deadline, self.pipeline.deadline)
+        return runner().start(start)
 
-    async def acall(self, param: Any = None, trace_id: str | None = None) -> Run[Out_co]:
+    async def acall(
+        self, param: Any = None, trace_id: str | None = None, *, deadline: float | None = None
+    ) -> Run[Out_co]:
         """Async ``call``."""
-        return await runner().astart(self._new_run(param, trace_id))
+        start = _with_deadline(self._new_run(param, trace_id), deadline, self.pipeline.deadline)
+        return await runner().astart(start)
 
 
 class Pipeline(Generic[Out_co]):
     """A checked flow ready to run, made by ``DFlow.init()``: a ``Pipeline[T]`` for a
     ``DFlow[T]``, whose runs are ``Run[T]``."""
 
-    __slots__ = ("_chain", "_entries", "name")
+    __slots__ = ("_chain", "_entries", "deadline", "name")
     name: str
+    deadline: float | None  #: seconds: the deadline of the runs it starts without one of their own
     _chain: Chain
     _entries: dict[str, Entry[Out_co]]  #: by call type: the from_call head's, or none
 
@@ -129,8 +149,11 @@ class Pipeline(Generic[Out_co]):
         raise TypeError("pipelines are made by DFlow.init()")
 
     @classmethod
-    def _create(cls: type[Pipeline[T]], flow: DFlow[T], name: str | None) -> Pipeline[T]:
+    def _create(
+        cls: type[Pipeline[T]], flow: DFlow[T], name: str | None, deadline: float | None = None
+    ) -> Pipeline[T]:
         self = cls._made(compile_flow(flow), name)
+        self.deadline = deadline
         from .registry import register
 
         register(self)
@@ -140,13 +163,16 @@ class Pipeline(Generic[Out_co]):
     def _copy(cls: type[Pipeline[T]], original: Pipeline[T], chain: Chain) -> Pipeline[T]:
         """A pipeline of the same name on ``chain`` (the same flow, its steps changed), not
         registered: its runs refer to its chain by the reference the caller gives it."""
-        return cls._made(chain, original.name)
+        self = cls._made(chain, original.name)
+        self.deadline = original.deadline
+        return self
 
     @classmethod
     def _made(cls: type[Pipeline[T]], chain: Chain, name: str | None) -> Pipeline[T]:
         self = object.__new__(cls)
         self._chain = chain
         self.name = name or chain.keys[0]
+        self.deadline = None
         head = chain.nodes[0]
         if head._kind == Kind.FROM_CALL and head._fn is not None:
             raise BuildError(
@@ -243,13 +269,18 @@ class Pipeline(Generic[Out_co]):
         declare_schedule(schedule)
         return schedule
 
-    def call(self, param: Any = None, trace_id: str | None = None) -> Run[Out_co]:
-        """Start a run through the pipeline's only entry (or its ``just`` head)."""
-        return runner().start(self._new_run(param, trace_id))
+    def call(
+        self, param: Any = None, trace_id: str | None = None, *, deadline: float | None = None
+    ) -> Run[Out_co]:
+        """Start a run through the pipeline's only entry (or its ``just`` head); with
+        ``deadline`` as for ``Entry.call``."""
+        return runner().start(_with_deadline(self._new_run(param, trace_id), deadline, self.deadline))
 
-    async def acall(self, param: Any = None, trace_id: str | None = None) -> Run[Out_co]:
+    async def acall(
+        self, param: Any = None, trace_id: str | None = None, *, deadline: float | None = None
+    ) -> Run[Out_co]:
         """Async ``call``."""
-        return await runner().astart(self._new_run(param, trace_id))
+        return await runner().astart(_with_deadline(self._new_run(param, trace_id), deadline, self.deadline))
 
 
 chains._by_name.add(Pipeline)  # a pipeline captured in a flow travels by name

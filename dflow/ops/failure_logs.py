@@ -80,12 +80,17 @@ def _step_failed(trace_id: str, rec: StepRecord, transition: Transition, then: s
     _traceback(error, ids)
 
 
+def _ended_how(error: Mapping[str, Any]) -> str:
+    """What ended a run with one of the ``CANCELLED_TYPES`` errors: a cancel, or its deadline."""
+    return "timed out" if error.get("type") == "dflow.RunTimedOut" else "was cancelled"
+
+
 def _run_ended(trace_id: str, key: str, attempt: int, fail: Fail) -> None:
     error = fail.error
     ids = _ids(trace_id, error.get("step") or key, attempt)
     at = ids["dflow_step"]
     if error.get("type") in CANCELLED_TYPES:
-        log.warning("dflow: run %s was cancelled (%s)", trace_id, error.get("message"), extra=ids)
+        log.warning("dflow: run %s %s (%s)", trace_id, _ended_how(error), error.get("message"), extra=ids)
     elif fail.compensated:
         log.warning(
             "dflow: run %s was compensated after step %s failed: %s", trace_id, at, summary(error), extra=ids
@@ -128,7 +133,7 @@ def log_commit(
         error = records[0].error
         ids = _ids(msg.trace_id, msg.key, msg.attempt)
         if error is not None and error.get("type") in CANCELLED_TYPES:
-            log.warning("dflow: run %s was cancelled; its compensations run", msg.trace_id, extra=ids)
+            log.warning("dflow: run %s %s; its compensations run", msg.trace_id, _ended_how(error), extra=ids)
         else:
             log.warning(
                 "dflow: run %s failed at step %s; its compensations run: %s",

@@ -50,8 +50,9 @@ __all__ = [
 ]
 
 #: The recorded types of the errors with which a store cancels a run (``Store.cancel``, a
-#: join that no longer wants a branch): no retry, fallback or handler applies to them.
-CANCELLED_TYPES = frozenset(("dflow.RunCancelled", "dflow.Cancelled"))
+#: join that no longer wants a branch, a deadline that passed): no retry, fallback or
+#: handler applies to them.
+CANCELLED_TYPES = frozenset(("dflow.RunCancelled", "dflow.Cancelled", "dflow.RunTimedOut"))
 
 _DOMAIN = b"dflow.saga"
 #: compensations in one chain at most; more run in further chains (keys stay short)

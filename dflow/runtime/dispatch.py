@@ -6,7 +6,7 @@ and publish step messages. ``Runtime`` has one (see ``worker`` for the worker's 
 from __future__ import annotations
 
 from ..context import RunInfo, StepRecord
-from ..errors import StoreError, ValueTooLargeError
+from ..errors import ConfigurationError, StoreError, ValueTooLargeError
 from ..mailbox import Mailbox
 from ..model.frames import FrameCodec
 from ..model.nodes import Frame
@@ -61,11 +61,19 @@ class Dispatcher:
         result: bytes | None = None,
         pipeline: str | None = None,
         data: dict[str, bytes] | None = None,
+        deadline: float | None = None,
     ) -> None:
         """Create a run at ``frames`` (``None`` and a ``result`` for a run finished at
         creation) and dispatch its first step, ``message``; ``pipeline``: the name of the
         pipeline that starts it (the run is listed under it); ``data``: the run's data from
-        its creation (encoded values; the observers add theirs)."""
+        its creation (encoded values; the observers add theirs); ``deadline``: seconds after
+        which it ends ``timed_out`` (``ConfigurationError`` on a store that keeps none)."""
+        if deadline is not None and not self.store.keeps_deadlines:
+            raise ConfigurationError(
+                f"run {trace_id!r} has a deadline of {deadline:g} s, but the store "
+                f"{type(self.store).__qualname__} keeps no deadlines: use the in-memory or the Redis "
+                "store, or start the run without a deadline"
+            )
         if len(value) > self.max_value_bytes:
             raise ValueTooLargeError(
                 f"the parameter of run {trace_id!r} is {len(value)} bytes, over the limit of "
@@ -92,6 +100,7 @@ class Dispatcher:
                     records=list(records or ()),
                     result=result,
                     pipeline=pipeline,
+                    deadline=deadline,
                 )
                 try:
                     await self.publish(await self.store.create_run(new))

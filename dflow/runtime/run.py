@@ -16,6 +16,7 @@ from ..errors import (
     DFlowError,
     RunCancelledError,
     RunCompensatedError,
+    RunDeadlineError,
     RunFailedError,
     RunNotFoundError,
     RunTimeoutError,
@@ -239,6 +240,15 @@ def _reason(reason: object) -> str:
 
 
 def _outcome(info: RunInfo) -> Any:
+    if info.status is RunStatus.TIMED_OUT:
+        err = info.error or {}
+        step = str(err.get("step", ""))
+        raise RunDeadlineError(
+            f"run {info.trace_id!r} timed out: {err.get('message', 'its deadline passed')}",
+            trace_id=info.trace_id,
+            step=step,
+            deadline=err.get("deadline"),
+        )
     if info.status is RunStatus.CANCELLED:
         reason = str((info.error or {}).get("message", ""))
         raise RunCancelledError(

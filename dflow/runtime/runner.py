@@ -33,6 +33,7 @@ def _starting(host: _Host, run: Start) -> Coroutine[Any, Any, None]:
         records=run.records,
         result=run.result,
         pipeline=run.pipeline,
+        deadline=run.deadline,
     )
 
 

@@ -169,6 +169,7 @@ class ScheduleTicker:
                 records=start.records,
                 result=start.result,
                 pipeline=start.pipeline,
+                deadline=start.deadline,
             )
         except RunExistsError:  # fired already, by a runtime that died before advancing it
             pass

@@ -346,11 +346,23 @@ class Runtime:
         result: bytes | None = None,
         pipeline: str | None = None,
         data: dict[str, bytes] | None = None,
+        deadline: float | None = None,
     ) -> None:
-        """Create a run and dispatch its first step (see ``Dispatcher.start_run``)."""
+        """Create a run and dispatch its first step (see ``Dispatcher.start_run``); with a
+        ``deadline``, this runtime scans the store's timers when it passes."""
         await self.dispatcher.start_run(
-            trace_id, frames, value, message, records=records, result=result, pipeline=pipeline, data=data
+            trace_id,
+            frames,
+            value,
+            message,
+            records=records,
+            result=result,
+            pipeline=pipeline,
+            data=data,
+            deadline=deadline,
         )
+        if deadline is not None and message is not None:  # scan the store's timers when it passes
+            self.timers.wake_at(self.timers.clock.time() + deadline)
 
     async def resume(
         self,

@@ -66,6 +66,7 @@ async def start_in_session(
         records=start.records,
         result=start.result,
         pipeline=start.pipeline,
+        deadline=start.deadline,
         data={SESSION_KEY: encode(session)},
     )
     await on_runtime(creating)

@@ -1,7 +1,8 @@
 """Test support: the contract suites that every store and transport adapter must pass, one
 per part of the seam (``conformance`` gathers them): ``StoreContract``, the whole store, made
 of ``RunWriterContract`` (``writes``, ``joins``), ``RunReaderContract`` (``reads``), the
-listings (``listing``) and runs holding compensations (``saga``); ``FusedStoreContract``
+listings (``listing``), runs holding compensations (``saga``) and runs' deadlines
+(``DeadlineContract``, ``deadlines``); ``FusedStoreContract``
 (``fused``), ``StateBackendContract`` (``state``), ``LiveFeedContract`` (``live``),
 ``ScheduleBookContract`` (``schedules``), ``StepPartsContract`` (``parts``: the parts of steps,
 for a store that keeps them), ``TokenBucketContract`` (``rate_limits``) and
@@ -17,6 +18,7 @@ from __future__ import annotations
 from .clock import FakeClock
 from .conformance import (
     MALFORMED_MESSAGES,
+    DeadlineContract,
     FusedStoreContract,
     MailboxContract,
     RunReaderContract,
@@ -32,6 +34,7 @@ from .schedules import ScheduleBookContract
 
 # plain sorted(), as tests/test_exports.py checks (ruff's sort puts constants first)
 __all__ = [  # noqa: RUF022
+    "DeadlineContract",
     "FakeClock",
     "FusedStoreContract",
     "LiveFeedContract",

@@ -11,7 +11,9 @@ Subclass one in a test module and provide its fixture::
 ``StoreContract`` is the whole store: its write side (``RunWriterContract``, in ``writes``
 and ``joins``), its read side (``RunReaderContract``, ``reads``), its listings
 (``RunListingContract``, ``listing``), the cancelling of runs that hold compensations
-(``SagaStoreContract``, ``saga``) and the calls that come early (``MailboxContract``, ``mailbox``); a suite for one part needs the same fixture.
+(``SagaStoreContract``, ``saga``), the calls that come early (``MailboxContract``, ``mailbox``)
+and the runs' deadlines (``DeadlineContract``, ``deadlines``: skipped for a store that keeps
+none); a suite for one part needs the same fixture.
 ``make_fused(**opts)`` (``FusedStoreContract``, ``fused``) returns a fresh ``FusedDispatch``
 store and the transport it writes to; ``make_backend()`` (``StateBackendContract``,
 ``state``) a fresh shared-state backend; ``make_bucket()`` (``TokenBucketContract``,
@@ -23,6 +25,7 @@ functions run with ``asyncio.run``.
 from __future__ import annotations
 
 from .cases import MALFORMED_MESSAGES
+from .deadlines import DeadlineContract
 from .fused import FusedStoreContract
 from .listing import RunListingContract
 from .mailbox import MailboxContract
@@ -35,6 +38,7 @@ from .writes import RunWriterContract
 
 __all__ = [
     "MALFORMED_MESSAGES",
+    "DeadlineContract",
     "FusedStoreContract",
     "MailboxContract",
     "RunListingContract",
@@ -49,7 +53,12 @@ __all__ = [
 
 
 class StoreContract(
-    RunWriterContract, RunReaderContract, RunListingContract, SagaStoreContract, MailboxContract
+    RunWriterContract,
+    RunReaderContract,
+    RunListingContract,
+    SagaStoreContract,
+    MailboxContract,
+    DeadlineContract,
 ):
     """What a ``Store`` must do: every part of it. Needs the fixture
     ``make_store(**options) -> Store``, a plain store (one that returns the messages to

@@ -64,6 +64,7 @@ def test_the_console_of_dflow_serve_on_redis(redis_url: str, prefix: str) -> Non
                     "failed": 0,
                     "cancelled": 0,
                     "compensated": 0,
+                    "timed_out": 0,
                 }
                 assert (
                     c.get("/console/api/runs", params={"pipeline": "ci-count"}).json()["counts"]["done"] == 5

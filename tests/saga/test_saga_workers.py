@@ -1,7 +1,8 @@
 """Compensation (sagas) and fallbacks on Redis with two real ``dflow worker`` processes
 (``saga_flows``), this process as their client: a saga failing at its last step undoes the
 others newest first, each effect once, also when the worker running a compensation is
-killed with ``kill -9``; a cancelled run is compensated; a zip's completed branch is undone
+killed with ``kill -9``; a cancelled run is compensated, and one whose deadline passes while
+it waits (a worker killed meanwhile); a zip's completed branch is undone
 before the steps before the zip; a model step that times out falls back to a fast model."""
 
 from __future__ import annotations
@@ -125,6 +126,41 @@ def test_a_cancelled_run_is_compensated(cluster: Cluster) -> None:
     with pytest.raises(dflow.NotWaitingError):
         dflow.DFlow.call("approval", "too late", run.trace_id)
     assert run.cancel("again").status is RunStatus.COMPENSATED, "an ended run stays as it ended"
+
+
+def test_a_run_waiting_past_its_deadline_times_out_compensated_though_a_worker_was_killed(
+    cluster: Cluster,
+) -> None:
+    run = saga_flows.cancel_pipeline.call({"hold": False}, trace_id=_id("deadline"), deadline=3)
+    _until(lambda: run.info().waiting_for == "approval")
+    assert cluster.r.zscore(_deadlines_key(cluster), run.trace_id) is not None, (
+        "its deadline is a store timer"
+    )
+    cluster.workers.kill_one()  # kill -9 while it waits: the deadline is the store's, not a worker's
+    cluster.workers.start(1)
+    error = _ended_compensated(run)
+    at = "approval/sc-wait>sc-done"  # the key of its step: the from_call built in sc-wait
+    assert error["type"] == "dflow.RunTimedOut" and error["step"] == at, error
+    assert error["message"] == f"its deadline of 3 s passed at step '{at}'"
+    assert _undone(cluster, run) == ["2", "1"], "its compensations ran, newest first, once each"
+    with pytest.raises(dflow.NotWaitingError):
+        dflow.DFlow.call("approval", "too late", run.trace_id)
+    assert cluster.r.zscore(_deadlines_key(cluster), run.trace_id) is None, "its deadline went"
+
+
+def test_a_run_that_ends_before_its_deadline_leaves_no_timer_behind(cluster: Cluster) -> None:
+    run = saga_flows.cancel_pipeline.call({"hold": False}, trace_id=_id("in-time"), deadline=60)
+    _until(lambda: run.info().waiting_for == "approval")
+    dflow.DFlow.call("approval", "yes", run.trace_id)
+    assert run.result(20) == "approved yes"
+    assert cluster.r.zscore(_deadlines_key(cluster), run.trace_id) is None
+
+
+def _deadlines_key(c: Cluster) -> str:
+    """The store's deadlines (one bucket on one server: its prefix is the store's)."""
+    keys = [str(k) for k in c.r.scan_iter(f"{c.prefix}*:deadlines")]
+    assert len(keys) <= 1, keys
+    return keys[0] if keys else f"{c.prefix}:deadlines"
 
 
 def test_a_zip_branch_that_completed_is_undone_before_the_steps_before_the_zip(cluster: Cluster) -> None:

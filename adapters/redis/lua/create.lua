@@ -27,9 +27,10 @@
 --   ARGV[20] listed_ms       its creation in whole milliseconds, for the listings ('' for a branch)
 --   ARGV[21] token           this call's own id, kept in the run as ``ctok``
 --   ARGV[22] compensations   its compensations flag: none, held or running (dflow.store.Compensations)
---   ARGV[23] n_records       how many ARGV slots each part takes
---   ARGV[24] n_data
---   ARGV[25..] records, data   the parts, in this order: step records; (field, value) pairs
+--   ARGV[23] deadline        seconds after which it ends timed out (dflow.store.deadline_text; '' for none)
+--   ARGV[24] n_records       how many ARGV slots each part takes
+--   ARGV[25] n_data
+--   ARGV[26..] records, data   the parts, in this order: step records; (field, value) pairs
 -- KEYS: not read (every key is built from P; on a cluster the store declares those it can name: scripts).
 -- The arguments are bound to locals by their names (scripts.Script.preamble).
 local P, t = prefix, trace
@@ -50,6 +51,8 @@ local fields = {'frames', frames, 'value', value, 'seq', seq, 'attempt', '0', 'k
                 'kind', kind, 'created', created, 'updated', created, 'ctok', token, 'comp', compensations}
 if pl then fields[#fields + 1] = 'pipeline'; fields[#fields + 1] = pl end
 if ix then fields[#fields + 1] = 'ix'; fields[#fields + 1] = ix end
+local deadline_at = msg ~= '' and parent_trace == '' and deadline ~= '' and now + tonumber(deadline)
+if deadline_at then fields[#fields + 1] = 'deadline'; fields[#fields + 1] = deadline end
 redis.call('HSET', rk, unpack(fields))
 set_blobs(P, rk, blobs)
 if parent_trace ~= '' then
@@ -65,6 +68,7 @@ local out = {}
 if msg ~= '' then
   redis.call('HSET', rk, 'status', 'running')
   listed(P, t, ix, pl, 'running')
+  if deadline_at then redis.call('ZADD', P..':deadlines', deadline_at, t) end
   emit(P, now, redispatch, msg, out)
 else
   redis.call('HSET', rk, 'status', 'done', 'result', result)

@@ -1,6 +1,7 @@
 -- DUE: what is due at ``now``: timers that fired, outbox messages published and never
--- claimed, leases that ran out (their steps run again), and finished runs whose keys
--- expired. Returns {messages to publish, the next due time or false, unreadable entries}.
+-- claimed, leases that ran out (their steps run again), runs whose deadline passed (they end
+-- 'timed_out', with the branches they wait for: ``end_runs`` in ending), and finished runs
+-- whose keys expired. Returns {messages to publish, the next due time or false, unreadable entries}.
 --
 -- ARGV, as scripts.DUE lays it out (a test holds this list to it):
 --   ARGV[1]  prefix       P, before every key
@@ -8,16 +9,18 @@
 --   ARGV[3]  limit        at most this many entries of each kind
 --   ARGV[4]  redispatch   seconds before an unclaimed outbox message is published again
 --   ARGV[5]  stream       the stream step messages go to ('' for the outbox)
+--   ARGV[6]  ttl_ms       how long a finished run is kept (a run whose deadline passed ends)
 -- KEYS: not read (every key is built from P; on a cluster the store declares those it can name: scripts).
 -- Entries that cannot be read (written by hand, or by another program) are dropped and
 -- counted, never allowed to stall the timers of every worker.
 -- The arguments are bound to locals by their names (scripts.Script.preamble).
 local P = prefix
 now, limit, redispatch = tonumber(now), tonumber(limit), tonumber(redispatch)
+local ttl = tonumber(ttl_ms)
 STREAM = stream
 local out = {}
 local bad = 0
--- The soonest entry of each set first: an idle store costs five reads, and a set with
+-- The soonest entry of each set first: an idle store costs six reads, and a set with
 -- nothing due is not scanned.
 local first = {}
 local function soonest(z)
@@ -25,7 +28,8 @@ local function soonest(z)
   first[z] = f[2] and tonumber(f[2]) or false
 end
 local function due(z) return first[z] and first[z] <= now end
-for _, z in ipairs({'timers', 'outbox', 'leases', 'expiry', 'expiryp'}) do soonest(z) end
+local SETS = {'timers', 'outbox', 'leases', 'deadlines', 'expiry', 'expiryp'}
+for _, z in ipairs(SETS) do soonest(z) end
 if due('timers') then
 for _, m in ipairs(redis.call('ZRANGEBYSCORE', P..':timers', '-inf', now, 'LIMIT', 0, limit)) do
   redis.call('ZREM', P..':timers', m)
@@ -71,6 +75,19 @@ for _, t in ipairs(redis.call('ZRANGEBYSCORE', P..':leases', '-inf', now, 'LIMIT
 end
 soonest('leases')
 end
+-- runs whose deadline passed (create set it: the run's field 'deadline', in seconds) end timed out
+if due('deadlines') then
+for _, t in ipairs(redis.call('ZRANGEBYSCORE', P..':deadlines', '-inf', now, 'LIMIT', 0, limit)) do
+  redis.call('ZREM', P..':deadlines', t)
+  local r = redis.call('HMGET', P..':r:'..t, 'status', 'key', 'deadline')
+  if going(r[1]) and r[3] then
+    local err = cmsgpack.pack({type = 'dflow.RunTimedOut', step = r[2], deadline = tonumber(r[3]),
+      message = 'its deadline of '..r[3]..' s passed at step \''..r[2]..'\''})
+    end_runs(P, t, 'timed_out', err, now, redispatch, ttl, out)
+  end
+end
+soonest('deadlines')
+end
 -- finished runs whose keys expired leave the runs index and the listings
 if due('expiry') then
 for _, t in ipairs(redis.call('ZRANGEBYSCORE', P..':expiry', '-inf', now, 'LIMIT', 0, limit)) do
@@ -110,7 +127,7 @@ soonest('expiryp')
 end
 if #out > 0 then soonest('outbox') end  -- (what was emitted waits there to be claimed)
 local nxt = false
-for _, z in ipairs({'timers', 'outbox', 'leases', 'expiry', 'expiryp'}) do
+for _, z in ipairs(SETS) do
   if first[z] and ((not nxt) or first[z] < nxt) then nxt = first[z] end
 end
 return {out, nxt and tostring(nxt) or false, bad}

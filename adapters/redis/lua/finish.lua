@@ -109,6 +109,7 @@ finished = function(P, t, rk, now, redispatch, ttl, out, pl)
   redis.call('HDEL', rk, 'frames', 'value', 'lease_token', 'lease_until', 'lease_len', 'lease_msg', 'waiting',
              'init_pending', 'parked', 'due')
   redis.call('ZREM', P..':leases', t)
+  redis.call('ZREM', P..':deadlines', t)  -- (a run with a deadline that ended first leaves none behind)
   set_blobs(P, rk, '')
   arrive(P, t, rk, now, redispatch, ttl, out)
   local wk = P..':w:'..t

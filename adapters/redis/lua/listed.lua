@@ -8,8 +8,9 @@
 -- as it was writes nothing here. A listed run of a pipeline that finished waits for its keys to
 -- expire in ``P:expiryp`` (member: msgpack [trace id, pipeline]) instead of ``P:expiry``, so
 -- that DUE knows which listings it leaves.
-local LISTED_BAND = {running = 1, sleeping = 2, waiting = 3, done = 4, failed = 5, cancelled = 6, compensated = 7}
-local LISTED_STATUS = {'running', 'sleeping', 'waiting', 'done', 'failed', 'cancelled', 'compensated'}
+local LISTED_BAND = {running = 1, sleeping = 2, waiting = 3, done = 4, failed = 5, cancelled = 6, compensated = 7,
+                     timed_out = 8}
+local LISTED_STATUS = {'running', 'sleeping', 'waiting', 'done', 'failed', 'cancelled', 'compensated', 'timed_out'}
 local LISTED_SPAN = 1e13  -- milliseconds: creation times up to the year 2286
 
 -- List run ``t`` (its ``ix`` and ``pipeline`` fields, false when absent) under ``status``.

@@ -25,6 +25,7 @@ local r = redis.call('HMGET', rk, 'status', 'waiting', 'seq', 'key', 'ix', 'pipe
 if not r[1] then return {'missing'} end
 if r[1] ~= 'waiting' or r[2] ~= call_type or (seq ~= '' and seq ~= r[3]) then
   local ended = r[1] == 'done' or r[1] == 'failed' or r[1] == 'cancelled' or r[1] == 'compensated'
+                or r[1] == 'timed_out'
   if per_run ~= '' and seq == '' and not ended then
     local full = keep_mail(P, t, call_type, payload, failed, tonumber(per_run), tonumber(per_type))
     if full then return {'full', r[1], full[2], full[3]} end

@@ -112,6 +112,10 @@ def wakes(due: float, now: float) -> str:
     return f"in {left:.0f}s ({at} UTC)" if left < 3600 else f"in {left / 3600:.1f}h ({at} UTC)"
 
 
+#: the title of a finished run's error, by how it ended
+_OUTCOME_TITLES = {RunStatus.CANCELLED: "Cancelled", RunStatus.TIMED_OUT: "Timed out"}
+
+
 def badge(status: str) -> str:
     return f'<span class="badge st-{esc(status)}">{esc(status)}</span>'
 
@@ -219,7 +223,7 @@ def _outcome(info: RunInfo) -> str:
     if not info.error:
         return ""
     err = info.error
-    title = "Cancelled" if info.status is RunStatus.CANCELLED else "Error"
+    title = _OUTCOME_TITLES.get(info.status, "Error")
     where = _at_step(err.get("step"))
     return (
         f'<details class="outcome bad" open><summary>{title}{where}</summary>'

@@ -216,7 +216,7 @@
       put("waits", state.waits);
     }
     var cancel = document.getElementById("cancel");
-    if (cancel && state.status && ["done", "failed", "cancelled", "compensated"].indexOf(state.status) >= 0) {
+    if (cancel && state.status && ["done", "failed", "cancelled", "compensated", "timed_out"].indexOf(state.status) >= 0) {
       cancel.hidden = true;
     }
     page.setAttribute("data-status", state.status || "");
@@ -385,7 +385,7 @@
       section(panel, "Error", (data.error.type || "") + ": " + (data.error.message || ""), "bad");
       section(panel, "Traceback", data.error.traceback, "tb");
     }
-    var ended = ["done", "failed", "cancelled", "compensated"].indexOf(page.getAttribute("data-status")) >= 0;
+    var ended = ["done", "failed", "cancelled", "compensated", "timed_out"].indexOf(page.getAttribute("data-status")) >= 0;
     if (data.status !== "entry" && stepRun === run && run.indexOf("/") < 0) {
       if (ended) {
         var again = el("button", "rerun", "Re-run from this step");
