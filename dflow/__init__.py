@@ -60,6 +60,7 @@ from .mailbox import Mailbox
 from .memory import MemoryBroker, MemoryStore, MemoryTransport
 from .ops.conversations import declare_conversation
 from .policy import RetryPolicy
+from .run_pages import StartedWindow, page_in_window
 from .runtime import Runtime
 from .schedules import Schedule
 from .state import State, Version
@@ -112,6 +113,7 @@ __all__ = [
     "Schedule",
     "ScheduleError",
     "SerializationError",
+    "StartedWindow",
     "State",
     "StepFailedError",
     "StepRecord",
@@ -135,6 +137,7 @@ __all__ = [
     "gather",
     "global_init_for_test",
     "live",
+    "page_in_window",
     "register_model",
     "shared",
     "shutdown",

@@ -125,6 +125,7 @@ def _page_routes(router: APIRouter, console: Console) -> None:
                 csrf=console.csrf(credential),
                 logout=not console.auth.open,
                 parked=listed.parked,
+                window=listed.window,
                 notice=notice,
                 schedules="" if listed.cursor else schedules_table(await kept_schedules(console)),
             )
