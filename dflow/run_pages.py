@@ -18,11 +18,12 @@ from __future__ import annotations
 import base64
 import binascii
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
 from .context import RunStatus
+from .wire.ids import MAX_ID
 
 if TYPE_CHECKING:
     from .store import RunPage, RunReader
@@ -32,6 +33,7 @@ __all__ = [
     "MAX_LIMIT",
     "MAX_MS",
     "StartedWindow",
+    "check_find",
     "check_page",
     "check_pipeline",
     "created_ms",
@@ -46,6 +48,7 @@ MAX_MS = 10**13 - 1  #: creation times are kept in milliseconds below this (the 
 _MAX_CURSOR = 2048  # characters: a cursor carries a run id (at most 1024 characters) and a time
 _B64 = re.compile(r"[A-Za-z0-9_-]+")
 _MS = re.compile(r"[0-9]{1,13}")
+_ID_START = re.compile(r"[A-Za-z0-9_.:@-]+")  # (of a root run's id: a user's, see wire.ids)
 
 
 def created_ms(created: float) -> int:
@@ -102,6 +105,29 @@ def check_page(
     return status, (None if cursor is None else decode_cursor(cursor))
 
 
+def check_find(id_start: str, limit: int) -> None:
+    """Check the arguments of ``Store.find_runs``; ``ValueError`` saying what is wrong."""
+    if type(limit) is not int or not 1 <= limit <= MAX_LIMIT:
+        raise ValueError(
+            f"find_runs returns 1 to {MAX_LIMIT} runs: limit must be an int in that range, got {limit!r}"
+        )
+    if (
+        not isinstance(id_start, str)
+        or not id_start
+        or len(id_start) > MAX_ID
+        or _ID_START.fullmatch(id_start) is None
+    ):
+        shown = (
+            repr(id_start)
+            if not isinstance(id_start, str) or len(id_start) <= 60
+            else repr(id_start[:57] + "...")
+        )
+        raise ValueError(
+            f"{shown} does not start a run id: give the first characters of one "
+            f"(1 to {MAX_ID} letters, digits, '-', '_', '.', ':' or '@')"
+        )
+
+
 def check_pipeline(pipeline: str | None) -> None:
     """``ValueError`` unless ``pipeline`` is a pipeline's name or ``None``."""
     if pipeline is not None and (not isinstance(pipeline, str) or not pipeline):
@@ -155,13 +181,11 @@ async def page_in_window(
     """``store.page_runs`` narrowed to the runs ``window`` keeps: newest first, one call a
     page; the page that reaches a run older than the window is the last (so a full page
     whose last run is the window's oldest has a cursor, to a page with no runs)."""
-    from .store import RunPage
-
     page = await store.page_runs(
         limit, status=status, pipeline=pipeline, cursor=cursor or window.first_cursor()
     )
     kept = [r for r in page.runs if window.keeps(r.created)]
-    return RunPage(kept, page.cursor if len(kept) == len(page.runs) else None)
+    return replace(page, runs=kept, cursor=page.cursor if len(kept) == len(page.runs) else None)
 
 
 def parse_started(name: str, text: str) -> float:

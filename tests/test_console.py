@@ -299,6 +299,30 @@ def test_the_runs_list_keeps_the_runs_started_in_a_window_of_time(browser: httpx
     assert 'class="reset"' in html
 
 
+def test_the_run_id_box_goes_to_the_one_run_whose_id_starts_so_or_lists_them_all(
+    browser: httpx.Client,
+) -> None:
+    base = f"con-find-{time.time_ns()}-"
+    runs = [twice.call(i, trace_id=f"{base}{name}") for i, name in enumerate(["b-x", "a1", "a2"])]
+    assert [r.result(10) for r in runs] == [2, 4, 6]
+
+    def go(text: str) -> httpx.Response:
+        return browser.get("/console/", params={"run": text}, follow_redirects=False)
+
+    for text, to in ((f"{base}a1", "a1"), (f"{base}b", "b-x")):  # an id, or the start of only one
+        r = go(text)
+        assert r.status_code == 303 and r.headers["location"] == f"/console/runs/{base}{to}", text
+    several = go(f"{base}a")
+    assert several.status_code == 200
+    assert re.findall(r'data-trace="([^"]+)"', several.text) == [f"{base}a1", f"{base}a2"]
+    assert f"2 runs whose id starts with &#x27;{base}a&#x27;, in id order." in several.text
+    every = go(base)
+    assert re.findall(r'data-trace="([^"]+)"', every.text) == [f"{base}a1", f"{base}a2", f"{base}b-x"]
+    assert 'class="next"' not in every.text
+    for text in (f"{base}zz", "not an id"):
+        assert "never started, or expired" in go(text).text
+
+
 def test_the_runs_list_shows_the_schedules_with_their_next_fire_times(
     runtime: dflow.Runtime, browser: httpx.Client
 ) -> None:

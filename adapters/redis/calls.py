@@ -51,7 +51,7 @@ class ScriptCalls:
         self.node_writes = self._node_writes
         #: each bucket's indexes and stream: the keys every script of the bucket declares
         self._bucket_keys = [
-            [f"{P}:{k}" for k in ("outbox", "timers", "leases", "runs", "expiry", "expiryp", "ix")]
+            [f"{P}:{k}" for k in ("outbox", "timers", "leases", "runs", "expiry", "expiryp", "ix", "ids")]
             + ([st] if st else [])
             for P, st in zip(prefixes, streams)
         ]

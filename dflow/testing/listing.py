@@ -122,6 +122,35 @@ class RunListingContract(StoreTime):
         await store.close()
 
     @sync
+    async def test_runs_are_found_by_the_start_of_their_id_in_id_order(
+        self, make_store: Callable[..., Store]
+    ) -> None:
+        store = make_store()
+        base = uuid.uuid4().hex[:8]
+        names = ["order-2", "order-10", "orders", "order-1", "other", "o"]
+        for name in names:
+            await store.create_run(new_run(f"{base}{name}", pipeline="finding"))
+        found = [r.trace_id[len(base) :] for r in await store.find_runs(f"{base}order")]
+        assert found == ["order-1", "order-10", "order-2", "orders"]
+        assert [r.trace_id[len(base) :] for r in await store.find_runs(f"{base}order-1")] == [
+            "order-1",
+            "order-10",
+        ]
+        assert [r.trace_id[len(base) :] for r in await store.find_runs(base, limit=2)] == ["o", "order-1"]
+        (run,) = await store.find_runs(f"{base}other")
+        assert run.status is RunStatus.RUNNING and run.pipeline == "finding"
+        assert await store.find_runs(f"{base}orderz") == [] and await store.find_runs("zz" + base) == []
+        bad_starts: list[Any] = ["", "a b", "x" * 129, "run/1-0", 7]
+        for bad in bad_starts:
+            with pytest.raises(ValueError, match="does not start a run id"):
+                await store.find_runs(bad)
+        bad_limits: list[Any] = [0, 1001, 2.0]
+        for limit in bad_limits:
+            with pytest.raises(ValueError, match="limit"):
+                await store.find_runs(base, limit)
+        await store.close()
+
+    @sync
     async def test_a_run_is_listed_under_its_status_now(self, make_store: Callable[..., Store]) -> None:
         store = make_store()
         run = new_run()
@@ -318,6 +347,7 @@ class RunListingContract(StoreTime):
         await store.commit(await _claim(store, ran.message), [], {}, Finish(encode(1)))
         await store.cancel(ended.trace_id, "stop")
         assert await _listed(store) == [ended.trace_id, ran.trace_id]
+        assert [r.trace_id for r in await store.find_runs(ran.trace_id)] == [ran.trace_id]
 
         async def gone() -> bool:  # (a page passes over runs whose keys expired before DUE takes them out)
             await store.due(self.now(store))
@@ -326,8 +356,10 @@ class RunListingContract(StoreTime):
         await self.until(store, gone, what="the finished runs expire and leave the counts")
         assert sum((await store.count_runs(pipeline="listing-expiry")).values()) == 0
         assert await _listed(store, pipeline="listing-expiry") == []
+        assert await store.find_runs(ran.trace_id) == [] and await store.find_runs(ended.trace_id) == []
         again = new_run(ran.trace_id, pipeline="listing-other")  # the id is free again
         await store.create_run(again)
+        assert [r.pipeline for r in await store.find_runs(ran.trace_id)] == ["listing-other"]
         assert await _listed(store) == [ran.trace_id]
         assert await _listed(store, RunStatus.RUNNING, "listing-other") == [ran.trace_id]
         await store.close()
