@@ -165,6 +165,11 @@ class StartedWindow:
         """Whether a run started at ``created`` is not older than the window."""
         return self.after is None or created_ms(created) >= created_ms(self.after)
 
+    def holds(self, created: float) -> bool:
+        """Whether a run started at ``created`` is in the window (as a listing counts:
+        by the millisecond)."""
+        return self.keeps(created) and (self.before is None or created_ms(created) < created_ms(self.before))
+
 
 ANY_TIME = StartedWindow()  #: the window that keeps every run
 

@@ -119,3 +119,18 @@ def test_a_start_time_is_read_as_iso_8601_in_utc_unless_it_has_an_offset() -> No
         ValueError, match=r"before '14h30' is not a time: give a date and time as 2026-12-02T14:30"
     ):
         parse_started("before", "14h30")
+
+
+def test_a_window_holds_the_runs_started_from_its_start_and_before_its_end_by_the_millisecond() -> None:
+    from dflow.run_pages import StartedWindow
+
+    window = StartedWindow(10.0, 20.0)
+    assert [window.holds(t) for t in (9.9989, 10.0, 10.0004, 19.9995, 20.0, 20.5)] == [
+        False,
+        True,
+        True,
+        True,
+        False,
+        False,
+    ]
+    assert StartedWindow().holds(0.0) and not StartedWindow().bounded and window.bounded

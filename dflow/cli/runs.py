@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..context import RunInfo, RunStatus
 from ..ops.tree import safe
-from ..run_pages import StartedWindow, page_in_window, parse_started
+from ..run_pages import StartedWindow, check_find, page_in_window, parse_started
 from .circuits import circuit_notes
 from .options import add_store, count, store_url
 
@@ -57,6 +57,11 @@ def register_ls(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         type=_started("--before"),
         metavar="TIME",
         help="only runs started before TIME (as --after)",
+    )
+    ls.add_argument(
+        "--id",
+        metavar="START",
+        help="the runs whose trace id starts with START, in id order (the other filters apply to them)",
     )
     ls.add_argument(
         "--json", action="store_true", help="print a JSON list (times in seconds since the epoch)"
@@ -112,6 +117,8 @@ async def ls(args: argparse.Namespace) -> int:
 
     try:
         StartedWindow(args.after, args.before)
+        if args.id is not None:
+            check_find(args.id, 1)
     except ValueError as exc:
         print(f"dflow ls: {exc}", file=sys.stderr)
         return 2
@@ -175,6 +182,14 @@ async def _listed(store: Store, args: argparse.Namespace) -> list[RunInfo]:
     cursor: str | None = None
     status = RunStatus(args.status) if args.status else None
     window = StartedWindow(args.after, args.before)  # (checked by ``ls``)
+    if args.id is not None:
+        return [
+            r
+            for r in await store.find_runs(args.id, min(args.limit, 1000))
+            if (status is None or r.status is status)
+            and (not args.pipeline or r.pipeline == args.pipeline)
+            and window.holds(r.created)
+        ]
     while len(runs) < args.limit:
         page = await page_in_window(
             store,

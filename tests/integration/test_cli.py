@@ -11,7 +11,7 @@ import time
 from datetime import datetime, timezone
 
 import dflow
-from dflow import DFlow
+from dflow import DFlow, InitParam
 
 from .conftest import SECRET
 
@@ -281,3 +281,25 @@ def test_ls_lists_the_runs_started_in_a_window_and_refuses_a_time_it_cannot_read
     empty = dflow_cmd("ls", "--store", store_url, "--after", split, "--before", split)
     assert empty.returncode == 2 and len(empty.stderr.splitlines()) == 1, empty.stderr
     assert "the start of the window must come before its end" in empty.stderr
+
+
+def test_ls_finds_the_runs_whose_id_starts_so(redis_url: str, prefix: str) -> None:
+    store_url = f"{redis_url}?prefix={prefix}"
+    dflow.configure(f"{redis_url}?stream={prefix}:steps", store_url, secret=SECRET)
+    try:
+        for i, name in enumerate(["order-7", "order-12", "invoice-7"]):
+            run = DFlow.direct_run(
+                InitParam(i, name), lambda x: DFlow.just(x).map(lambda v: v + 1).id("plus-one")
+            )
+            assert run.result(10) == i + 1
+    finally:
+        dflow.shutdown()
+    orders = dflow_cmd("ls", "--store", store_url, "--json", "--id", "order-")
+    assert orders.returncode == 0, orders.stderr
+    assert [r["trace_id"] for r in json.loads(orders.stdout)] == ["order-12", "order-7"]
+    text = dflow_cmd("ls", "--store", store_url, "--id", "invoice")
+    assert text.returncode == 0 and "invoice-7" in text.stdout and "order-" not in text.stdout
+    none = dflow_cmd("ls", "--store", store_url, "--json", "--id", "order-", "--status", "failed")
+    assert none.returncode == 0 and json.loads(none.stdout) == []
+    bad = dflow_cmd("ls", "--store", store_url, "--id", "order 7")
+    assert bad.returncode == 2 and "'order 7' does not start a run id" in bad.stderr, bad.stderr
