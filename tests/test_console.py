@@ -321,6 +321,13 @@ def test_the_run_id_box_goes_to_the_one_run_whose_id_starts_so_or_lists_them_all
     assert 'class="next"' not in every.text
     for text in (f"{base}zz", "not an id"):
         assert "never started, or expired" in go(text).text
+    api = browser.get("/console/api/runs", params={"id": f"{base}a"}).json()
+    assert [r["trace_id"] for r in api["runs"]] == [f"{base}a1", f"{base}a2"] and api["cursor"] is None
+    assert browser.get("/console/api/runs", params={"id": base, "status": "failed"}).json()["runs"] == []
+    one = browser.get("/console/api/runs", params={"id": base, "pipeline": "con-twice", "limit": 1}).json()
+    assert [r["trace_id"] for r in one["runs"]] == [f"{base}a1"]
+    bad = browser.get("/console/api/runs", params={"id": "a b"})
+    assert bad.status_code == 400 and "does not start a run id" in bad.json()["detail"]
 
 
 def test_the_runs_list_shows_the_schedules_with_their_next_fire_times(

@@ -37,7 +37,7 @@ T = TypeVar("T")
 STATIC = {"console.css": "text/css; charset=utf-8", "console.js": "text/javascript; charset=utf-8"}
 # characters: a pipeline's name has no limit of its own (by default it is its head key, which
 # can be long), so any name that fits in a request is taken
-_MAX_FILTER = {"pipeline": 16_384, "cursor": 2048, "after": 40, "before": 40}
+_MAX_FILTER = {"pipeline": 16_384, "cursor": 2048, "after": 40, "before": 40, "id": 300}
 
 
 class Console:
@@ -204,7 +204,8 @@ def _limit(value: str | None) -> int:
 async def list_runs(console: Console, request: Request) -> RunsList:
     """The page of runs the query asks for: one ``page_runs`` and one ``count_runs`` call
     (with ``parked=1``, only the parked runs of that page; with ``after``/``before``, only
-    the runs started in that window: see ``run_pages.StartedWindow``)."""
+    the runs started in that window: see ``run_pages.StartedWindow``; with ``id``, the runs
+    whose id starts so, in id order, filtered: one ``find_runs`` call and no next page)."""
     q = request.query_params
     status = _status_filter(q.get("status"))
     pipeline = _text_filter("pipeline", q.get("pipeline"))
@@ -212,11 +213,17 @@ async def list_runs(console: Console, request: Request) -> RunsList:
     limit = _limit(q.get("limit"))
     parked = _parked_filter(q.get("parked"))
     window = _window(_text_filter("after", q.get("after")), _text_filter("before", q.get("before")))
+    id_start = _text_filter("id", q.get("id"))
     store = console.store
     try:
-        found = await console.on_store(
-            page_in_window(store, limit, window, status=status, pipeline=pipeline, cursor=cursor)
-        )
+        if id_start is not None:  # the runs whose id starts so, in id order: one page
+            runs = await console.on_store(store.find_runs(id_start, limit))
+            kept = [r for r in runs if (status is None or r.status is status) and window.holds(r.created)]
+            found = RunPage([r for r in kept if pipeline is None or r.pipeline == pipeline], None)
+        else:
+            found = await console.on_store(
+                page_in_window(store, limit, window, status=status, pipeline=pipeline, cursor=cursor)
+            )
     except ValueError as exc:  # a cursor that is not one of the store's (edited, or from elsewhere)
         raise MalformedRequest(f"{exc}" + (" (start again from the first page)" if cursor else "")) from None
     counts = await console.on_store(store.count_runs(pipeline=pipeline))
