@@ -61,6 +61,7 @@ from .mailbox import Mailbox
 from .memory import MemoryBroker, MemoryStore, MemoryTransport
 from .ops.conversations import declare_conversation
 from .policy import RetryPolicy
+from .run_pages import StartedWindow, page_in_window
 from .runtime import Runtime
 from .schedules import Schedule
 from .state import State, Version
@@ -114,6 +115,7 @@ __all__ = [
     "Schedule",
     "ScheduleError",
     "SerializationError",
+    "StartedWindow",
     "State",
     "StepFailedError",
     "StepRecord",
@@ -137,6 +139,7 @@ __all__ = [
     "gather",
     "global_init_for_test",
     "live",
+    "page_in_window",
     "register_model",
     "shared",
     "shutdown",

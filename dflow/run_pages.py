@@ -6,6 +6,11 @@ A listing is newest first: by creation millisecond, descending, and within one m
 by trace id, descending (the order of a Redis sorted set read backwards). A cursor names
 the last run of a page; the next page holds the runs strictly after it in that order, so
 runs created meanwhile (newer) never shift the pages that follow.
+
+A time window (:class:`StartedWindow`: runs started after, before) narrows any store's
+listing without a store of its own: "before" is where the first page starts (a position
+older than every run of that millisecond), "after" is where the last page ends (the first
+run older than it ends the listing). Each page still costs one ``page_runs``.
 """
 
 from __future__ import annotations
@@ -13,17 +18,29 @@ from __future__ import annotations
 import base64
 import binascii
 import re
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING
 
 from .context import RunStatus
+from .wire.ids import MAX_ID
+
+if TYPE_CHECKING:
+    from .store import RunPage, RunReader
 
 __all__ = [
+    "ANY_TIME",
     "MAX_LIMIT",
     "MAX_MS",
+    "StartedWindow",
+    "check_find",
     "check_page",
     "check_pipeline",
     "created_ms",
     "decode_cursor",
     "encode_cursor",
+    "page_in_window",
+    "parse_started",
 ]
 
 MAX_LIMIT = 1000  #: the most runs one page may hold
@@ -31,6 +48,7 @@ MAX_MS = 10**13 - 1  #: creation times are kept in milliseconds below this (the 
 _MAX_CURSOR = 2048  # characters: a cursor carries a run id (at most 1024 characters) and a time
 _B64 = re.compile(r"[A-Za-z0-9_-]+")
 _MS = re.compile(r"[0-9]{1,13}")
+_ID_START = re.compile(r"[A-Za-z0-9_.:@-]+")  # (of a root run's id: a user's, see wire.ids)
 
 
 def created_ms(created: float) -> int:
@@ -87,7 +105,109 @@ def check_page(
     return status, (None if cursor is None else decode_cursor(cursor))
 
 
+def check_find(id_start: str, limit: int) -> None:
+    """Check the arguments of ``Store.find_runs``; ``ValueError`` saying what is wrong."""
+    if type(limit) is not int or not 1 <= limit <= MAX_LIMIT:
+        raise ValueError(
+            f"find_runs returns 1 to {MAX_LIMIT} runs: limit must be an int in that range, got {limit!r}"
+        )
+    if (
+        not isinstance(id_start, str)
+        or not id_start
+        or len(id_start) > MAX_ID
+        or _ID_START.fullmatch(id_start) is None
+    ):
+        shown = (
+            repr(id_start)
+            if not isinstance(id_start, str) or len(id_start) <= 60
+            else repr(id_start[:57] + "...")
+        )
+        raise ValueError(
+            f"{shown} does not start a run id: give the first characters of one "
+            f"(1 to {MAX_ID} letters, digits, '-', '_', '.', ':' or '@')"
+        )
+
+
 def check_pipeline(pipeline: str | None) -> None:
     """``ValueError`` unless ``pipeline`` is a pipeline's name or ``None``."""
     if pipeline is not None and (not isinstance(pipeline, str) or not pipeline):
         raise ValueError(f"pipeline must be a pipeline's name (a non-empty str) or None, got {pipeline!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class StartedWindow:
+    """Which runs a listing keeps by their start (creation) time, in seconds since the epoch:
+    those started at or after ``after`` and before ``before`` (``None``: no bound)."""
+
+    after: float | None = None
+    before: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.after is not None and self.before is not None and self.after >= self.before:
+            raise ValueError(
+                f"started after {_shown(self.after)} and before {_shown(self.before)} holds no run: "
+                "the start of the window must come before its end"
+            )
+
+    @property
+    def bounded(self) -> bool:
+        """Whether the window leaves any run out."""
+        return self.after is not None or self.before is not None
+
+    def first_cursor(self) -> str | None:
+        """Where the first page starts: after a position older than every run started at or
+        after ``before`` (``None``: from the newest run)."""
+        if self.before is None:
+            return None
+        return encode_cursor(created_ms(self.before), "\x00")  # (no run id sorts before it)
+
+    def keeps(self, created: float) -> bool:
+        """Whether a run started at ``created`` is not older than the window."""
+        return self.after is None or created_ms(created) >= created_ms(self.after)
+
+    def holds(self, created: float) -> bool:
+        """Whether a run started at ``created`` is in the window (as a listing counts:
+        by the millisecond)."""
+        return self.keeps(created) and (self.before is None or created_ms(created) < created_ms(self.before))
+
+
+ANY_TIME = StartedWindow()  #: the window that keeps every run
+
+
+async def page_in_window(
+    store: RunReader,
+    limit: int,
+    window: StartedWindow,
+    *,
+    status: RunStatus | None = None,
+    pipeline: str | None = None,
+    cursor: str | None = None,
+) -> RunPage:
+    """``store.page_runs`` narrowed to the runs ``window`` keeps: newest first, one call a
+    page; the page that reaches a run older than the window is the last (so a full page
+    whose last run is the window's oldest has a cursor, to a page with no runs)."""
+    page = await store.page_runs(
+        limit, status=status, pipeline=pipeline, cursor=cursor or window.first_cursor()
+    )
+    kept = [r for r in page.runs if window.keeps(r.created)]
+    return replace(page, runs=kept, cursor=page.cursor if len(kept) == len(page.runs) else None)
+
+
+def parse_started(name: str, text: str) -> float:
+    """The time ``text`` names (ISO 8601: ``2026-12-02``, ``2026-12-02T14:30``,
+    ``2026-12-02 14:30:05+01:00``; UTC unless it gives an offset) in seconds since the epoch;
+    ``ValueError`` naming ``name`` and the value otherwise."""
+    try:
+        when = datetime.fromisoformat(text.strip())
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"{name} {text[:40]!r} is not a time: give a date and time as 2026-12-02T14:30 "
+            "(UTC, or with an offset such as +01:00)"
+        ) from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return when.timestamp()
+
+
+def _shown(t: float) -> str:
+    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")

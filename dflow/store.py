@@ -55,6 +55,7 @@ from .context import RunInfo, RunStatus, StepRecord
 from .errors import ConfigurationError, DFlowError, RunNotFoundError, RunTimeoutError
 from .live import NO_LIVE_FEED, LiveFeed
 from .mailbox import Mailbox
+from .run_pages import check_find
 from .wire.values import Message
 
 if TYPE_CHECKING:
@@ -449,6 +450,16 @@ class RunReader(ABC):
         started. ``cursor``, from the page before, goes on after its last run: runs created
         meanwhile never shift later pages. ``ValueError`` for a malformed cursor or another
         bad argument. A run leaves the listings when the store lets it expire."""
+
+    async def find_runs(self, id_start: str, limit: int = 20) -> list[RunInfo]:
+        """At most ``limit`` (1 to 1000) root runs whose trace id starts with ``id_start``, in
+        the byte order of their ids, read from an index of the listed runs' ids (never a scan
+        of every run). ``ValueError`` for an ``id_start`` that starts no run id or a bad
+        ``limit``. (This default finds only the run whose id is ``id_start``: stores that
+        keep an index of ids override it.)"""
+        check_find(id_start, limit)
+        info = await self.get_run(id_start)
+        return [info] if info is not None and info.parent is None else []
 
     @abstractmethod
     async def count_runs(self, *, pipeline: str | None = None) -> dict[RunStatus, int]:

@@ -13,6 +13,7 @@ import re
 import threading
 import time
 from collections.abc import Iterator, Mapping
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -263,6 +264,73 @@ def test_the_runs_list_shows_counts_filters_and_pages(browser: httpx.Client) -> 
     assert row["waiting_for"] == "con-answer" and row["finished"] is False
 
 
+def iso(t: float) -> str:
+    """Time ``t`` in ISO 8601, UTC, to the microsecond, without its offset (as a form sends it)."""
+    return datetime.fromtimestamp(t, timezone.utc).replace(tzinfo=None).isoformat(timespec="microseconds")
+
+
+def test_the_runs_list_keeps_the_runs_started_in_a_window_of_time(browser: httpx.Client) -> None:
+    made = []
+    for i in range(3):
+        if made:  # each run in a millisecond of its own
+            last = made[-1].info().created
+            while time.time() < last + 0.005:
+                time.sleep(0.001)
+        made.append(twice.call(i))
+    first, middle, last = (r.info().created for r in made)
+    params = {"pipeline": "con-twice", "after": iso(middle), "before": iso(last)}
+    listed = browser.get("/console/api/runs", params=params).json()
+    assert [r["trace_id"] for r in listed["runs"]] == [made[1].trace_id]
+    since = browser.get("/console/api/runs", params={"pipeline": "con-twice", "after": iso(first)}).json()
+    assert [r["trace_id"] for r in since["runs"]] == [r.trace_id for r in reversed(made)], "newest first"
+    paged = {**params, "before": iso(last + 1), "limit": 1}
+    page = browser.get("/console/api/runs", params=paged).json()
+    assert [r["trace_id"] for r in page["runs"]] == [made[2].trace_id] and page["cursor"]
+    page = browser.get("/console/api/runs", params={**paged, "cursor": page["cursor"]}).json()
+    assert [r["trace_id"] for r in page["runs"]] == [made[1].trace_id]
+    # the page shows the window in its form (UTC, to the second) and its links keep it
+    html = browser.get("/console/", params={**params, "after": iso(first), "limit": 1}).text
+    assert made[2].trace_id not in html and made[1].trace_id in html
+    assert (
+        f'name="after" value="{iso(first)[:19]}"' in html
+        and f'name="before" value="{iso(last)[:19]}"' in html
+    )
+    link = re.search(r'<a class="next" href="([^"]+)"', html)
+    assert link is not None and "after=" in link.group(1) and "before=" in link.group(1)
+    assert 'class="reset"' in html
+
+
+def test_the_run_id_box_goes_to_the_one_run_whose_id_starts_so_or_lists_them_all(
+    browser: httpx.Client,
+) -> None:
+    base = f"con-find-{time.time_ns()}-"
+    runs = [twice.call(i, trace_id=f"{base}{name}") for i, name in enumerate(["b-x", "a1", "a2"])]
+    assert [r.result(10) for r in runs] == [2, 4, 6]
+
+    def go(text: str) -> httpx.Response:
+        return browser.get("/console/", params={"run": text}, follow_redirects=False)
+
+    for text, to in ((f"{base}a1", "a1"), (f"{base}b", "b-x")):  # an id, or the start of only one
+        r = go(text)
+        assert r.status_code == 303 and r.headers["location"] == f"/console/runs/{base}{to}", text
+    several = go(f"{base}a")
+    assert several.status_code == 200
+    assert re.findall(r'data-trace="([^"]+)"', several.text) == [f"{base}a1", f"{base}a2"]
+    assert f"2 runs whose id starts with &#x27;{base}a&#x27;, in id order." in several.text
+    every = go(base)
+    assert re.findall(r'data-trace="([^"]+)"', every.text) == [f"{base}a1", f"{base}a2", f"{base}b-x"]
+    assert 'class="next"' not in every.text
+    for text in (f"{base}zz", "not an id"):
+        assert "never started, or expired" in go(text).text
+    api = browser.get("/console/api/runs", params={"id": f"{base}a"}).json()
+    assert [r["trace_id"] for r in api["runs"]] == [f"{base}a1", f"{base}a2"] and api["cursor"] is None
+    assert browser.get("/console/api/runs", params={"id": base, "status": "failed"}).json()["runs"] == []
+    one = browser.get("/console/api/runs", params={"id": base, "pipeline": "con-twice", "limit": 1}).json()
+    assert [r["trace_id"] for r in one["runs"]] == [f"{base}a1"]
+    bad = browser.get("/console/api/runs", params={"id": "a b"})
+    assert bad.status_code == 400 and "does not start a run id" in bad.json()["detail"]
+
+
 def test_the_runs_list_shows_the_schedules_with_their_next_fire_times(
     runtime: dflow.Runtime, browser: httpx.Client
 ) -> None:
@@ -378,6 +446,10 @@ def test_the_runs_list_refuses_bad_filters(browser: httpx.Client) -> None:
         ({"cursor": "not-a-cursor!"}, 400, "first page"),
         ({"cursor": "bm9jb2xvbg"}, 400, "malformed run cursor"),
         ({"cursor": "x" * 3000}, 422, "over the limit"),
+        ({"after": "yesterday"}, 422, "'yesterday' is not a time"),
+        ({"before": "2026-13-01"}, 422, "before '2026-13-01' is not a time"),
+        ({"after": "2026-12-02T10:00", "before": "2026-12-02T09:00"}, 422, "must come before its end"),
+        ({"after": "2" * 41}, 422, "over the limit"),
     ):
         for path in ("/console/api/runs", "/console/"):
             r = browser.get(path, params=params)

@@ -160,7 +160,7 @@ def test_the_runs_list_shows_a_run_started_by_the_test(page: Any, tmp_path: Path
     page.screenshot(path=str(tmp_path / "runs.png"), full_page=True)
     page.select_option("select[name=status]", "waiting")
     page.click(".filters button[type=submit]")
-    expect(page).to_have_url(f"{page.url.split('?')[0]}?pipeline=&status=waiting")
+    expect(page).to_have_url(f"{page.url.split('?')[0]}?pipeline=&status=waiting&after=&before=")
     expect(row).to_be_visible()
     row.locator("a").click()
     expect(page.locator("#head h1")).to_have_text(run.trace_id)
@@ -178,6 +178,30 @@ def test_the_runs_list_shows_new_runs_without_a_reload_and_goes_to_a_run_by_its_
     page.click("form.goto button")
     expect(page.locator("#head h1")).to_have_text(run.trace_id)
     run.cancel()
+
+
+def utc(t: float) -> str:
+    """Time ``t`` as a ``datetime-local`` field takes it (UTC, to the second)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t))
+
+
+def test_the_runs_list_keeps_the_runs_started_in_the_window_of_time_given_in_its_form(page: Any) -> None:
+    run = counted.call(1)
+    assert run.result(10) == 6
+    started = run.info().created
+    row = page.locator(f'tr[data-trace="{run.trace_id}"]')
+    page.fill("input[name=pipeline]", "cb-count")
+    page.fill("input[name=after]", utc(started - 60))
+    page.click(".filters button[type=submit]")
+    expect(row).to_contain_text("done")
+    expect(page.locator("input[name=after]")).to_have_value(utc(started - 60))  # the form keeps it
+    page.fill("input[name=after]", "")
+    page.fill("input[name=before]", utc(started - 3600))
+    page.click(".filters button[type=submit]")
+    expect(page.locator("table.runs")).to_contain_text("No runs match.")
+    expect(row).to_have_count(0)
+    page.click("a.reset")
+    expect(row).to_be_visible()
 
 
 def test_a_run_page_follows_the_run_live_and_answers_its_call(

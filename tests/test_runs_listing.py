@@ -106,3 +106,31 @@ def test_a_waiting_run_is_listed_as_waiting_until_it_is_answered() -> None:
     assert run.result(5) == ["book", 10]
     assert _page(status=RunStatus.WAITING, pipeline="listing-orders") == []
     assert _page(status=RunStatus.DONE, pipeline="listing-orders") == [run.trace_id]
+
+
+def test_a_start_time_is_read_as_iso_8601_in_utc_unless_it_has_an_offset() -> None:
+    from dflow.run_pages import parse_started
+
+    assert parse_started("after", "2026-12-02") == 1_796_169_600.0
+    assert parse_started("after", "2026-12-02T14:30") == 1_796_169_600.0 + 14.5 * 3600
+    assert parse_started("after", " 2026-12-02 15:30:00+01:00 ") == 1_796_169_600.0 + 14.5 * 3600
+    assert parse_started("after", "2026-12-02T14:30:00.250Z") == 1_796_169_600.0 + 14.5 * 3600 + 0.25
+    with pytest.raises(
+        ValueError, match=r"before '14h30' is not a time: give a date and time as 2026-12-02T14:30"
+    ):
+        parse_started("before", "14h30")
+
+
+def test_a_window_holds_the_runs_started_from_its_start_and_before_its_end_by_the_millisecond() -> None:
+    from dflow.run_pages import StartedWindow
+
+    window = StartedWindow(10.0, 20.0)
+    assert [window.holds(t) for t in (9.9989, 10.0, 10.0004, 19.9995, 20.0, 20.5)] == [
+        False,
+        True,
+        True,
+        True,
+        False,
+        False,
+    ]
+    assert StartedWindow().holds(0.0) and not StartedWindow().bounded and window.bounded

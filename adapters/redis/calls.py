@@ -53,7 +53,7 @@ class ScriptCalls:
         self._bucket_keys = [
             [
                 f"{P}:{k}"
-                for k in ("outbox", "timers", "leases", "deadlines", "runs", "expiry", "expiryp", "ix")
+                for k in ("outbox", "timers", "leases", "deadlines", "runs", "expiry", "expiryp", "ix", "ids")
             ]
             + ([st] if st else [])
             for P, st in zip(prefixes, streams)

@@ -16,7 +16,7 @@ import msgpack
 
 from dflow.context import RunInfo, RunStatus, StepRecord, StepStatus
 from dflow.errors import RunNotFoundError, RunTimeoutError, StoreUnavailableError
-from dflow.run_pages import check_page, check_pipeline, encode_cursor
+from dflow.run_pages import check_find, check_page, check_pipeline, encode_cursor
 from dflow.store import RunPage
 
 from . import scripts
@@ -363,6 +363,22 @@ class RunReads:
             h = {k: v for k, v in zip(_INFO_KEYS + (b"ix",), flat[i + 1]) if v is not False}
             found.append((int(h.get(b"ix", 0)), flat[i], _info(flat[i].decode(), h)))
         return None if trace is None else (int(ms), trace.decode())
+
+    async def find_runs(self, id_start: str, limit: int = 20) -> list[RunInfo]:
+        """One ``ZRANGEBYLEX`` on each bucket's ``P:ids`` (the listed runs' ids, see
+        ``lua/listed.lua``), O(log N + limit), then the runs' hashes in one pipeline."""
+        check_find(id_start, limit)
+        low, high = b"[" + id_start.encode(), b"(" + id_start.encode() + b"\xff"  # (ids are ASCII)
+        found: list[bytes] = []
+        with store_errors():
+            for P in self._prefixes:
+                found += cast("list[bytes]", await self.redis.zrangebylex(f"{P}:ids", low, high, 0, limit))
+            ids = [t.decode() for t in sorted(found)[:limit]]
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for t in ids:
+                    pipe.hgetall(f"{self._p(t)}:r:{t}")
+                hashes = await execute(self.redis, pipe) if ids else []
+        return [_info(t, h) for t, h in zip(ids, hashes) if h and b"status" in h]
 
     async def count_runs(self, *, pipeline: str | None = None) -> dict[RunStatus, int]:
         check_pipeline(pipeline)

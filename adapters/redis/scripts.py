@@ -38,7 +38,8 @@ sorted sets ``P:outbox`` (published, not yet claimed), ``P:timers``, ``P:leases`
 (by creation) and ``P:expiry`` (finished runs, by the time their keys expire: ``DUE`` takes
 them out of ``P:runs`` and the listings then; ``P:expiryp`` for listed runs of a pipeline,
 whose members name it: see ``listed.lua``); the run listings ``P:ix`` (root runs, by the band
-of their status, then creation) and ``P:ixp:<pipeline>`` (those of one pipeline); ``P:b:<ref>`` signed
+of their status, then creation) and ``P:ixp:<pipeline>`` (those of one pipeline), ``P:ids``
+(their ids, for a search by an id's start); ``P:b:<ref>`` signed
 flow blobs and ``P:bn:<ref>`` how many live runs reference each (a blob no run references
 expires after the blob grace). With a stream (``dispatch_via``), step messages go onto it
 inside the scripts and the outbox is not used.

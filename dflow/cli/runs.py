@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..context import RunInfo, RunStatus
 from ..ops.tree import safe
+from ..run_pages import StartedWindow, check_find, page_in_window, parse_started
 from .circuits import circuit_notes
 from .options import add_store, count, store_url
 
@@ -43,6 +46,23 @@ def register_ls(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     ls.add_argument("--limit", type=count, default=20, help="runs shown at most (default 20)")
     ls.add_argument("--status", choices=[s.value for s in RunStatus], help="only runs in this status now")
     ls.add_argument("--pipeline", help="only runs started by this pipeline (its name)")
+    ls.add_argument(
+        "--after",
+        type=_started("--after"),
+        metavar="TIME",
+        help="only runs started at or after TIME (ISO 8601, e.g. 2026-12-02T14:30; UTC unless it has an offset)",
+    )
+    ls.add_argument(
+        "--before",
+        type=_started("--before"),
+        metavar="TIME",
+        help="only runs started before TIME (as --after)",
+    )
+    ls.add_argument(
+        "--id",
+        metavar="START",
+        help="the runs whose trace id starts with START, in id order (the other filters apply to them)",
+    )
     ls.add_argument(
         "--json", action="store_true", help="print a JSON list (times in seconds since the epoch)"
     )
@@ -95,6 +115,13 @@ async def _run_tree(store: Store, trace_id: str, depth: int) -> dict[str, Any] |
 async def ls(args: argparse.Namespace) -> int:
     from ..runtime.connect import store_from_url
 
+    try:
+        StartedWindow(args.after, args.before)
+        if args.id is not None:
+            check_find(args.id, 1)
+    except ValueError as exc:
+        print(f"dflow ls: {exc}", file=sys.stderr)
+        return 2
     store = store_from_url(store_url(args))
     try:
         runs = await _listed(store, args)
@@ -137,14 +164,40 @@ async def _schedules(store: Store) -> list[ScheduleEntry]:
     return await book.entries()
 
 
+def _started(flag: str) -> Callable[[str], float]:
+    """The argparse type of a start time given to ``flag``."""
+
+    def parse(text: str) -> float:
+        try:
+            return parse_started(flag, text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return parse
+
+
 async def _listed(store: Store, args: argparse.Namespace) -> list[RunInfo]:
     """The runs ``dflow ls`` shows: newest first, as many as ``--limit``, filtered."""
     runs: list[RunInfo] = []
     cursor: str | None = None
     status = RunStatus(args.status) if args.status else None
+    window = StartedWindow(args.after, args.before)  # (checked by ``ls``)
+    if args.id is not None:
+        return [
+            r
+            for r in await store.find_runs(args.id, min(args.limit, 1000))
+            if (status is None or r.status is status)
+            and (not args.pipeline or r.pipeline == args.pipeline)
+            and window.holds(r.created)
+        ]
     while len(runs) < args.limit:
-        page = await store.page_runs(
-            min(args.limit - len(runs), 1000), status=status, pipeline=args.pipeline or None, cursor=cursor
+        page = await page_in_window(
+            store,
+            min(args.limit - len(runs), 1000),
+            window,
+            status=status,
+            pipeline=args.pipeline or None,
+            cursor=cursor,
         )
         runs += page.runs
         if page.cursor is None:

@@ -13,8 +13,8 @@ import heapq
 import itertools
 from bisect import bisect_left, insort
 
-from ..context import RunStatus
-from ..run_pages import check_page, check_pipeline, created_ms, encode_cursor
+from ..context import RunInfo, RunStatus
+from ..run_pages import check_find, check_page, check_pipeline, created_ms, encode_cursor
 from ..store import RunPage
 from .runs import RunState
 
@@ -24,12 +24,38 @@ _Position = tuple[int, str]
 
 
 class RunIndex:
-    """The listings of root runs: positions by (pipeline or ``None`` for all runs, status)."""
+    """The listings of root runs: positions by (pipeline or ``None`` for all runs, status),
+    and their trace ids in order (for ``find_runs``)."""
 
-    __slots__ = ("_lists",)
+    __slots__ = ("_ids", "_lists")
 
     def __init__(self) -> None:
         self._lists: dict[tuple[str | None, RunStatus], list[_Position]] = {}
+        self._ids: list[str] = []
+
+    def new(self, run: RunState) -> None:
+        """List ``run``, a root run just created."""
+        self.add(run)
+        i = bisect_left(self._ids, run.trace_id)
+        if i == len(self._ids) or self._ids[i] != run.trace_id:
+            self._ids.insert(i, run.trace_id)
+
+    def gone(self, run: RunState) -> None:
+        """``run``, a root run, is no more."""
+        self.remove(run)
+        i = bisect_left(self._ids, run.trace_id)
+        if i < len(self._ids) and self._ids[i] == run.trace_id:
+            del self._ids[i]
+
+    def starting(self, id_start: str, limit: int) -> list[str]:
+        """At most ``limit`` listed trace ids that start with ``id_start``, in order."""
+        i = bisect_left(self._ids, id_start)
+        out = []
+        for t in itertools.islice(self._ids, i, i + limit):
+            if not t.startswith(id_start):
+                break
+            out.append(t)
+        return out
 
     def _keys(self, run: RunState, status: RunStatus) -> tuple[tuple[str | None, RunStatus], ...]:
         return ((None, status), (run.pipeline, status)) if run.pipeline else ((None, status),)
@@ -106,6 +132,10 @@ class RunListing:
         status, after = check_page(limit, status, pipeline, cursor)
         ids, nxt = self._index.page(limit, status, pipeline, after)
         return RunPage([self._runs[t].info() for t in ids], nxt)
+
+    async def find_runs(self, id_start: str, limit: int = 20) -> list[RunInfo]:
+        check_find(id_start, limit)
+        return [self._runs[t].info() for t in self._index.starting(id_start, limit)]
 
     async def count_runs(self, *, pipeline: str | None = None) -> dict[RunStatus, int]:
         check_pipeline(pipeline)

@@ -171,7 +171,7 @@ class MemoryStore(RunEnds, RunDeadlines, RunListing, KeepsSchedules, Store, Step
             self._blobs.hold(r, run.frames.blobs, now, self.blob_ttl)
         self._runs[run.trace_id] = r
         if run.parent is None:
-            self._index.add(r)
+            self._index.new(r)
         return r
 
     def _leased_by(self, claim: Claim) -> RunState | None:
@@ -518,7 +518,7 @@ class MemoryStore(RunEnds, RunDeadlines, RunListing, KeepsSchedules, Store, Step
                 del self._runs[trace_id]
                 self._parts.forget(trace_id)
                 if run.parent is None:
-                    self._index.remove(run)
+                    self._index.gone(run)
         if expiry:
             next_due.append(expiry[0][0])
 

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from ..context import RunInfo, RunStatus
+from ..run_pages import StartedWindow, page_in_window
 from ..store import Claim, Fail, Finish, Fork, NewRun, Parent, Store, Wait
 from ..wire.values import JOIN, NONE, Message, encode
 from .cases import KEYS, StoreTime, advance, frames_of, new_run, sync
@@ -41,6 +42,12 @@ def _newest_first(runs: list[RunInfo]) -> list[str]:
 
 async def _listed(store: Store, status: RunStatus | None = None, pipeline: str | None = None) -> list[str]:
     return [r.trace_id for r in await _all_pages(store, 1000, status=status, pipeline=pipeline)]
+
+
+async def _info(store: Store, trace_id: str) -> RunInfo:
+    info = await store.get_run(trace_id)
+    assert info is not None, f"run {trace_id} is not in the store"
+    return info
 
 
 async def _claim(store: Store, message: Message | None) -> Claim:
@@ -75,6 +82,72 @@ class RunListingContract(StoreTime):
         assert (await store.page_runs(1)).runs[0].trace_id == newer.trace_id
         last = await store.page_runs(12)
         assert len(last.runs) == 12 and last.cursor is None, "no cursor when nothing follows"
+        await store.close()
+
+    @sync
+    async def test_a_window_of_start_times_lists_the_runs_started_in_it_page_by_page(
+        self, make_store: Callable[..., Store]
+    ) -> None:
+        store = make_store()
+        batches = [[new_run() for _ in range(3)] for _ in range(3)]
+        for batch in batches:  # three batches, each in milliseconds of its own
+            for r in batch:
+                await store.create_run(r)
+            await self.pass_time(store, 0.005)
+        created = [[(await _info(store, r.trace_id)).created for r in b] for b in batches]
+
+        async def window(after: float | None, before: float | None, **filters: Any) -> list[str]:
+            seen: list[str] = []
+            cursor = None
+            for _ in range(100):
+                page = await page_in_window(store, 2, StartedWindow(after, before), cursor=cursor, **filters)
+                seen += [r.trace_id for r in page.runs]
+                if page.cursor is None:
+                    return seen
+                cursor = page.cursor
+            raise AssertionError("the window's listing never ended")
+
+        everything = _newest_first(await _all_pages(store, 1000))
+        middle = {r.trace_id for r in batches[1]}
+        from_middle, before_last = min(created[1]), min(created[2])
+        assert await window(from_middle, before_last) == [t for t in everything if t in middle]
+        assert await window(from_middle, None) == everything[:6], "after: at or after, newest first"
+        assert await window(None, before_last) == everything[3:], "before: strictly before its millisecond"
+        assert await window(None, None) == everything
+        assert await window(max(created[2]) + 1, None) == [], "nothing started after the newest"
+        assert await window(None, min(created[0])) == [], "nothing started before the oldest"
+        assert await window(from_middle, before_last, status=RunStatus.DONE) == []
+        with pytest.raises(ValueError, match="start of the window must come before its end"):
+            StartedWindow(before_last, from_middle)
+        await store.close()
+
+    @sync
+    async def test_runs_are_found_by_the_start_of_their_id_in_id_order(
+        self, make_store: Callable[..., Store]
+    ) -> None:
+        store = make_store()
+        base = uuid.uuid4().hex[:8]
+        names = ["order-2", "order-10", "orders", "order-1", "other", "o"]
+        for name in names:
+            await store.create_run(new_run(f"{base}{name}", pipeline="finding"))
+        found = [r.trace_id[len(base) :] for r in await store.find_runs(f"{base}order")]
+        assert found == ["order-1", "order-10", "order-2", "orders"]
+        assert [r.trace_id[len(base) :] for r in await store.find_runs(f"{base}order-1")] == [
+            "order-1",
+            "order-10",
+        ]
+        assert [r.trace_id[len(base) :] for r in await store.find_runs(base, limit=2)] == ["o", "order-1"]
+        (run,) = await store.find_runs(f"{base}other")
+        assert run.status is RunStatus.RUNNING and run.pipeline == "finding"
+        assert await store.find_runs(f"{base}orderz") == [] and await store.find_runs("zz" + base) == []
+        bad_starts: list[Any] = ["", "a b", "x" * 129, "run/1-0", 7]
+        for bad in bad_starts:
+            with pytest.raises(ValueError, match="does not start a run id"):
+                await store.find_runs(bad)
+        bad_limits: list[Any] = [0, 1001, 2.0]
+        for limit in bad_limits:
+            with pytest.raises(ValueError, match="limit"):
+                await store.find_runs(base, limit)
         await store.close()
 
     @sync
@@ -275,6 +348,7 @@ class RunListingContract(StoreTime):
         await store.commit(await _claim(store, ran.message), [], {}, Finish(encode(1)))
         await store.cancel(ended.trace_id, "stop")
         assert await _listed(store) == [ended.trace_id, ran.trace_id]
+        assert [r.trace_id for r in await store.find_runs(ran.trace_id)] == [ran.trace_id]
 
         async def gone() -> bool:  # (a page passes over runs whose keys expired before DUE takes them out)
             await store.due(self.now(store))
@@ -283,8 +357,10 @@ class RunListingContract(StoreTime):
         await self.until(store, gone, what="the finished runs expire and leave the counts")
         assert sum((await store.count_runs(pipeline="listing-expiry")).values()) == 0
         assert await _listed(store, pipeline="listing-expiry") == []
+        assert await store.find_runs(ran.trace_id) == [] and await store.find_runs(ended.trace_id) == []
         again = new_run(ran.trace_id, pipeline="listing-other")  # the id is free again
         await store.create_run(again)
+        assert [r.pipeline for r in await store.find_runs(ran.trace_id)] == ["listing-other"]
         assert await _listed(store) == [ran.trace_id]
         assert await _listed(store, RunStatus.RUNNING, "listing-other") == [ran.trace_id]
         await store.close()

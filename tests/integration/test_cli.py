@@ -8,9 +8,10 @@ import os
 import subprocess
 import sys
 import time
+from datetime import datetime, timezone
 
 import dflow
-from dflow import DFlow
+from dflow import DFlow, InitParam
 
 from .conftest import SECRET
 
@@ -252,3 +253,53 @@ def test_each_command_on_an_unreachable_store_says_so_in_one_line() -> None:
         lines = out.stderr.strip().splitlines()
         assert len(lines) == 1 and "Traceback" not in out.stderr, (args, out.stderr)
         assert "redis://ann:***@127.0.0.1:1/0" in lines[0] and "hunter2" not in out.stderr, (args, lines)
+
+
+def test_ls_lists_the_runs_started_in_a_window_and_refuses_a_time_it_cannot_read(
+    redis_url: str, prefix: str
+) -> None:
+    store_url = f"{redis_url}?prefix={prefix}"
+    dflow.configure(f"{redis_url}?stream={prefix}:steps", store_url, secret=SECRET)
+    try:
+        older = DFlow.direct_run(1, lambda x: DFlow.just(x).map(lambda v: v + 1).id("plus-one"))
+        assert older.result(10) == 2
+        while time.time() < older.info().created + 0.01:  # the newer run in a later millisecond
+            time.sleep(0.001)
+        newer = DFlow.direct_run(2, lambda x: DFlow.just(x).map(lambda v: v + 1).id("plus-one"))
+        assert newer.result(10) == 3
+        split = datetime.fromtimestamp(newer.info().created, timezone.utc).isoformat()
+    finally:
+        dflow.shutdown()
+    after = dflow_cmd("ls", "--store", store_url, "--json", "--after", split)
+    assert after.returncode == 0, after.stderr
+    assert [r["trace_id"] for r in json.loads(after.stdout)] == [newer.trace_id]
+    before = dflow_cmd("ls", "--store", store_url, "--json", "--before", split)
+    assert before.returncode == 0, before.stderr
+    assert [r["trace_id"] for r in json.loads(before.stdout)] == [older.trace_id]
+    bad = dflow_cmd("ls", "--store", store_url, "--after", "last tuesday")
+    assert bad.returncode == 2 and "--after 'last tuesday' is not a time" in bad.stderr, bad.stderr
+    empty = dflow_cmd("ls", "--store", store_url, "--after", split, "--before", split)
+    assert empty.returncode == 2 and len(empty.stderr.splitlines()) == 1, empty.stderr
+    assert "the start of the window must come before its end" in empty.stderr
+
+
+def test_ls_finds_the_runs_whose_id_starts_so(redis_url: str, prefix: str) -> None:
+    store_url = f"{redis_url}?prefix={prefix}"
+    dflow.configure(f"{redis_url}?stream={prefix}:steps", store_url, secret=SECRET)
+    try:
+        for i, name in enumerate(["order-7", "order-12", "invoice-7"]):
+            run = DFlow.direct_run(
+                InitParam(i, name), lambda x: DFlow.just(x).map(lambda v: v + 1).id("plus-one")
+            )
+            assert run.result(10) == i + 1
+    finally:
+        dflow.shutdown()
+    orders = dflow_cmd("ls", "--store", store_url, "--json", "--id", "order-")
+    assert orders.returncode == 0, orders.stderr
+    assert [r["trace_id"] for r in json.loads(orders.stdout)] == ["order-12", "order-7"]
+    text = dflow_cmd("ls", "--store", store_url, "--id", "invoice")
+    assert text.returncode == 0 and "invoice-7" in text.stdout and "order-" not in text.stdout
+    none = dflow_cmd("ls", "--store", store_url, "--json", "--id", "order-", "--status", "failed")
+    assert none.returncode == 0 and json.loads(none.stdout) == []
+    bad = dflow_cmd("ls", "--store", store_url, "--id", "order 7")
+    assert bad.returncode == 2 and "'order 7' does not start a run id" in bad.stderr, bad.stderr

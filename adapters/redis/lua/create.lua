@@ -69,10 +69,12 @@ if msg ~= '' then
   redis.call('HSET', rk, 'status', 'running')
   listed(P, t, ix, pl, 'running')
   if deadline_at then redis.call('ZADD', P..':deadlines', deadline_at, t) end
+  if ix then redis.call('ZADD', P..':ids', 0, t) end
   emit(P, now, redispatch, msg, out)
 else
   redis.call('HSET', rk, 'status', 'done', 'result', result)
   listed(P, t, ix, pl, 'done')
+  if ix then redis.call('ZADD', P..':ids', 0, t) end
   finished(P, t, rk, now, redispatch, ttl_ms, out, ix and pl)
 end
 return {'ok', out}

@@ -7,7 +7,9 @@
 -- run is in (the member stays, its score moves to its new band); a step that leaves the status
 -- as it was writes nothing here. A listed run of a pipeline that finished waits for its keys to
 -- expire in ``P:expiryp`` (member: msgpack [trace id, pipeline]) instead of ``P:expiry``, so
--- that DUE knows which listings it leaves.
+-- that DUE knows which listings it leaves. The ids of the listed runs are also in ``P:ids``, all
+-- scored 0 (in byte order: a search by an id's start is one ZRANGEBYLEX), from CREATE until
+-- they leave the listings.
 local LISTED_BAND = {running = 1, sleeping = 2, waiting = 3, done = 4, failed = 5, cancelled = 6, compensated = 7,
                      timed_out = 8}
 local LISTED_STATUS = {'running', 'sleeping', 'waiting', 'done', 'failed', 'cancelled', 'compensated', 'timed_out'}
@@ -21,8 +23,9 @@ local function listed(P, t, ix, pl, status)
   if pl then redis.call('ZADD', P..':ixp:'..pl, score, t) end
 end
 
--- Take run ``t`` (of pipeline ``pl``, false for none) out of the listings.
+-- Take run ``t`` (of pipeline ``pl``, false for none) out of the listings (and the ids).
 local function unlisted(P, t, pl)
   redis.call('ZREM', P..':ix', t)
+  redis.call('ZREM', P..':ids', t)
   if pl then redis.call('ZREM', P..':ixp:'..pl, t) end
 end

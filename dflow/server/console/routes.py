@@ -28,12 +28,15 @@ The runs list costs one ``Store.page_runs`` and one ``Store.count_runs`` per pag
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, quote
 
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
+from ...context import RunInfo
+from ...store import RunPage
 from ...wire.ids import is_run_id
 from ..errors import BodyTooLarge, MalformedRequest, WrongContentType
 from .api import add_api_routes
@@ -74,6 +77,22 @@ def _safe_next(url: str | None) -> str:
     return "/console/"
 
 
+_FOUND = 50  # runs the run-id box lists at most
+
+
+async def _runs_named(console: Console, wanted: str) -> list[RunInfo]:
+    """The runs the run-id box names: the run of that id, else the root runs whose id starts
+    with it (at most ``_FOUND``; ``Store.find_runs``); none for text that starts no run id."""
+    if is_run_id(wanted):
+        info = await console.on_store(console.store.get_run(wanted))
+        if info is not None:
+            return [info]
+    try:
+        return await console.on_store(console.store.find_runs(wanted, _FOUND))
+    except ValueError:  # (not the start of a run id)
+        return []
+
+
 def console_router(server: Server, admin_token: str | None, *, ttl: float = 8 * 3600.0) -> APIRouter:
     """The console's routes (see the module) for ``server`` (a :class:`dflow.server.Server`),
     whose admin token is ``admin_token`` (``None``: an open console); a login lasts ``ttl``
@@ -105,12 +124,15 @@ def _page_routes(router: APIRouter, console: Console) -> None:
         if credential is None:
             return _login_redirect(request)
         wanted = request.query_params.get("run", "").strip()[:300]
-        notice = ""
-        if wanted:  # the run-id box: to the run's page, when there is such a run
-            if is_run_id(wanted) and await console.on_store(console.store.get_run(wanted)) is not None:
-                return RedirectResponse(run_href(wanted), status_code=303)
-            notice = f"No run {wanted!r} in this store (never started, or expired)."
+        found = await _runs_named(console, wanted) if wanted else None
+        if found is not None and len(found) == 1:
+            return RedirectResponse(run_href(found[0].trace_id), status_code=303)
+        notice = f"No run {wanted!r} in this store (never started, or expired)." if found == [] else ""
         listed = await list_runs(console, request)
+        if found:  # several: those whose id starts so, in place of the page
+            more = f" (the first {_FOUND}: give more of the id)" if len(found) == _FOUND else ""
+            listed = replace(listed, found=RunPage(found, None), cursor=None)
+            notice = f"{len(found)} runs whose id starts with {wanted!r}, in id order{more}."
         rows = [RunRow(info, info.pipeline) for info in listed.found.runs]
         return html_response(
             runs_page(
@@ -125,6 +147,7 @@ def _page_routes(router: APIRouter, console: Console) -> None:
                 csrf=console.csrf(credential),
                 logout=not console.auth.open,
                 parked=listed.parked,
+                window=listed.window,
                 notice=notice,
                 schedules="" if listed.cursor else schedules_table(await kept_schedules(console)),
             )

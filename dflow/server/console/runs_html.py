@@ -7,9 +7,11 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from urllib.parse import urlencode
 
 from ...context import RunInfo, RunStatus
+from ...run_pages import ANY_TIME, StartedWindow
 from .html import BASE, badge, duration, esc, page, preview, run_href, stamp, wakes
 
 __all__ = ["RunRow", "runs_page"]
@@ -38,11 +40,12 @@ def runs_page(
     parked: bool = False,
     notice: str = "",
     schedules: str = "",
+    window: StartedWindow = ANY_TIME,
 ) -> str:
     """The runs list: counts by status, filters, a page of runs (with ``parked``, those of
     them that are parked), the link to the next; ``notice`` above them (a run id searched
     for that is no run). The first page refreshes itself (``data-refresh``: the script)."""
-    query = _ListQuery(status, pipeline, parked)
+    query = _ListQuery(status, pipeline, parked, _field(window.after), _field(window.before))
     refresh = "" if cursor else ' data-refresh="5"'
     note = f'<p class="flash bad">{esc(notice)}</p>' if notice else ""
     body = (
@@ -61,12 +64,24 @@ class _ListQuery:
     status: RunStatus | None
     pipeline: str | None
     parked: bool = False
+    after: str = ""  #: the window of start times, as its form fields show it (UTC)
+    before: str = ""
+
+    @property
+    def filtered(self) -> bool:
+        return bool(self.status or self.pipeline or self.parked or self.after or self.before)
 
     def link(self, **params: str | None) -> str:
         """The list with these filters and ``params`` (a ``None`` leaves one out)."""
         status = self.status.value if self.status else None
         parked = "1" if self.parked else None
-        mine = {"status": status, "pipeline": self.pipeline, "parked": parked}
+        mine = {
+            "status": status,
+            "pipeline": self.pipeline,
+            "parked": parked,
+            "after": self.after,
+            "before": self.before,
+        }
         query = {k: v for k, v in {**mine, **params}.items() if v}
         return f"{BASE}/" + (f"?{urlencode(query)}" if query else "")
 
@@ -89,7 +104,8 @@ def _status_chips(counts: Mapping[RunStatus, int], query: _ListQuery) -> str:
 
 
 def _filters(query: _ListQuery, pipelines: Iterable[str]) -> str:
-    """The filter form: a pipeline (the served ones suggested) and a status."""
+    """The filter form: a pipeline (the served ones suggested), a status, the window of
+    start times (UTC)."""
     options = "".join(f'<option value="{esc(p)}"></option>' for p in sorted(pipelines)[:500])
     statuses = "".join(
         f'<option value="{st.value}"{" selected" if query.status is st else ""}>{st.value}</option>'
@@ -105,14 +121,21 @@ def _filters(query: _ListQuery, pipelines: Iterable[str]) -> str:
         f'<label>Status <select name="status"><option value="">any</option>{statuses}</select></label>'
         f'<label title="runs whose step no worker could run (the reason is shown)"><input type="checkbox" '
         f'name="parked" value="1"{" checked" if query.parked else ""}> parked only</label>'
+        f'<label>Started after <input type="datetime-local" step="1" name="after" '
+        f'value="{esc(query.after)}"></label>'
+        f'<label>before <input type="datetime-local" step="1" name="before" '
+        f'value="{esc(query.before)}"></label>'
         f'<button type="submit">Filter</button>'
-        + (
-            f'<a class="reset" href="{BASE}/">Clear</a>'
-            if query.status or query.pipeline or query.parked
-            else ""
-        )
+        + (f'<a class="reset" href="{BASE}/">Clear</a>' if query.filtered else "")
         + "</form>"
     )
+
+
+def _field(t: float | None) -> str:
+    """Time ``t`` as a ``datetime-local`` field holds it (UTC, to the second), or ``""``."""
+    if t is None:
+        return ""
+    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
 
 
 def _runs_table(rows: Sequence[RunRow]) -> str:

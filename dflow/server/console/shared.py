@@ -14,6 +14,7 @@ from fastapi import Request
 from ...context import RunInfo, RunStatus
 from ...errors import RunNotFoundError
 from ...patterns.rerun import RERUN_KEY, link_of
+from ...run_pages import ANY_TIME, StartedWindow, page_in_window, parse_started
 from ...store import RunPage, Store
 from ...wire.ids import is_run_id
 from ..errors import InvalidRequest, MalformedRequest, NotFound
@@ -36,7 +37,7 @@ T = TypeVar("T")
 STATIC = {"console.css": "text/css; charset=utf-8", "console.js": "text/javascript; charset=utf-8"}
 # characters: a pipeline's name has no limit of its own (by default it is its head key, which
 # can be long), so any name that fits in a request is taken
-_MAX_FILTER = {"pipeline": 16_384, "cursor": 2048}
+_MAX_FILTER = {"pipeline": 16_384, "cursor": 2048, "after": 40, "before": 40, "id": 300}
 
 
 class Console:
@@ -151,6 +152,7 @@ class RunsList:
     cursor: str | None
     limit: int
     parked: bool = False  #: only the parked runs of the page
+    window: StartedWindow = ANY_TIME  #: only the runs started in it
 
 
 def _parked_filter(value: str | None) -> bool:
@@ -180,6 +182,17 @@ def _text_filter(name: str, value: str | None) -> str | None:
     return value
 
 
+def _window(after: str | None, before: str | None) -> StartedWindow:
+    """The runs' start times the query keeps (``after``, ``before``: ISO 8601, UTC)."""
+    try:
+        return StartedWindow(
+            parse_started("after", after) if after else None,
+            parse_started("before", before) if before else None,
+        )
+    except ValueError as exc:
+        raise InvalidRequest(str(exc)) from None
+
+
 def _limit(value: str | None) -> int:
     if value is None or value == "":
         return 50
@@ -190,21 +203,30 @@ def _limit(value: str | None) -> int:
 
 async def list_runs(console: Console, request: Request) -> RunsList:
     """The page of runs the query asks for: one ``page_runs`` and one ``count_runs`` call
-    (with ``parked=1``, only the parked runs of that page)."""
+    (with ``parked=1``, only the parked runs of that page; with ``after``/``before``, only
+    the runs started in that window: see ``run_pages.StartedWindow``; with ``id``, the runs
+    whose id starts so, in id order, filtered: one ``find_runs`` call and no next page)."""
     q = request.query_params
     status = _status_filter(q.get("status"))
     pipeline = _text_filter("pipeline", q.get("pipeline"))
     cursor = _text_filter("cursor", q.get("cursor"))
     limit = _limit(q.get("limit"))
     parked = _parked_filter(q.get("parked"))
+    window = _window(_text_filter("after", q.get("after")), _text_filter("before", q.get("before")))
+    id_start = _text_filter("id", q.get("id"))
     store = console.store
     try:
-        found = await console.on_store(
-            store.page_runs(limit, status=status, pipeline=pipeline, cursor=cursor)
-        )
+        if id_start is not None:  # the runs whose id starts so, in id order: one page
+            runs = await console.on_store(store.find_runs(id_start, limit))
+            kept = [r for r in runs if (status is None or r.status is status) and window.holds(r.created)]
+            found = RunPage([r for r in kept if pipeline is None or r.pipeline == pipeline], None)
+        else:
+            found = await console.on_store(
+                page_in_window(store, limit, window, status=status, pipeline=pipeline, cursor=cursor)
+            )
     except ValueError as exc:  # a cursor that is not one of the store's (edited, or from elsewhere)
         raise MalformedRequest(f"{exc}" + (" (start again from the first page)" if cursor else "")) from None
     counts = await console.on_store(store.count_runs(pipeline=pipeline))
     if parked:  # (of this page: a parked run is running, its reason in its record)
         found = RunPage([r for r in found.runs if r.parked], found.cursor)
-    return RunsList(found, counts, status, pipeline, cursor, limit, parked)
+    return RunsList(found, counts, status, pipeline, cursor, limit, parked, window)
