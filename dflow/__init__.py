@@ -58,7 +58,7 @@ from .flow import DFlow, InitParam, adirect_run
 from .live import LiveEvent
 from .mailbox import Mailbox
 from .memory import MemoryBroker, MemoryStore, MemoryTransport
-from .ops.conversations import declare_conversation
+from .ops.conversations import RecordedMessages, declare_conversation
 from .policy import RetryPolicy
 from .runtime import Runtime
 from .schedules import Schedule
@@ -95,6 +95,7 @@ __all__ = [
     "NotWaitingError",
     "PayloadRejectedError",
     "Pipeline",
+    "RecordedMessages",
     "RefusedMessageError",
     "RetryPolicy",
     "Run",
