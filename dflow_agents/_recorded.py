@@ -14,13 +14,14 @@ recorded a later turn, or a step run again); else it reads the conversation's re
 from __future__ import annotations
 
 import json
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from dflow import ContextStack, RecordedMessages
 
-_REMEMBERED = 1_024  # conversations whose last request this process remembers
+_REMEMBERED = 256  # conversations whose last request this process remembers
 
 
 class Transcript:
@@ -66,12 +67,14 @@ def _find(last: list[tuple[int, Any]], message: Any, after: int) -> int | None:
 
 
 _known: OrderedDict[tuple[str, str], Transcript] = OrderedDict()
+_lock = threading.Lock()  # runtimes of one process may record from their own threads
 
 
 def transcript(ctx: ContextStack, prefix: str, turn: int) -> Transcript:
     """What the records ``<prefix><k>`` (``k < turn``) of the run hold: remembered, when this
     process recorded the last of them; else read again."""
-    known = _known.get((ctx.trace_id, prefix))
+    with _lock:
+        known = _known.pop((ctx.trace_id, prefix), None)  # (a step run twice at once reads again)
     if (
         known is not None
         and known.turn < turn
@@ -85,11 +88,10 @@ def transcript(ctx: ContextStack, prefix: str, turn: int) -> Transcript:
 def remember(ctx: ContextStack, prefix: str, turn: int, found: Transcript, kept: Any) -> None:
     """``found`` is what the records hold through turn ``turn``, whose record is ``kept``."""
     found.turn, found.kept = turn, kept
-    key = (ctx.trace_id, prefix)
-    _known[key] = found
-    _known.move_to_end(key)
-    while len(_known) > _REMEMBERED:
-        _known.popitem(last=False)
+    with _lock:
+        _known[(ctx.trace_id, prefix)] = found
+        while len(_known) > _REMEMBERED:
+            _known.popitem(last=False)
 
 
 def _read(ctx: ContextStack, prefix: str, turn: int) -> Transcript:
