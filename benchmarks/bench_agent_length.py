@@ -1,6 +1,7 @@
 """Does an agent turn cost more as the conversation grows? The agent of ``_bench_agents.py``
 in local mode, 10 and 40 turns, for two commits in interleaved rounds: CPU and wall time per
-turn, and the bytes of a run's model-call records.
+turn, what of that CPU its model-call records cost (against the same agent keeping none),
+and the bytes of a run's records.
 
     python benchmarks/bench_agent_length.py --before A --after B   # writes results/agent-length.{json,md}
     python benchmarks/bench_agent_length.py --quick                # 2 rounds, prints only
@@ -50,12 +51,15 @@ def render(res: dict[str, Any]) -> str:
         seen = res["figures"][side]
         cpu = {n: statistics.median(r["cpu_per_turn_s"] for r in seen[str(n)]) for n in LENGTHS}
         wall = {n: statistics.median(r["wall_per_turn_s"] for r in seen[str(n)]) for n in LENGTHS}
+        bare = {n: statistics.median(r["unrecorded_cpu_per_turn_s"] for r in seen[str(n)]) for n in LENGTHS}
         size = {n: seen[str(n)][-1]["record_bytes"] for n in LENGTHS}
         rows.append(
             [side, *(ms(cpu[n]) for n in LENGTHS), f"{cpu[40] / cpu[10]:.2f}×"]
-            + [*(ms(wall[n]) for n in LENGTHS), *(f"{size[n]:,}" for n in LENGTHS)]
+            + [*(ms(cpu[n] - bare[n]) for n in LENGTHS), *(ms(wall[n]) for n in LENGTHS)]
+            + [f"{size[n]:,}" for n in LENGTHS]
         )
-    head = ["commit", "CPU/turn, 10 turns", "CPU/turn, 40 turns", "40 ÷ 10", "wall/turn, 10", "wall/turn, 40"]
+    head = ["commit", "CPU/turn, 10 turns", "CPU/turn, 40 turns", "40 ÷ 10"]
+    head += ["of it recording, 10", "of it recording, 40", "wall/turn, 10", "wall/turn, 40"]
     head += ["records, 10 turns (bytes)", "records, 40 turns (bytes)"]
     return "\n".join(
         [
@@ -65,7 +69,8 @@ def render(res: dict[str, Any]) -> str:
             *table(head, rows),
             "",
             f"- {NOISE} Here: {Load.text(res['load'])}.",
-            "- CPU/turn: the process's CPU time (every thread) over a run, divided by its turns + 1.",
+            "- CPU/turn: the process's CPU time (every thread) over a run, divided by its turns + 1. Of it"
+            " recording: CPU/turn less that of the same agent keeping no records (`recording=None`), run in turn.",
         ]
     )
 
