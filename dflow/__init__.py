@@ -59,7 +59,7 @@ from .flow import DFlow, InitParam, adirect_run
 from .live import LiveEvent
 from .mailbox import Mailbox
 from .memory import MemoryBroker, MemoryStore, MemoryTransport
-from .ops.conversations import declare_conversation
+from .ops.conversations import RecordedMessages, declare_conversation
 from .policy import RetryPolicy
 from .run_pages import StartedWindow, page_in_window
 from .runtime import Runtime
@@ -97,6 +97,7 @@ __all__ = [
     "NotWaitingError",
     "PayloadRejectedError",
     "Pipeline",
+    "RecordedMessages",
     "RefusedMessageError",
     "RetryPolicy",
     "Run",

@@ -8,8 +8,10 @@ it put on the wire (its body: the model name, the tools in OpenAI's format, ``to
 the rendered prompt in raw mode) and the server's reply as it came (``http``). A :class:`ModelFallback` notes one
 call per model it asked. The agent keeps them in the run's data, one key per turn
 (``<ns>/call/<turn>``), bounded (:class:`CallRecording`) and passed through its ``redact``
-hook first; ``dflow inspect``, ``Run.tree()`` and the console show them in the conversation,
-as ``model call`` entries.
+hook first, each request's messages kept as what they add to the earlier turns' (the
+messages new since, and runs of those recorded before: see :class:`dflow.RecordedMessages`,
+which rebuilds them); ``dflow inspect``, ``Run.tree()`` and the console show them in the
+conversation, as ``model call`` entries.
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from typing import Any
 
+from dflow import ContextStack
+
+from ._recorded import Transcript, remember, size, transcript
 from .messages import ChatMessage, ChatResponse, ToolSpec
 
 __all__ = ["CallRecording"]
@@ -56,11 +61,41 @@ class CallRecording:
             raise TypeError(f"CallRecording.redact is fn(record) -> record, got {self.redact!r:.80}")
 
     def record(self, calls: Sequence[dict[str, Any]]) -> dict[str, Any]:
-        """The turn's ``calls`` as kept in the run: redacted, then bounded."""
+        """The turn's ``calls`` as kept in the run, each whole: redacted, then bounded."""
         kept = [self._redacted(c) for c in calls]
         return {
             "model_calls": [_bounded(c, self.text_chars, self.max_chars // max(1, len(kept))) for c in kept]
         }
+
+    def keep(self, ctx: ContextStack, prefix: str, turn: int, calls: Sequence[dict[str, Any]]) -> None:
+        """Keep turn ``turn``'s ``calls`` in the run's data key ``<prefix><turn>``: redacted,
+        bounded, each request's messages as what they add to the earlier turns' records
+        (``<prefix><k>``), which ``dflow inspect`` and the console rebuild."""
+        kept = [self._redacted(c) for c in calls]
+        found = transcript(ctx, prefix, turn)
+        limit = self.max_chars // max(1, len(kept))
+        record = {"model_calls": [self._added(c, found, limit) for c in kept]}
+        ctx.put(f"{prefix}{turn}", record)
+        remember(ctx, prefix, turn, found, record)
+
+    def _added(self, call: dict[str, Any], found: Transcript, max_chars: int) -> dict[str, Any]:
+        """``call`` cut and bounded, its request's messages as message parts (``found``: what
+        the records hold before it): the oldest new ones left out while over ``max_chars``,
+        but for the request's first and last."""
+        request = call.get("request")
+        if not isinstance(request, dict) or not isinstance(request.get("messages"), list):
+            return _bounded(call, self.text_chars, max_chars)
+        limit = self.text_chars
+        parts, new_at = found.parts(request["messages"], lambda m: _cut_texts(m, limit))
+        sent = {
+            ("message_parts" if k == "messages" else k): parts if k == "messages" else _cut_texts(v, limit)
+            for k, v in request.items()
+        }
+        out = {k: sent if k == "request" else _cut_texts(v, limit) for k, v in call.items()}
+        droppable = [i for i in new_at if 0 < i < len(parts) - 1]
+        while droppable and size(out) > max_chars:
+            parts[droppable.pop(0)] = None
+        return out
 
     def _redacted(self, call: dict[str, Any]) -> dict[str, Any]:
         if self.redact is None:

@@ -195,13 +195,13 @@ class ConversationAgentExecutor(Agent):
         self, ctx: ContextStack, state: dict[str, Any], asking: Awaitable[ChatResponse]
     ) -> ChatResponse:
         """``await asking``, what was sent and said kept in the run (``ModelCalls.recording``)."""
+        prefix, turn, keep = f"{state['ns']}/call/", state["step"], self.model_calls.recording
         with recording() as calls:
             try:
                 return await asking
             finally:
-                keep = self.model_calls.recording
                 if keep is not None and calls:
-                    ctx.put(f"{state['ns']}/call/{state['step']}", keep.record(calls))
+                    keep.keep(ctx, prefix, turn, calls)
 
     async def _complete(self, question: str, steps: list[ReActStep]) -> ChatResponse:
         tools = list(self.tools.values())

@@ -238,13 +238,13 @@ class ToolCallAgent(Agent):
         if state["step"] >= self.limits.max_steps:
             why = f"reached max_steps ({self.limits.max_steps}) without finishing"
             return stop(state, AgentStatus.ERROR, why)
-        key, keep = f"{state['ns']}/call/{state['step']}", self.model_calls.recording
+        prefix, turn, keep = f"{state['ns']}/call/", state["step"], self.model_calls.recording
         with recording() as calls:
             try:
                 return await self._reply(ctx, state)
             finally:
                 if keep is not None and calls:
-                    ctx.put(key, keep.record(calls))
+                    keep.keep(ctx, prefix, turn, calls)
 
     async def _reply(self, ctx: ContextStack, state: dict[str, Any]) -> dict[str, Any]:
         """The turn's request (compressed when it would not fit), the model's reply, recorded."""

@@ -13,6 +13,13 @@ lists, for each call, the ``model`` asked, the ``request`` sent and the ``reply`
 the ``error`` it failed with), and optionally ``http`` (what went on the wire), any JSON data;
 each is shown as a message of role ``model call``, reply first. Every value there is plain data, so any process can show it: one that
 has none of the library's classes, and none of its objects.
+
+A request may hold ``message_parts`` instead of ``messages``, so that each turn's record keeps
+only what its request adds to the earlier ones (see :class:`RecordedMessages`): a list whose
+items are either a message (a mapping; ``null`` for one left out to bound the record), which
+is new, or ``[start, count]``: ``count`` of the conversation's *recorded messages* from
+position ``start``. The recorded messages are the new items of every ``message_parts`` of the
+conversation's model-call records, in the order the records come (turn by turn, call by call).
 """
 
 from __future__ import annotations
@@ -26,7 +33,15 @@ from ..errors import DFlowError
 from ..wire.values import decode, encode
 from .as_json import jsonable
 
-__all__ = ["CONVERSATION_PREFIX", "RunData", "declare_conversation", "described", "message", "text_lines"]
+__all__ = [
+    "CONVERSATION_PREFIX",
+    "RecordedMessages",
+    "RunData",
+    "declare_conversation",
+    "described",
+    "message",
+    "text_lines",
+]
 
 #: the run's data keys that declare a conversation start with this
 CONVERSATION_PREFIX = "dflow/conversation/"
@@ -129,6 +144,45 @@ def _sent(request: Mapping[str, Any]) -> str:
     return "; ".join(parts) or "nothing"
 
 
+class RecordedMessages:
+    """The recorded messages of a conversation (see the module), gathered as its model-call
+    records are read in order: :meth:`rebuilt` turns each call of a record into the call as it
+    was made, its request's ``message_parts`` become its ``messages`` again (those left out
+    counted in ``left_out_messages``)."""
+
+    def __init__(self) -> None:
+        self.messages: list[Any] = []  # every new item so far (None: left out)
+
+    def rebuilt(self, call: Any) -> Any:
+        """``call`` with its request's messages whole (a new mapping), after adding the new
+        messages of its ``message_parts`` to the recorded ones; any other ``call`` as it is."""
+        request = call.get("request") if isinstance(call, Mapping) else None
+        if not isinstance(request, Mapping) or not isinstance(request.get("message_parts"), list):
+            return call
+        messages, left_out = [], 0
+        for part in request["message_parts"]:
+            if isinstance(part, list):
+                earlier = self._earlier(part)
+            else:
+                self.messages.append(part if isinstance(part, Mapping) else None)
+                earlier = self.messages[-1:]
+            kept = [m for m in earlier if m is not None]
+            messages += kept
+            left_out += len(earlier) - len(kept)
+        whole: dict[str, Any] = {}  # in the request's own order, the messages where their parts were
+        for k, v in request.items():
+            whole["messages" if k == "message_parts" else k] = messages if k == "message_parts" else v
+        if left_out:
+            whole["left_out_messages"] = left_out + int(whole.get("left_out_messages") or 0)
+        return {**call, "request": whole}
+
+    def _earlier(self, part: list[Any]) -> list[Any]:
+        if len(part) != 2 or not all(isinstance(n, int) and not isinstance(n, bool) for n in part):
+            return []
+        start, count = max(0, part[0]), max(0, part[1])
+        return self.messages[start : start + count]
+
+
 def model_call_message(call: Any) -> dict[str, Any] | None:
     """A recorded model call (``{"model", "request", "reply" | "error"}``) as a message of
     role ``model call``: what the model said (or how it failed), then what it was sent."""
@@ -156,9 +210,9 @@ def model_call_message(call: Any) -> dict[str, Any] | None:
     }
 
 
-def _batch(value: Any) -> list[dict[str, Any]]:
+def _batch(value: Any, recorded: RecordedMessages) -> list[dict[str, Any]]:
     if isinstance(value, Mapping) and isinstance(value.get("model_calls"), list):
-        found = (model_call_message(c) for c in value["model_calls"])
+        found = (model_call_message(recorded.rebuilt(c)) for c in value["model_calls"])
     else:
         found = (message(item) for item in (value if isinstance(value, list) else []))
     return [m for m in found if m is not None]
@@ -171,12 +225,13 @@ def _keys(value: Any, name: str) -> list[str]:
 
 def _messages(data: Mapping[str, Any], declared: Any) -> list[dict[str, Any]]:
     head, per_turn = _keys(declared, "head"), _keys(declared, "per_turn")
-    out = [m for k in head for m in _batch(data.get(k))]
+    recorded = RecordedMessages()
+    out = [m for k in head for m in _batch(data.get(k), recorded)]
     for turn in range(_MAX_TURNS if per_turn else 0):
         keys = [k.replace("{turn}", str(turn)) for k in per_turn]
         if not any(k in data for k in keys):
             break
-        out += [m for k in keys for m in _batch(data.get(k))]
+        out += [m for k in keys for m in _batch(data.get(k), recorded)]
     return out
 
 

@@ -8,10 +8,12 @@ import json
 from typing import Any
 
 import dflow
+from dflow.ops.conversations import described
 from dflow.server.console.html import conversation_html
 from dflow.server.console.views import conversations
 from dflow.wire.values import encode
 from dflow_agents import (
+    AgentLimits,
     AgentStatus,
     AIFunction,
     CallRecording,
@@ -20,6 +22,7 @@ from dflow_agents import (
     ModelTimeoutError,
     OpenAIChatModel,
     ToolCallAgent,
+    _recorded,
     tool,
 )
 from dflow_agents.testing import FunctionModel, ScriptedModel, call, reply
@@ -41,13 +44,20 @@ def lookup(key: str) -> str:
 
 
 def model_calls(run: dflow.Run) -> dict[int, list[dict[str, Any]]]:
-    """The recorded model calls of a run, by turn."""
+    """The recorded model calls of a run, by turn, their requests rebuilt whole."""
+    recorded = dflow.RecordedMessages()
+    return {turn: [recorded.rebuilt(c) for c in calls] for turn, calls in kept_calls(run).items()}
+
+
+def kept_calls(run: dflow.Run) -> dict[int, list[dict[str, Any]]]:
+    """The model calls of a run, by turn, as its data keeps them."""
     data = run.context().as_dict()
-    return {
+    found = {
         int(k.rsplit("/", 1)[1]): v["model_calls"]
         for k, v in data.items()
         if "/call/" in k and isinstance(v, dict)
     }
+    return dict(sorted(found.items()))
 
 
 def test_each_turn_keeps_the_request_the_model_got_and_its_reply(local: dflow.Runtime) -> None:
@@ -85,9 +95,10 @@ def test_records_are_bounded_and_say_what_they_cut(local: dflow.Runtime) -> None
     observation = second["messages"][-1]["content"]
     assert observation.startswith("secret-token-42") and observation.endswith(" more characters)")
     assert len(observation) < 600
-    assert second["left_out_messages"] >= 1 and second["messages"][0]["role"] == "system"
-    assert len(second["messages"]) == 2, (
-        "all but the first and the last left out, as the tools alone take 1,000"
+    assert second["left_out_messages"] == 1
+    assert [m["role"] for m in second["messages"]] == ["system", "user", "tool"], (
+        "the messages of the first turn's record are kept by reference; of the new ones, all"
+        " but the last are left out, as the tools alone take 1,000"
     )
 
 
@@ -183,3 +194,95 @@ def test_the_console_shows_the_model_calls_in_the_conversation(local: dflow.Runt
     html = conversation_html([conv])
     assert '<div class="msg other"><div class="who">model call</div>' in html
     assert "hi &lt;there&gt;" in html and "request: {" in html
+
+
+def counting(turns: int) -> FunctionModel:
+    """A model that calls ``lookup`` once a turn for ``turns`` turns, then answers."""
+
+    def decide(messages: Any, tools: Any) -> Any:
+        turn = sum(1 for m in messages if m.role == "assistant")
+        if turn >= turns:
+            return reply("done")
+        return reply(f"turn {turn}", calls=[call("short_lookup", key=f"k{turn}")])
+
+    return FunctionModel(decide, name="counting")
+
+
+def long_agent(stem: str, turns: int, model: Any) -> ToolCallAgent:
+    return ToolCallAgent(
+        unique(stem),
+        model,
+        [short_lookup],
+        limits=AgentLimits(max_steps=turns + 5),
+        model_calls=ModelCalls(recording=CallRecording(text_chars=100_000, max_chars=1_000_000)),
+    )
+
+
+@tool
+def short_lookup(key: str) -> str:
+    """A stored text."""
+    return f"the value of {key}"
+
+
+def test_a_turn_keeps_only_what_its_request_adds_so_a_40_turn_run_stays_bounded(
+    local: dflow.Runtime,
+) -> None:
+    model = counting(40)
+    run = long_agent("long", 40, model).run("count")
+    assert run.result(30).answer == "done"
+    sizes = {turn: len(json.dumps(calls)) for turn, calls in kept_calls(run).items()}
+    assert sorted(sizes) == list(range(41))
+    assert max(sizes[t] for t in range(2, 41)) < 1.1 * sizes[2], (
+        f"a turn's record does not grow with the conversation: {sizes}"
+    )
+    for turn, (kept,) in model_calls(run).items():  # each rebuilt as the model got it
+        assert kept["request"]["messages"] == [
+            m.model_dump(mode="json", exclude_defaults=True) for m in model.requests[turn].messages
+        ]
+
+
+def test_requests_are_rebuilt_the_same_by_a_worker_that_did_not_record_the_turn_before(
+    local: dflow.Runtime, monkeypatch: Any
+) -> None:
+    forgetful = counting(6)
+    decide = forgetful.fn
+
+    def forgetting(messages: Any, tools: Any) -> Any:
+        _recorded._known.clear()  # as if another worker recorded every earlier turn
+        return decide(messages, tools)
+
+    monkeypatch.setattr(forgetful, "fn", forgetting)
+    run = long_agent("forgetful", 6, forgetful).run("count")
+    assert run.result(30).answer == "done"
+    for turn, (kept,) in model_calls(run).items():
+        assert kept["request"]["messages"] == [
+            m.model_dump(mode="json", exclude_defaults=True) for m in forgetful.requests[turn].messages
+        ]
+    assert all(isinstance(p, list) for p in kept_calls(run)[6][0]["request"]["message_parts"][:1]), (
+        "the earlier messages are still kept by reference"
+    )
+
+
+def shown(run: dflow.Run) -> list[list[dict[str, Any]]]:
+    """A run's conversations as ``dflow inspect`` and the console show them (names left out)."""
+    return [messages for _, messages in described(run.context().as_dict())]
+
+
+def test_a_run_of_whole_records_and_one_of_added_parts_show_the_same_conversation(
+    local: dflow.Runtime, monkeypatch: Any
+) -> None:
+    now = shown(run_of(counting(5)))
+
+    def whole(self: CallRecording, ctx: Any, prefix: str, turn: int, calls: Any) -> None:
+        ctx.put(f"{prefix}{turn}", self.record(calls))  # as records were kept before
+
+    monkeypatch.setattr(CallRecording, "keep", whole)
+    before = shown(run_of(counting(5)))
+    assert [m["role"] for m in before[0]].count("model call") == 6
+    assert now == before
+
+
+def run_of(model: Any) -> dflow.Run:
+    run = ToolCallAgent(unique("same"), model, [short_lookup]).run("count")
+    assert run.result(30).answer == "done"
+    return run

@@ -5,7 +5,8 @@
 * a worker killed (``kill -9``) while a tool call is in flight costs only that call: a new
   worker makes it again and the conversation completes, every other tool ran exactly once
   (the calls of a turn run in one step, each call's result kept as it ends);
-* sessions of a ``RedisChatMemory`` agent stay apart, and outlive the worker processes.
+* sessions of a ``RedisChatMemory`` agent stay apart, and outlive the worker processes;
+* each turn's model-call record, kept as what its request adds, is shown whole as in local mode.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import pytest
 
 import dflow
 from dflow import DFlow
+from dflow.ops.conversations import described
 from dflow_agents import AgentResult, AgentStatus, RedisChatMemory
 from tests.support.runs import committed_tool_calls, wait_for, worker_pids
 from tests.support.workers import Cluster, transport_for
@@ -144,3 +146,23 @@ def test_sessions_keep_apart_and_outlive_the_workers(cluster: Cluster) -> None:
         ("assistant", "I am Ann | who am I? | and now?"),
     ], "each run appended its task and answer once, under the test's prefix"
     assert "Bob" not in repr(stored)
+
+
+@pytest.mark.timeout(120)
+def test_workers_record_each_turn_s_request_so_that_it_shows_as_in_local_mode(cluster: Cluster) -> None:
+    c = cluster
+    job = f"{c.prefix}:recorded"
+    DFlow.global_init_for_test()
+    try:
+        local = app.calc.run(app.calc_task(job))
+        local.result(10)
+        shown_locally = [messages for _, messages in described(local.context().as_dict())]
+    finally:
+        dflow.shutdown()
+    c.connect()
+    c.workers.start(2)  # the turns' records made by either worker, read back from Redis
+    run = app.calc.run(app.calc_task(job))
+    assert run.result(60) == EXPECTED
+    shown = [messages for _, messages in described(run.context().as_dict())]
+    assert [m["role"] for m in shown[0]].count("model call") == 3
+    assert shown == shown_locally, "every turn's request is shown whole, as local mode shows it"
