@@ -22,7 +22,7 @@ import dflow
 from dflow import RunCompensatedError, RunStatus, StepRecord, StepStatus
 from tests.integration.apps import saga_flows
 from tests.integration.conftest import REDIS_URL
-from tests.support.workers import Cluster
+from tests.support.workers import Cluster, deadlines_key
 
 
 @pytest.fixture(scope="module")
@@ -133,9 +133,7 @@ def test_a_run_waiting_past_its_deadline_times_out_compensated_though_a_worker_w
 ) -> None:
     run = saga_flows.cancel_pipeline.call({"hold": False}, trace_id=_id("deadline"), deadline=3)
     _until(lambda: run.info().waiting_for == "approval")
-    assert cluster.r.zscore(_deadlines_key(cluster), run.trace_id) is not None, (
-        "its deadline is a store timer"
-    )
+    assert cluster.r.zscore(deadlines_key(cluster), run.trace_id) is not None, "its deadline is a store timer"
     cluster.workers.kill_one()  # kill -9 while it waits: the deadline is the store's, not a worker's
     cluster.workers.start(1)
     error = _ended_compensated(run)
@@ -145,7 +143,7 @@ def test_a_run_waiting_past_its_deadline_times_out_compensated_though_a_worker_w
     assert _undone(cluster, run) == ["2", "1"], "its compensations ran, newest first, once each"
     with pytest.raises(dflow.NotWaitingError):
         dflow.DFlow.call("approval", "too late", run.trace_id)
-    assert cluster.r.zscore(_deadlines_key(cluster), run.trace_id) is None, "its deadline went"
+    assert cluster.r.zscore(deadlines_key(cluster), run.trace_id) is None, "its deadline went"
 
 
 def test_a_run_that_ends_before_its_deadline_leaves_no_timer_behind(cluster: Cluster) -> None:
@@ -153,14 +151,7 @@ def test_a_run_that_ends_before_its_deadline_leaves_no_timer_behind(cluster: Clu
     _until(lambda: run.info().waiting_for == "approval")
     dflow.DFlow.call("approval", "yes", run.trace_id)
     assert run.result(20) == "approved yes"
-    assert cluster.r.zscore(_deadlines_key(cluster), run.trace_id) is None
-
-
-def _deadlines_key(c: Cluster) -> str:
-    """The store's deadlines (one bucket on one server: its prefix is the store's)."""
-    keys = [str(k) for k in c.r.scan_iter(f"{c.prefix}*:deadlines")]
-    assert len(keys) <= 1, keys
-    return keys[0] if keys else f"{c.prefix}:deadlines"
+    assert cluster.r.zscore(deadlines_key(cluster), run.trace_id) is None
 
 
 def test_a_zip_branch_that_completed_is_undone_before_the_steps_before_the_zip(cluster: Cluster) -> None:

@@ -295,3 +295,11 @@ class Cluster:
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+def deadlines_key(c: Cluster) -> str:
+    """The Redis key of the deadline timers of ``c``'s store (one bucket on one server: its
+    prefix is the store's)."""
+    keys = [str(k) for k in c.r.scan_iter(f"{c.prefix}*:deadlines")]
+    assert len(keys) <= 1, keys
+    return keys[0] if keys else f"{c.prefix}:deadlines"
