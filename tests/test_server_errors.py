@@ -420,7 +420,7 @@ PINNED: dict[str, tuple[int, str, dict[str, str]]] = {
     ),
     "the console's runs with a bad status": (
         422,
-        "status 'bogus' is not a run status: use one of running, sleeping, waiting, done, failed, cancelled, compensated",
+        "status 'bogus' is not a run status: use one of running, sleeping, waiting, done, failed, cancelled, compensated, timed_out",
         JSON,
     ),
     "the console's runs with a bad limit": (422, "limit is a number of runs from 1 to 200, got '0'", JSON),
