@@ -146,7 +146,7 @@ class RedisStore(RunReads, KeepsSchedules, Store, StepParts):
         self._watch: FinishWatch | None = None
         self._state: RedisStateBackend | None = None
         self._live: RedisLiveFeed | None = None
-        self._parts = RedisParts(self.redis, ttl)
+        self._parts = RedisParts(self.redis, ttl, self._p)
         self._buckets: RedisTokenBucket | None = None
 
     @property
@@ -593,13 +593,13 @@ class RedisStore(RunReads, KeepsSchedules, Store, StepParts):
     # -- StepParts (see dflow.parts) ---------------------------------------------------
 
     async def save_part(self, trace_id: str, seq: int, part: str, blob: bytes) -> bytes:
-        return await self._parts.save(f"{self._p(trace_id)}:pt:{trace_id}:{seq}", part, blob)
+        return await self._parts.save(trace_id, seq, part, blob)
 
     async def saved_part(self, trace_id: str, seq: int, part: str) -> bytes | None:
-        return await self._parts.saved(f"{self._p(trace_id)}:pt:{trace_id}:{seq}", part)
+        return await self._parts.saved(trace_id, seq, part)
 
     async def drop_parts(self, trace_id: str, seq: int) -> None:
-        await self._parts.drop(f"{self._p(trace_id)}:pt:{trace_id}:{seq}")
+        await self._parts.drop(trace_id, seq)
 
     async def ping(self) -> None:
         with store_errors():
