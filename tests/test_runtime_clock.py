@@ -72,6 +72,44 @@ async def _test_the_timer_scan_repeats_when_the_runtime_clock_moves() -> None:
         await runtime.stop(1.0)
 
 
+class ClockMovedDuringScan(WatchedStore):
+    """A store whose first scan, as it returns, has the clock moved 30 s on by a task that
+    runs before the scanner's next turn: the clock moves while the scanner sets up its wait."""
+
+    def __init__(self, clock: FakeClock, **options: Any) -> None:
+        super().__init__(clock=clock, **options)
+        self.clock = clock
+        self.moved: asyncio.Task[None] | None = None
+
+    async def due(self, now: float, limit: int = 1000) -> tuple[list[Message], float | None]:
+        found = await super().due(now, limit)
+        if len(self.scans) == 1:
+            self.moved = asyncio.ensure_future(self.clock.advance(30.0))
+        return found
+
+
+def test_the_timer_scan_falls_due_when_the_clock_moves_while_the_scan_sets_up_its_wait() -> None:
+    asyncio.run(_test_the_timer_scan_falls_due_when_the_clock_moves_while_it_sets_up())
+
+
+async def _test_the_timer_scan_falls_due_when_the_clock_moves_while_it_sets_up() -> None:
+    clock = FakeClock()
+    store = ClockMovedDuringScan(clock)
+    runtime = Runtime(
+        MemoryTransport(), store, clock=clock, poll_interval=30.0, secret=KEY, deadlock_interval=None
+    )
+    start = clock.time()
+    await runtime.start(consume=False)
+    try:
+        await _until(lambda: store.moved is not None and store.moved.done())
+        # the wait set up after the first scan ends by the time the clock reached (a wait
+        # reckoned from the time read before the move would end 30 s after it: never here)
+        await _until(lambda: len(store.scans) == 2)
+        assert store.scans[1] - start == 30.0
+    finally:
+        await runtime.stop(1.0)
+
+
 def test_a_timer_the_runtime_sets_wakes_its_scan_at_the_timer_s_time_on_its_clock() -> None:
     asyncio.run(_test_a_timer_the_runtime_sets_wakes_its_scan())
 

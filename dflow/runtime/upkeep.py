@@ -90,11 +90,10 @@ class TimerScan:
         assert wake is not None
         while not self.life.stopping:
             until = deadline if self._due_hint is None else min(deadline, self._due_hint + 0.001)
-            pause = until - self.clock.time()
-            if pause <= 0:
+            if until <= self.clock.time():
                 return
             wake.clear()
-            await _sleep_or_wake(self.clock, pause, wake)
+            await _sleep_or_wake(self.clock, until, wake)
 
     def wake_at(self, at: float) -> None:
         """Scan the store's timers at ``at`` (this runtime made something fall due then)."""
@@ -162,16 +161,17 @@ class Leases:
                 await task
 
 
-async def _sleep_or_wake(clock: Clock, seconds: float, wake: asyncio.Event) -> None:
-    """Wait ``seconds`` on ``clock``, or until ``wake`` is set if that comes first."""
+async def _sleep_or_wake(clock: Clock, until: float, wake: asyncio.Event) -> None:
+    """Wait until ``until`` (the clock's ``time()``), or until ``wake`` is set if that comes
+    first."""
     if clock is SYSTEM_CLOCK:  # (the common case: one timer on the loop, no task)
-        timer = asyncio.get_running_loop().call_later(seconds, wake.set)
+        timer = asyncio.get_running_loop().call_later(until - clock.time(), wake.set)
         try:
             await wake.wait()
         finally:
             timer.cancel()
         return
-    sleeping = asyncio.ensure_future(clock.sleep(seconds))
+    sleeping = asyncio.ensure_future(_sleep_until(clock, until))
     woken = asyncio.ensure_future(wake.wait())
     try:
         await asyncio.wait((sleeping, woken), return_when=asyncio.FIRST_COMPLETED)
@@ -179,3 +179,12 @@ async def _sleep_or_wake(clock: Clock, seconds: float, wake: asyncio.Event) -> N
         for task in (sleeping, woken):
             task.cancel()
         await asyncio.gather(sleeping, woken, return_exceptions=True)
+
+
+async def _sleep_until(clock: Clock, until: float) -> None:
+    """Sleep on ``clock`` until ``until``, the pause reckoned when the sleep starts: a test's
+    clock may move between the task's creation and its first turn, and a pause reckoned
+    before would then end that much too late."""
+    pause = until - clock.time()
+    if pause > 0:
+        await clock.sleep(pause)
