@@ -17,7 +17,6 @@ import redis
 
 from dflow import RunStatus
 from dflow.adapters.redis import RedisStore
-from dflow.adapters.redis.client import disconnect
 from dflow.runtime.ticks import HOLD
 from dflow.schedules import ScheduleEntry, tick_trace_id
 from tests.support.workers import Workers, kafka_transport, streams_transport
@@ -87,7 +86,7 @@ def test_three_workers_start_one_run_per_tick_and_a_killed_firer_loses_and_doubl
         raise
     finally:
         workers.stop()
-        loop.run_until_complete(disconnect(store.redis))
+        loop.run_until_complete(store.close())  # (its finish watch too)
         loop.close()
         r.close()
 

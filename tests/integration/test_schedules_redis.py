@@ -8,7 +8,6 @@ import asyncio
 import pytest
 
 from dflow.adapters.redis import RedisStore
-from dflow.adapters.redis.client import disconnect
 from dflow.schedules import Schedule
 
 
@@ -25,7 +24,7 @@ def test_a_damaged_schedule_is_left_out_of_the_due_ones_and_the_others_fire(
             due, _ = await book.due(2000)
             assert [e.schedule.name for e in due] == ["good"]
         finally:
-            await disconnect(store.redis)
+            await store.close()
 
     asyncio.run(main())
     assert "schedule 'bad' cannot be read, so it does not fire" in caplog.text
