@@ -14,8 +14,12 @@ import pytest
 
 import dflow
 from dflow import DFlow
+from dflow.context import StepRecord, StepStatus
+from dflow.ops.failure_logs import log_commit
 from dflow.ops.logs import JsonFormatter
 from dflow.runtime import Runtime
+from dflow.store import Advance, Claim
+from dflow.wire.values import Message
 
 
 class Lines:
@@ -139,3 +143,23 @@ def test_a_step_an_error_handler_recovers_is_logged_as_recovered(lines: Lines) -
     mine = lines.of(run.trace_id)
     assert any("failed (attempt 1); an error handler recovered: ValueError" in m for m in mine), mine
     assert not any(m.startswith("ERROR") for m in mine)
+
+
+def test_a_retrys_wait_is_reckoned_on_the_runtime_clock_not_the_system_clock(lines: Lines) -> None:
+    # (a runtime on a FakeClock stamps its records and due times with that clock's time, far
+    # from the system's: the wait logged is the one the retry will take, 30 s)
+    message = Message("fake-clock-run", 3, "reserve", 1)
+    claim = Claim(message=message, token="t", frames=None, value=b"", data={})
+    record = StepRecord(
+        key="reserve",
+        seq=3,
+        status=StepStatus.RETRYING,
+        attempt=1,
+        started=1_000.0,
+        duration=0.5,
+        error={"type": "ValueError", "message": "no stock"},
+    )
+    log_commit(claim, [record], {}, Advance(frames=None, value=b"", message=message, at=1_030.5))
+    assert lines.of("fake-clock-run") == [
+        "WARNING dflow: step reserve of run fake-clock-run failed (attempt 2); retrying in 30.0s: ValueError: no stock"
+    ]

@@ -17,7 +17,6 @@ records do):
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -65,7 +64,9 @@ def _step_failed(trace_id: str, rec: StepRecord, transition: Transition, then: s
     if rec.status is StepStatus.RETRYING:
         then = "; retrying"
         if isinstance(transition, Advance) and transition.at is not None:
-            then += f" in {max(0.0, transition.at - time.time()):.1f}s"
+            # (the wait from the end of the attempt, both on the runtime's clock: the record's
+            # times are the clock's, which a test's FakeClock sets apart from the system's)
+            then += f" in {max(0.0, transition.at - (rec.started + rec.duration)):.1f}s"
     elif rec.status is StepStatus.FALLBACK:
         then = "; its fallback runs"
     log.warning(
