@@ -129,6 +129,16 @@ def test_a_call_past_the_tools_own_timeout_is_abandoned(tools: dict[str, McpTool
     assert run_tool(tools["add"], a=1, b=1)["observation"] == "2", "the session still serves calls"
 
 
+def test_tools_of_one_server_name_share_one_session_in_the_process(tools: dict[str, McpTool]) -> None:
+    # (a tool unpickled from a step's chain is a new object with the same server: it must not
+    # start a server process of its own)
+    copy = pickle.loads(pickle.dumps(tools["whoami"]))
+    first = run_tool(tools["whoami"])["output"]["result"]
+    assert run_tool(copy)["output"]["result"] == first, "the unpickled copy used the same session"
+    assert run_tool(tools["add"], a=1, b=2)["ok"]
+    assert run_tool(tools["whoami"])["output"]["result"] == first, "one server process for every call"
+
+
 def test_a_server_killed_between_calls_is_started_again_by_the_next_call(tools: dict[str, McpTool]) -> None:
     first = run_tool(tools["whoami"])["output"]["result"]
     os.kill(first, signal.SIGKILL)
