@@ -31,8 +31,9 @@ from pydantic import BaseModel, ConfigDict, Field
 import dflow
 from dflow import ContextStack, DFlow, Pipeline, Run
 
+from ._snapshot_events import check_events
 from ._window import estimate_tokens
-from .longterm import LongTermMemory, check_events, check_user, facts_prompt
+from .longterm import LongTermMemory, check_user, facts_prompt
 from .memory import ChatMemory, _check_session
 from .messages import ChatMessage, Usage
 from .options import LongTermRecall

@@ -42,13 +42,13 @@ fetched (robots.txt disallows them, or their site is unreachable).
 from __future__ import annotations
 
 import inspect
-import re
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from dflow import ContextStack, DFlow, Run
 
+from ._crawl_arguments import crawler_of, keyword_group, or_default, start_url
 from ._crawl_config import CrawlBudget, CrawlFunction, CrawlFunctions, CrawlScope
 from ._crawl_prompts import (
     Research,
@@ -67,7 +67,7 @@ from ._crawl_waves import Chunks, CrawlWaves, encoded_size, shares, site_of, val
 from ._urlmap import UrlMap, parse_id
 from .agent import RUNNING, Agent, AgentResult, AgentStatus, check_session, stop
 from .errors import ModelRetryableError
-from .fetch import Fetcher, Robots, normalize_url
+from .fetch import Fetcher, Robots
 from .function import AIFunction, ModelConfig
 from .memory import ChatMemory
 from .messages import ChatMessage
@@ -86,8 +86,6 @@ __all__ = [
     "summary_function",
     "validation_function",
 ]
-
-_URL_IN_TEXT = re.compile(r"https?://[^\s<>\"'`)\]]+")
 
 
 def research_function(model: ChatModel | CompletionModel, **options: Any) -> AIFunction[Research]:
@@ -143,19 +141,19 @@ class DeepCrawlerAgent(CrawlWaves, Agent):
         scope: CrawlScope | None = None,
         memory: ChatMemory | None = None,
     ) -> None:
-        functions = _group("functions", functions, CrawlFunctions)
-        self.budget = _group("budget", budget, CrawlBudget)
-        self.scope = _group("scope", scope, CrawlScope)
+        functions = keyword_group("functions", functions, CrawlFunctions)
+        self.budget = keyword_group("budget", budget, CrawlBudget)
+        self.scope = keyword_group("scope", scope, CrawlScope)
         if model is not None and not isinstance(model, (ChatModel, CompletionModel)):
             raise TypeError(f"model must be a ChatModel or a CompletionModel, got {model!r}")
         if functions.missing() and model is None:
             raise TypeError(
                 f"give a model, or the {', '.join(functions.missing())} function(s) it would make"
             )
-        self.fetcher, self.tool = _crawler(crawler)
-        self.research: CrawlFunction = _or_default(functions.research, research_function, model)
-        self.validation: CrawlFunction = _or_default(functions.validation, validation_function, model)
-        self.summary: CrawlFunction = _or_default(functions.summary, summary_function, model)
+        self.fetcher, self.tool = crawler_of(crawler)
+        self.research: CrawlFunction = or_default(functions.research, research_function, model)
+        self.validation: CrawlFunction = or_default(functions.validation, validation_function, model)
+        self.summary: CrawlFunction = or_default(functions.summary, summary_function, model)
         self.model_attempts = functions.attempts
         self.model_retry_backoff = functions.retry_backoff
         self._chunks = Chunks()
@@ -193,7 +191,7 @@ class DeepCrawlerAgent(CrawlWaves, Agent):
     def _crawl_request(self, query: str, session: str | None, url: str | None) -> dict[str, Any]:
         if not isinstance(query, str):
             raise TypeError(f"a crawl's task is a str, got {type(query).__qualname__}")
-        return {"query": query, "session": check_session(session), "url": _start_url(query, url)}
+        return {"query": query, "session": check_session(session), "url": start_url(query, url)}
 
     def _retrying(self, flow: DFlow[Any]) -> DFlow[Any]:
         return flow.retry(self.model_attempts, backoff=self.model_retry_backoff, on=ModelRetryableError)
@@ -207,7 +205,7 @@ class DeepCrawlerAgent(CrawlWaves, Agent):
             raise TypeError(
                 f"{self!r} starts from a task (str) or {{'query': str, 'url': str}}, got {request!r:.300}"
             )
-        start = _start_url(request["query"], request.get("url"))
+        start = start_url(request["query"], request.get("url"))
         state = await super()._start(ctx, request)
         ns = state["ns"]
         host = site_of(start)
@@ -458,21 +456,6 @@ class DeepCrawlerAgent(CrawlWaves, Agent):
         return [ChatMessage.user(state["query"]), ChatMessage.assistant(state.get("answer", ""))]
 
 
-def _start_url(query: str, url: str | None) -> str:
-    """The crawl's start: ``url``, or the first http(s) URL written in the task."""
-    if url is None:
-        found = _URL_IN_TEXT.search(query)
-        if found is None:
-            raise ValueError("a crawl needs a start URL: pass url='https://...' or write it in the task")
-        url = found.group(0).rstrip(".,;:!?")
-    if not isinstance(url, str):
-        raise TypeError(f"the start URL is a str, got {type(url).__qualname__}")
-    start = normalize_url(url)
-    if start is None:
-        raise ValueError(f"the start URL {url[:200]!r} is not an http(s) URL of at most 2048 characters")
-    return start
-
-
 def _too_large(what: str, value: Any) -> str | None:
     """Why ``value`` cannot be stored in one value of the run (it is over the store's limit),
     or ``None``."""
@@ -496,39 +479,3 @@ def _candidate(research: Research, views: list[dict[str, Any]]) -> dict[str, Any
     wanted = {f"L{n}" for n in (parse_id(s) for s in research.sources) if n is not None}
     sources = [v for v in readable if v["id"] in wanted] or readable
     return {"answer": research.answer.strip(), "sources": [v["id"] for v in sources], "pages": sources}
-
-
-def _or_default(
-    fn: CrawlFunction | None,
-    default: Callable[[ChatModel | CompletionModel], CrawlFunction],
-    model: ChatModel | CompletionModel | None,
-) -> CrawlFunction:
-    """``fn``, or the default function made on ``model`` (checked in ``__init__`` first)."""
-    if fn is not None:
-        return fn
-    if model is None:  # pragma: no cover - checked in __init__ first
-        raise TypeError("a default crawl function needs a model")
-    return default(model)
-
-
-_Group = TypeVar("_Group")
-
-
-def _group(what: str, value: _Group | None, kind: type[_Group]) -> _Group:
-    """``value``, a keyword group of the agent's settings, or its defaults when ``None``."""
-    if value is None:
-        return kind()
-    if not isinstance(value, kind):
-        raise TypeError(f"{what} must be a {kind.__name__}, got {value!r:.200}")
-    return value
-
-
-def _crawler(crawler: object) -> tuple[Fetcher, Tool | None]:
-    """The fetcher (robots.txt, limits) and the crawler tool, if any, of ``crawler``."""
-    if crawler is None or isinstance(crawler, Fetcher):
-        return crawler or Fetcher(), None
-    if not isinstance(crawler, Tool):
-        raise TypeError(f"crawler must be a Fetcher or a Tool taking a url, got {crawler!r}")
-    if "url" not in (crawler.parameters.get("properties") or {}):
-        raise ValueError(f"the crawler tool {crawler.name!r} must take a 'url' argument")
-    return Fetcher(), crawler

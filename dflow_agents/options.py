@@ -32,9 +32,10 @@ import dataclasses
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
+from ._snapshot_events import check_events
 from .compression import ContextCompression
 from .exchanges import CallRecording
-from .longterm import LongTermMemory, check_events, user_statements
+from .longterm import LongTermMemory, user_statements
 from .loopguard import LoopGuard
 from .messages import ChatMessage
 

@@ -1,9 +1,9 @@
 """The flow model: ``DFlow``, an immutable description of a chain of steps.
 
 Operators return new ``DFlow`` values; nothing runs until a pipeline made by ``init()``
-is called, or ``DFlow.direct_run`` starts a run. Modifiers (``id``, ``name``,
-``on_error_return``, ``retry``, ``timeout``, ``in_thread``, ``circuit``, ``rate_limit``, ``compensate``,
-``fallback``) apply to the last node.
+is called, or ``DFlow.direct_run`` starts a run (see ``model.direct_run``). Modifiers
+(``id``, ``name``, ``on_error_return``, ``retry``, ``timeout``, ``in_thread``, ``circuit``,
+``rate_limit``, ``compensate``, ``fallback``) apply to the last node.
 """
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 from ..errors import BuildError
 from ..policy import RetryPolicy, exception_classes
 from ..rate_limits import RateLimit
-from ..wire.values import encode
 from .deadlines import check_deadline
-from .nodes import Fallback, Frame, Kind, Node, compile_flow
-from .pipeline import Pipeline, Start, entry_run, new_trace
+from .direct_run import adirect_run
+from .direct_run import direct_run as direct_run  # (dflow.flow offers it from here)
+from .nodes import Fallback, Kind, Node, compile_flow
+from .pipeline import Pipeline
 from .queues import check_queue, with_default_queue
 from .running import runner
 from .signature import takes_ctx as _takes_ctx
@@ -32,7 +33,6 @@ __all__ = ["DFlow", "InitParam", "adirect_run"]
 
 T = TypeVar("T")
 U = TypeVar("U")
-P = TypeVar("P")  # the parameter of a direct_run
 #: the output of a flow: covariant, as a ``DFlow[int]`` is a flow of ``int | str`` too (a
 #: ``zip`` or a ``flat_map`` with flows of several types). Type parameters cost nothing at run
 #: time: ``Generic`` adds no ``__init__`` or ``__new__``, and nodes are made with ``object.__new__``.
@@ -54,27 +54,9 @@ class InitParam(Generic[T]):
 
 
 if TYPE_CHECKING:
-    from typing import ClassVar, Protocol, TypeAlias
+    from typing import ClassVar
 
-    # what direct_run calls: ``builder(param)`` or ``builder(ctx, param)``, sync or async
-    _Builder: TypeAlias = Callable[[P], "DFlow[U] | Awaitable[DFlow[U]]"]
-    _CtxBuilder: TypeAlias = Callable[["ContextStack", P], "DFlow[U] | Awaitable[DFlow[U]]"]
-
-    class _DirectRun(Protocol):
-        """``DFlow.direct_run``, as type checkers see it."""
-
-        @overload
-        def __call__(self, param: InitParam[P], builder: _Builder[P, U]) -> Run[U]: ...
-        @overload
-        def __call__(self, param: InitParam[P], builder: _CtxBuilder[P, U]) -> Run[U]: ...
-        @overload
-        def __call__(self, param: P, builder: _Builder[P, U]) -> Run[U]: ...
-        @overload
-        def __call__(self, param: P, builder: _CtxBuilder[P, U]) -> Run[U]: ...
-        def __call__(self, param: Any, builder: Callable[..., Any]) -> Run[Any]:
-            """Start a run that calls ``builder(value)`` or ``builder(ctx, value)`` and runs the
-            flow it returns. ``param`` is the value, or an ``InitParam`` with a trace id."""
-            ...
+    from .direct_run import DirectRun
 
 
 class DFlow(Node, Generic[T_co]):
@@ -429,10 +411,10 @@ class DFlow(Node, Generic[T_co]):
         return Pipeline._create(flow, name, seconds)
 
     if TYPE_CHECKING:
-        # Type checkers see a callable attribute (what it is: see _DirectRun), not a static
+        # Type checkers see a callable attribute (what it is: see DirectRun), not a static
         # method: mypy infers a lambda builder's flow as DFlow[Never] when a generic static
         # method is reached through the class DFlow, whose type parameter it adds to the call.
-        direct_run: ClassVar[_DirectRun]
+        direct_run: ClassVar[DirectRun]
     else:
 
         @staticmethod
@@ -489,45 +471,3 @@ def _branches_of(op: str, flows: tuple[Any, ...]) -> tuple[DFlow[Any], ...]:
     if not out:
         raise BuildError(f"DFlow.{op} needs at least one flow")
     return tuple(out)
-
-
-# -- running a flow built at run time ------------------------------------------------------
-
-_DIRECT = "direct_run"
-
-
-def _direct_new_run(param: Any, builder: Callable[..., DFlow[Any] | Awaitable[DFlow[Any]]]) -> Start:
-    if isinstance(param, InitParam):
-        value, trace_id = param.param, new_trace(param.trace_id)
-    else:
-        value, trace_id = param, new_trace(None)
-    flow = DFlow.from_call(_DIRECT).flat_map(builder).id(f"{_DIRECT}.build")
-    flow.__dict__["_transparent"] = True  # the built flow's keys are the run's own
-    frame = Frame(compile_flow(flow), 0)
-    return entry_run(trace_id, (frame,), encode(value, "the parameter of direct_run"), frame.key)
-
-
-@overload
-def direct_run(param: InitParam[P], builder: _Builder[P, U]) -> Run[U]: ...
-@overload
-def direct_run(param: InitParam[P], builder: _CtxBuilder[P, U]) -> Run[U]: ...
-@overload
-def direct_run(param: P, builder: _Builder[P, U]) -> Run[U]: ...
-@overload
-def direct_run(param: P, builder: _CtxBuilder[P, U]) -> Run[U]: ...
-def direct_run(param: Any, builder: Callable[..., DFlow[Any] | Awaitable[DFlow[Any]]]) -> Run[Any]:
-    """Start a run of the flow ``builder(value)`` returns (see ``DFlow.direct_run``)."""
-    return runner().start(_direct_new_run(param, builder))
-
-
-@overload
-async def adirect_run(param: InitParam[P], builder: _Builder[P, U]) -> Run[U]: ...
-@overload
-async def adirect_run(param: InitParam[P], builder: _CtxBuilder[P, U]) -> Run[U]: ...
-@overload
-async def adirect_run(param: P, builder: _Builder[P, U]) -> Run[U]: ...
-@overload
-async def adirect_run(param: P, builder: _CtxBuilder[P, U]) -> Run[U]: ...
-async def adirect_run(param: Any, builder: Callable[..., DFlow[Any] | Awaitable[DFlow[Any]]]) -> Run[Any]:
-    """Async ``DFlow.direct_run``: start a run of the flow ``builder(value)`` returns."""
-    return await runner().astart(_direct_new_run(param, builder))
