@@ -202,7 +202,8 @@ class NewRun:
 
 @dataclass(slots=True)
 class RunPage:
-    """One page of runs, newest first; ``cursor`` fetches the next page (None: no more)."""
+    """One page of runs, newest first (or oldest first, as asked); ``cursor`` fetches the
+    next page (None: no more)."""
 
     runs: list[RunInfo]
     cursor: str | None
@@ -443,13 +444,15 @@ class RunReader(ABC):
         status: RunStatus | None = None,
         pipeline: str | None = None,
         cursor: str | None = None,
+        oldest_first: bool = False,
     ) -> RunPage:
         """A page of at most ``limit`` (1 to 1000) root runs (runs without a parent: zip/any
         branches are reached through theirs), newest first (by creation time, then trace
-        id); when given, only those whose status is now ``status`` and those ``pipeline``
-        started. ``cursor``, from the page before, goes on after its last run: runs created
-        meanwhile never shift later pages. ``ValueError`` for a malformed cursor or another
-        bad argument. A run leaves the listings when the store lets it expire."""
+        id), or with ``oldest_first`` oldest first; when given, only those whose status is
+        now ``status`` and those ``pipeline`` started. ``cursor``, from the page before (of
+        the same order), goes on after its last run: runs created or expired meanwhile never
+        shift later pages. ``ValueError`` for a malformed cursor, one of the other order, or
+        another bad argument. A run leaves the listings when the store lets it expire."""
 
     async def find_runs(self, id_start: str, limit: int = 20) -> list[RunInfo]:
         """At most ``limit`` (1 to 1000) root runs whose trace id starts with ``id_start``, in

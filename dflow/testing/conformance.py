@@ -10,7 +10,8 @@ Subclass one in a test module and provide its fixture::
 ``make_store(ttl=..., blob_ttl=..., redispatch_after=...)`` returns a fresh, empty store.
 ``StoreContract`` is the whole store: its write side (``RunWriterContract``, in ``writes``
 and ``joins``), its read side (``RunReaderContract``, ``reads``), its listings
-(``RunListingContract``, ``listing``), the cancelling of runs that hold compensations
+(``RunListingContract``, ``listing``; oldest first: ``OldestFirstListingContract``,
+``listing_oldest``), the cancelling of runs that hold compensations
 (``SagaStoreContract``, ``saga``), the calls that come early (``MailboxContract``, ``mailbox``)
 and the runs' deadlines (``DeadlineContract``, ``deadlines``: skipped for a store that keeps
 none); a suite for one part needs the same fixture.
@@ -28,6 +29,7 @@ from .cases import MALFORMED_MESSAGES
 from .deadlines import DeadlineContract
 from .fused import FusedStoreContract
 from .listing import RunListingContract
+from .listing_oldest import OldestFirstListingContract
 from .mailbox import MailboxContract
 from .rate_limits import TokenBucketContract
 from .reads import RunReaderContract
@@ -41,6 +43,7 @@ __all__ = [
     "DeadlineContract",
     "FusedStoreContract",
     "MailboxContract",
+    "OldestFirstListingContract",
     "RunListingContract",
     "RunReaderContract",
     "RunWriterContract",
@@ -56,6 +59,7 @@ class StoreContract(
     RunWriterContract,
     RunReaderContract,
     RunListingContract,
+    OldestFirstListingContract,
     SagaStoreContract,
     MailboxContract,
     DeadlineContract,

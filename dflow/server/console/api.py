@@ -170,6 +170,7 @@ def _runs_json(listed: RunsList) -> dict[str, Any]:
             for i in listed.found.runs
         ],
         "cursor": listed.found.cursor,
+        "sort": "oldest" if listed.oldest_first else "newest",
         "counts": {s.value: n for s, n in listed.counts.items()},
     }
 

@@ -148,6 +148,7 @@ def _page_routes(router: APIRouter, console: Console) -> None:
                 logout=not console.auth.open,
                 parked=listed.parked,
                 window=listed.window,
+                oldest_first=listed.oldest_first,
                 notice=notice,
                 schedules="" if listed.cursor else schedules_table(await kept_schedules(console)),
             )
