@@ -34,6 +34,9 @@ Optional parts, each found by the runtime without a flag to set:
   while they run (a model streaming its reply). Without it they are dropped.
 - ``token_bucket``: a ``dflow.rate_limits.TokenBucket`` (1 method, ``TokenBucketContract``)
   for the steps' ``rate_limit``. Without it a rate-limited step raises ``ConfigurationError``.
+- ``worker_beats``: a ``dflow.workers.WorkerBeats`` beside the store (3 methods,
+  ``WorkerBeatsContract``), where workers publish a beat every few seconds: the console's
+  workers page. Without it no worker is listed.
 - ``keeps_deadlines``: a store that honours the runs' deadlines (``NewRun.deadline``,
   ``DeadlineContract``) sets it. Without it a run with a deadline is refused.
 - ``ping`` and ``close``: no-ops by default.
@@ -61,6 +64,7 @@ from .wire.values import Message
 if TYPE_CHECKING:
     from .rate_limits import TokenBucket
     from .shared_state import StateBackend
+    from .workers import WorkerBeats
 
 __all__ = [
     "Advance",
@@ -589,6 +593,14 @@ class Store(RunWriter, RunReader):
         """Where this store keeps its runs' live events (``dflow.live``); a store that
         keeps none has ``NO_LIVE_FEED``: followers see the committed steps only."""
         return NO_LIVE_FEED
+
+    @property
+    def worker_beats(self) -> WorkerBeats:
+        """Where this store keeps its workers' beats (``dflow.workers``); a store that keeps
+        none has ``NO_WORKER_BEATS``: no worker is listed."""
+        from .workers import NO_WORKER_BEATS
+
+        return NO_WORKER_BEATS
 
     @property
     def token_bucket(self) -> TokenBucket:

@@ -12,7 +12,8 @@ Subclass one in a test module and provide its fixture::
 and ``joins``), its read side (``RunReaderContract``, ``reads``), its listings
 (``RunListingContract``, ``listing``; oldest first: ``OldestFirstListingContract``,
 ``listing_oldest``), the cancelling of runs that hold compensations
-(``SagaStoreContract``, ``saga``), the calls that come early (``MailboxContract``, ``mailbox``)
+(``SagaStoreContract``, ``saga``), the workers' beats (``WorkerBeatsContract``, ``workers``:
+skipped for a store that keeps none), the calls that come early (``MailboxContract``, ``mailbox``)
 and the runs' deadlines (``DeadlineContract``, ``deadlines``: skipped for a store that keeps
 none); a suite for one part needs the same fixture.
 ``make_fused(**opts)`` (``FusedStoreContract``, ``fused``) returns a fresh ``FusedDispatch``
@@ -36,6 +37,7 @@ from .reads import RunReaderContract
 from .saga import SagaStoreContract
 from .state import StateBackendContract
 from .transport import TransportContract
+from .workers import WorkerBeatsContract
 from .writes import RunWriterContract
 
 __all__ = [
@@ -52,6 +54,7 @@ __all__ = [
     "StoreContract",
     "TokenBucketContract",
     "TransportContract",
+    "WorkerBeatsContract",
 ]
 
 
@@ -63,6 +66,7 @@ class StoreContract(
     SagaStoreContract,
     MailboxContract,
     DeadlineContract,
+    WorkerBeatsContract,
 ):
     """What a ``Store`` must do: every part of it. Needs the fixture
     ``make_store(**options) -> Store``, a plain store (one that returns the messages to
