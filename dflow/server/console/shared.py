@@ -17,6 +17,7 @@ from ...patterns.rerun import RERUN_KEY, link_of
 from ...run_pages import ANY_TIME, StartedWindow, page_in_window, parse_sort, parse_started
 from ...store import RunPage, Store
 from ...wire.ids import is_run_id
+from ...workers import WorkerBeat
 from ..errors import InvalidRequest, MalformedRequest, NotFound
 from ..runs import on_runtime, runtime_store
 from .auth import ConsoleAuth, Credential
@@ -88,6 +89,10 @@ class Console:
                 f"no run {trace_id[:200]!r} (never started, or expired)", trace_id=trace_id
             )
         return info
+
+    async def workers(self) -> list[WorkerBeat]:
+        """The workers alive (``dflow.workers``), by id: one read of the store's beats."""
+        return await self.on_store(self.store.worker_beats.alive())
 
     async def tree(self, trace_id: str) -> RunTree:
         """The run's step tree, read."""
