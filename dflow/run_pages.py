@@ -3,14 +3,16 @@ creation time in whole milliseconds, then its trace id), the opaque cursor that 
 position from one page to the next, and the checks of ``Store.page_runs``' arguments.
 
 A listing is newest first: by creation millisecond, descending, and within one millisecond
-by trace id, descending (the order of a Redis sorted set read backwards). A cursor names
-the last run of a page; the next page holds the runs strictly after it in that order, so
-runs created meanwhile (newer) never shift the pages that follow.
+by trace id, descending (the order of a Redis sorted set read backwards); or, asked so
+(``oldest_first``), the other way round. A cursor names the last run of a page and the
+order it was read in; the next page holds the runs strictly after it in that order, so
+runs created meanwhile (newer) never shift the pages that follow, and runs that expire
+meanwhile (the oldest, mostly) only leave them.
 
 A time window (:class:`StartedWindow`: runs started after, before) narrows any store's
-listing without a store of its own: "before" is where the first page starts (a position
-older than every run of that millisecond), "after" is where the last page ends (the first
-run older than it ends the listing). Each page still costs one ``page_runs``.
+listing without a store of its own: newest first, "before" is where the first page starts
+(a position older than every run of that millisecond), "after" is where the last page ends
+(the first run older than it ends the listing); oldest first, the other way round. Each page still costs one ``page_runs``.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ __all__ = [
     "ANY_TIME",
     "MAX_LIMIT",
     "MAX_MS",
+    "SORTS",
     "StartedWindow",
     "check_find",
     "check_page",
@@ -40,11 +43,14 @@ __all__ = [
     "decode_cursor",
     "encode_cursor",
     "page_in_window",
+    "parse_sort",
     "parse_started",
 ]
 
 MAX_LIMIT = 1000  #: the most runs one page may hold
 MAX_MS = 10**13 - 1  #: creation times are kept in milliseconds below this (the year 2286)
+SORTS = ("newest", "oldest")  #: the orders of a listing, as a query names them
+_OLDEST = "o"  # before the position in the cursor of a listing oldest first
 _MAX_CURSOR = 2048  # characters: a cursor carries a run id (at most 1024 characters) and a time
 _B64 = re.compile(r"[A-Za-z0-9_-]+")
 _MS = re.compile(r"[0-9]{1,13}")
@@ -56,15 +62,16 @@ def created_ms(created: float) -> int:
     return min(max(int(created * 1000), 0), MAX_MS)
 
 
-def encode_cursor(ms: int, trace_id: str) -> str:
-    """The cursor of the run at position (``ms``, ``trace_id``)."""
-    raw = f"{ms}:{trace_id}".encode()
+def encode_cursor(ms: int, trace_id: str, oldest_first: bool = False) -> str:
+    """The cursor of the run at position (``ms``, ``trace_id``) of a listing newest first
+    (or, with ``oldest_first``, of one oldest first)."""
+    raw = f"{_OLDEST if oldest_first else ''}{ms}:{trace_id}".encode()
     return base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
 
 
-def decode_cursor(cursor: str) -> tuple[int, str]:
-    """The position a cursor names; ``ValueError`` saying so for anything not made by
-    :func:`encode_cursor`."""
+def decode_cursor(cursor: str, oldest_first: bool = False) -> tuple[int, str]:
+    """The position a cursor of a listing in this order names; ``ValueError`` saying so
+    for anything not made by :func:`encode_cursor`, or made for the other order."""
     if not isinstance(cursor, str) or len(cursor) > _MAX_CURSOR or _B64.fullmatch(cursor) is None:
         raise _malformed(cursor)
     try:
@@ -72,25 +79,52 @@ def decode_cursor(cursor: str) -> tuple[int, str]:
     except (binascii.Error, UnicodeDecodeError, ValueError):
         raise _malformed(cursor) from None
     ms, sep, trace_id = raw.partition(":")
-    if not sep or not trace_id or _MS.fullmatch(ms) is None or encode_cursor(int(ms), trace_id) != cursor:
+    oldest = ms.startswith(_OLDEST)
+    ms = ms.removeprefix(_OLDEST)
+    if (
+        not sep
+        or not trace_id
+        or _MS.fullmatch(ms) is None
+        or encode_cursor(int(ms), trace_id, oldest) != cursor
+    ):
         raise _malformed(cursor)
+    if oldest is not oldest_first:
+        made, asked = ("oldest", "newest") if oldest else ("newest", "oldest")
+        raise ValueError(
+            f"run cursor {_shown_cursor(cursor)} is of a listing {made} first, not {asked} first: "
+            f"page on in the order it was made in, or start the {asked}-first listing from its first page"
+        )
     return int(ms), trace_id
 
 
+def _shown_cursor(cursor: object) -> str:
+    return repr(cursor) if not isinstance(cursor, str) or len(cursor) <= 60 else repr(cursor[:57] + "...")
+
+
 def _malformed(cursor: object) -> ValueError:
-    shown = repr(cursor) if not isinstance(cursor, str) or len(cursor) <= 60 else repr(cursor[:57] + "...")
     return ValueError(
-        f"malformed run cursor {shown}: pass back the cursor of the page before, unchanged "
+        f"malformed run cursor {_shown_cursor(cursor)}: pass back the cursor of the page before, unchanged "
         "(or none for the first page)"
     )
 
 
+def parse_sort(value: str | None) -> bool:
+    """Whether the listing order ``value`` names (``newest``, the default, or ``oldest``)
+    is oldest first; ``ValueError`` naming the value and the choices otherwise."""
+    if value is None or value == "newest":
+        return False
+    if value == "oldest":
+        return True
+    shown = repr(value) if not isinstance(value, str) or len(value) <= 40 else repr(value[:37] + "...")
+    raise ValueError(f"sort {shown} is not an order of the runs list: use one of {', '.join(SORTS)}")
+
+
 def check_page(
-    limit: int, status: RunStatus | None, pipeline: str | None, cursor: str | None
+    limit: int, status: RunStatus | None, pipeline: str | None, cursor: str | None, oldest_first: bool = False
 ) -> tuple[RunStatus | None, tuple[int, str] | None]:
     """Check the arguments of ``Store.page_runs``: the status (a ``RunStatus``, or its
-    value) and the position after which the page starts; ``ValueError`` saying what is
-    wrong."""
+    value) and the position after which the page starts (in the order ``oldest_first``
+    says); ``ValueError`` saying what is wrong."""
     if type(limit) is not int or not 1 <= limit <= MAX_LIMIT:
         raise ValueError(
             f"a page holds 1 to {MAX_LIMIT} runs: limit must be an int in that range, got {limit!r}"
@@ -102,7 +136,9 @@ def check_page(
             known = ", ".join(s.value for s in RunStatus)
             raise ValueError(f"unknown run status {status!r}; the statuses are {known}") from None
     check_pipeline(pipeline)
-    return status, (None if cursor is None else decode_cursor(cursor))
+    if type(oldest_first) is not bool:
+        raise ValueError(f"oldest_first must be True or False, got {oldest_first!r}")
+    return status, (None if cursor is None else decode_cursor(cursor, oldest_first))
 
 
 def check_find(id_start: str, limit: int) -> None:
@@ -154,21 +190,28 @@ class StartedWindow:
         """Whether the window leaves any run out."""
         return self.after is not None or self.before is not None
 
-    def first_cursor(self) -> str | None:
-        """Where the first page starts: after a position older than every run started at or
-        after ``before`` (``None``: from the newest run)."""
-        if self.before is None:
+    def first_cursor(self, oldest_first: bool = False) -> str | None:
+        """Where the first page starts: newest first, after a position older than every run
+        started at or after ``before`` (``None``: from the newest run); oldest first, after
+        a position older than every run started at or after ``after`` (``None``: from the
+        oldest)."""
+        bound = self.after if oldest_first else self.before
+        if bound is None:
             return None
-        return encode_cursor(created_ms(self.before), "\x00")  # (no run id sorts before it)
+        return encode_cursor(created_ms(bound), "\x00", oldest_first)  # (no run id sorts before it)
 
-    def keeps(self, created: float) -> bool:
-        """Whether a run started at ``created`` is not older than the window."""
+    def keeps(self, created: float, oldest_first: bool = False) -> bool:
+        """Whether a run started at ``created`` has not passed the end of the window a
+        listing in this order reaches last: newest first, it is not older than the window;
+        oldest first, not newer."""
+        if oldest_first:
+            return self.before is None or created_ms(created) < created_ms(self.before)
         return self.after is None or created_ms(created) >= created_ms(self.after)
 
     def holds(self, created: float) -> bool:
         """Whether a run started at ``created`` is in the window (as a listing counts:
         by the millisecond)."""
-        return self.keeps(created) and (self.before is None or created_ms(created) < created_ms(self.before))
+        return self.keeps(created) and self.keeps(created, oldest_first=True)
 
 
 ANY_TIME = StartedWindow()  #: the window that keeps every run
@@ -182,14 +225,19 @@ async def page_in_window(
     status: RunStatus | None = None,
     pipeline: str | None = None,
     cursor: str | None = None,
+    oldest_first: bool = False,
 ) -> RunPage:
-    """``store.page_runs`` narrowed to the runs ``window`` keeps: newest first, one call a
-    page; the page that reaches a run older than the window is the last (so a full page
-    whose last run is the window's oldest has a cursor, to a page with no runs)."""
+    """``store.page_runs`` narrowed to the runs ``window`` keeps: newest first (or oldest
+    first), one call a page; the page that reaches a run past the window is the last (so a
+    full page whose last run is the window's last has a cursor, to a page with no runs)."""
     page = await store.page_runs(
-        limit, status=status, pipeline=pipeline, cursor=cursor or window.first_cursor()
+        limit,
+        status=status,
+        pipeline=pipeline,
+        cursor=cursor or window.first_cursor(oldest_first),
+        oldest_first=oldest_first,
     )
-    kept = [r for r in page.runs if window.keeps(r.created)]
+    kept = [r for r in page.runs if window.keeps(r.created, oldest_first)]
     return replace(page, runs=kept, cursor=page.cursor if len(kept) == len(page.runs) else None)
 
 

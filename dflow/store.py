@@ -34,6 +34,9 @@ Optional parts, each found by the runtime without a flag to set:
   while they run (a model streaming its reply). Without it they are dropped.
 - ``token_bucket``: a ``dflow.rate_limits.TokenBucket`` (1 method, ``TokenBucketContract``)
   for the steps' ``rate_limit``. Without it a rate-limited step raises ``ConfigurationError``.
+- ``worker_beats``: a ``dflow.workers.WorkerBeats`` beside the store (3 methods,
+  ``WorkerBeatsContract``), where workers publish a beat every few seconds: the console's
+  workers page. Without it no worker is listed.
 - ``keeps_deadlines``: a store that honours the runs' deadlines (``NewRun.deadline``,
   ``DeadlineContract``) sets it. Without it a run with a deadline is refused.
 - ``ping`` and ``close``: no-ops by default.
@@ -61,6 +64,7 @@ from .wire.values import Message
 if TYPE_CHECKING:
     from .rate_limits import TokenBucket
     from .shared_state import StateBackend
+    from .workers import WorkerBeats
 
 __all__ = [
     "Advance",
@@ -202,7 +206,8 @@ class NewRun:
 
 @dataclass(slots=True)
 class RunPage:
-    """One page of runs, newest first; ``cursor`` fetches the next page (None: no more)."""
+    """One page of runs, newest first (or oldest first, as asked); ``cursor`` fetches the
+    next page (None: no more)."""
 
     runs: list[RunInfo]
     cursor: str | None
@@ -443,13 +448,15 @@ class RunReader(ABC):
         status: RunStatus | None = None,
         pipeline: str | None = None,
         cursor: str | None = None,
+        oldest_first: bool = False,
     ) -> RunPage:
         """A page of at most ``limit`` (1 to 1000) root runs (runs without a parent: zip/any
         branches are reached through theirs), newest first (by creation time, then trace
-        id); when given, only those whose status is now ``status`` and those ``pipeline``
-        started. ``cursor``, from the page before, goes on after its last run: runs created
-        meanwhile never shift later pages. ``ValueError`` for a malformed cursor or another
-        bad argument. A run leaves the listings when the store lets it expire."""
+        id), or with ``oldest_first`` oldest first; when given, only those whose status is
+        now ``status`` and those ``pipeline`` started. ``cursor``, from the page before (of
+        the same order), goes on after its last run: runs created or expired meanwhile never
+        shift later pages. ``ValueError`` for a malformed cursor, one of the other order, or
+        another bad argument. A run leaves the listings when the store lets it expire."""
 
     async def find_runs(self, id_start: str, limit: int = 20) -> list[RunInfo]:
         """At most ``limit`` (1 to 1000) root runs whose trace id starts with ``id_start``, in
@@ -586,6 +593,14 @@ class Store(RunWriter, RunReader):
         """Where this store keeps its runs' live events (``dflow.live``); a store that
         keeps none has ``NO_LIVE_FEED``: followers see the committed steps only."""
         return NO_LIVE_FEED
+
+    @property
+    def worker_beats(self) -> WorkerBeats:
+        """Where this store keeps its workers' beats (``dflow.workers``); a store that keeps
+        none has ``NO_WORKER_BEATS``: no worker is listed."""
+        from .workers import NO_WORKER_BEATS
+
+        return NO_WORKER_BEATS
 
     @property
     def token_bucket(self) -> TokenBucket:

@@ -300,6 +300,52 @@ def test_the_runs_list_keeps_the_runs_started_in_a_window_of_time(browser: httpx
     assert 'class="reset"' in html
 
 
+def test_the_runs_list_pages_oldest_first_with_its_filters_and_links_to_either_order(
+    browser: httpx.Client,
+) -> None:
+    made = []
+    for i in range(3):
+        if made:  # each run in a millisecond of its own
+            last = made[-1].info().created
+            while time.time() < last + 0.005:
+                time.sleep(0.001)
+        made.append(twice.call(i))
+    assert [r.result(10) for r in made] == [2, 4, 6]
+    since = {"pipeline": "con-twice", "status": "done", "after": iso(made[0].info().created)}
+    seen: list[str] = []
+    cursor = None
+    for _ in range(10):
+        got = browser.get(
+            "/console/api/runs", params={**since, "sort": "oldest", "limit": 1, "cursor": cursor or ""}
+        )
+        assert got.status_code == 200 and got.json()["sort"] == "oldest"
+        seen += [r["trace_id"] for r in got.json()["runs"]]
+        cursor = got.json()["cursor"]
+        if not cursor:
+            break
+    assert seen[:3] == [r.trace_id for r in made], "oldest first, from the start of the window"
+    newest = browser.get("/console/api/runs", params={**since, "sort": "newest"}).json()
+    assert newest["sort"] == "newest" and [r["trace_id"] for r in newest["runs"]][-3:] == [
+        r.trace_id for r in reversed(made)
+    ]
+    html = browser.get("/console/", params={**since, "limit": 1}).text
+    control = re.search(r'<a class="chip" data-sort="oldest" href="([^"]+)"', html)
+    assert (
+        control is not None and "sort=oldest" in control.group(1) and "pipeline=con-twice" in control.group(1)
+    )
+    assert 'class="chip on" aria-current="true" data-sort="newest"' in html
+    html = browser.get("/console/", params={**since, "limit": 1, "sort": "oldest"}).text
+    assert made[0].trace_id in html and made[1].trace_id not in html
+    assert '<input type="hidden" name="sort" value="oldest">' in html, "the filters keep the order"
+    nxt = re.search(r'<a class="next" href="([^"]+)"', html)
+    assert nxt is not None and "sort=oldest" in nxt.group(1) and "cursor=" in nxt.group(1)
+    back = re.search(r'<a class="chip" data-sort="newest" href="([^"]+)"', html)
+    assert back is not None and "sort=" not in back.group(1) and "cursor=" not in back.group(1)
+    newest_cursor = browser.get("/console/api/runs", params={**since, "limit": 1}).json()["cursor"]
+    wrong = browser.get("/console/api/runs", params={"sort": "oldest", "cursor": newest_cursor})
+    assert wrong.status_code == 400 and "newest first, not oldest first" in wrong.json()["detail"]
+
+
 def test_the_run_id_box_goes_to_the_one_run_whose_id_starts_so_or_lists_them_all(
     browser: httpx.Client,
 ) -> None:
@@ -450,6 +496,11 @@ def test_the_runs_list_refuses_bad_filters(browser: httpx.Client) -> None:
         ({"before": "2026-13-01"}, 422, "before '2026-13-01' is not a time"),
         ({"after": "2026-12-02T10:00", "before": "2026-12-02T09:00"}, 422, "must come before its end"),
         ({"after": "2" * 41}, 422, "over the limit"),
+        (
+            {"sort": "sideways"},
+            422,
+            "sort 'sideways' is not an order of the runs list: use one of newest, oldest",
+        ),
     ):
         for path in ("/console/api/runs", "/console/"):
             r = browser.get(path, params=params)

@@ -1,7 +1,9 @@
 """The web console in a real browser: the system's headless chromium driven by Playwright
 (never a downloaded browser; the tests skip without chromium, and fail under ``CI``).
 
-A test logs in through the form and finds its run in the runs list; a run page draws the
+A test logs in through the form and finds its run in the runs list, turns the list oldest first
+and back (its filters kept); the workers page shows the step this runtime runs, refreshed
+without a reload, linking to its run; a run page draws the
 step tree and follows the run live while it advances; answering a ``from_call`` from the
 page resumes the run (invalid JSON is refused before anything is sent); cancelling from the
 page cancels it (dismissing the confirmation does not); an action without the login or the
@@ -13,6 +15,7 @@ conversation, then the committed one takes its place. Screenshots go to each tes
 from __future__ import annotations
 
 import re
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -56,6 +59,16 @@ counted = (
     .id("triple")
     .init("cb-count")
 )
+_release = threading.Event()  # (a module's: a step's function may not capture a lock)
+
+
+def held(x: int) -> int:
+    _release.wait(20)
+    return x
+
+
+holding = DFlow.from_call("cb-hold").map(held).id("held").in_thread().init("cb-hold")
+ordered = DFlow.from_call("cb-order").map(lambda x: x * 10).id("tens").init("cb-order")
 shouting = (
     DFlow.from_call("cb-shout")
     .map(lambda x: HOSTILE)
@@ -202,6 +215,52 @@ def test_the_runs_list_keeps_the_runs_started_in_the_window_of_time_given_in_its
     expect(row).to_have_count(0)
     page.click("a.reset")
     expect(row).to_be_visible()
+
+
+def test_the_runs_list_turns_to_oldest_first_and_back_keeping_its_filters(page: Any) -> None:
+    made = []
+    for i in range(2):
+        if made:  # each run in a millisecond of its own
+            last = made[-1].info().created
+            while time.time() < last + 0.005:
+                time.sleep(0.001)
+        made.append(ordered.call(i))
+    assert [r.result(10) for r in made] == [0, 10]
+    page.fill("input[name=pipeline]", "cb-order")
+    page.click(".filters button[type=submit]")
+    rows = page.locator("tr.run-row")
+    expect(rows.first).to_have_attribute("data-trace", made[1].trace_id)
+    page.click("a[data-sort=oldest]")
+    expect(page.locator("a[data-sort=oldest]")).to_have_attribute("aria-current", "true")
+    expect(rows.first).to_have_attribute("data-trace", made[0].trace_id)
+    expect(page.locator("input[name=pipeline]")).to_have_value("cb-order")  # the filters stay
+    page.select_option("select[name=status]", "done")
+    page.click(".filters button[type=submit]")  # filtering again keeps the order
+    expect(page).to_have_url(re.compile(r"[?&]sort=oldest(&|$)"))
+    expect(rows.first).to_have_attribute("data-trace", made[0].trace_id)
+    page.click("a[data-sort=newest]")
+    expect(rows.first).to_have_attribute("data-trace", made[1].trace_id)
+    expect(page.locator("select[name=status]")).to_have_value("done")
+
+
+def test_the_workers_page_shows_the_step_this_runtime_runs_without_a_reload_and_links_to_its_run(
+    page: Any, runtime: dflow.Runtime, tmp_path: Path
+) -> None:
+    page.click("header nav a:text('Workers')")
+    expect(page.locator("h1")).to_contain_text("Workers")
+    row = page.locator(f'tr.worker-row[data-worker="{runtime.worker_id}"]')
+    expect(row).to_be_visible(timeout=15_000)
+    _release.clear()
+    try:
+        run = holding.call(4)
+        expect(row.locator(f'a[href="/console/runs/{run.trace_id}"]')).to_be_visible(timeout=20_000)
+        expect(page.locator("#live")).to_contain_text("refreshed")  # (the script refreshed the table)
+        page.screenshot(path=str(tmp_path / "workers.png"), full_page=True)
+        row.locator("a").first.click()
+        expect(page.locator("#head h1")).to_have_text(run.trace_id)
+    finally:
+        _release.set()
+    assert run.result(10) == 4
 
 
 def test_a_run_page_follows_the_run_live_and_answers_its_call(

@@ -35,7 +35,9 @@ LAYERS: list[set[str]] = [
         "parts",
         "live",
         "rate_limits",
-    },  # the seams: a run's context, Store, shared state, schedules, pages, the parts of a step, live events, token buckets
+        "workers",
+    },  # the seams: a run's context, Store, shared state, schedules, pages, the parts of a step, live events,
+    # token buckets, workers' heartbeats
     {"model", "observe"},  # the flow model and its interpreter (and its port to the runtime); observers' seam
     {
         "memory",

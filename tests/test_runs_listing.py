@@ -134,3 +134,24 @@ def test_a_window_holds_the_runs_started_from_its_start_and_before_its_end_by_th
         False,
     ]
     assert StartedWindow().holds(0.0) and not StartedWindow().bounded and window.bounded
+
+
+def test_a_sort_is_newest_or_oldest_first_and_any_other_is_refused_naming_the_choices() -> None:
+    from dflow.run_pages import parse_sort
+
+    assert (parse_sort(None), parse_sort("newest"), parse_sort("oldest")) == (False, False, True)
+    for bad in ("Oldest", "asc", "", "x" * 100):
+        with pytest.raises(ValueError, match=r"is not an order of the runs list: use one of newest, oldest"):
+            parse_sort(bad)
+
+
+def test_a_window_read_oldest_first_starts_at_its_start_and_stops_at_its_end() -> None:
+    from dflow.run_pages import StartedWindow, decode_cursor
+
+    window = StartedWindow(10.0, 20.0)
+    first = window.first_cursor(oldest_first=True)
+    assert first is not None and decode_cursor(first, oldest_first=True) == (10_000, "\x00")
+    assert StartedWindow(None, 20.0).first_cursor(oldest_first=True) is None
+    assert [window.keeps(t, oldest_first=True) for t in (5.0, 19.9995, 20.0)] == [True, True, False]
+    with pytest.raises(ValueError, match="newest first, not oldest first"):
+        decode_cursor(StartedWindow(None, 20.0).first_cursor() or "", oldest_first=True)

@@ -10,6 +10,7 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import msgpack
@@ -316,45 +317,46 @@ class RunReads:
         status: RunStatus | None = None,
         pipeline: str | None = None,
         cursor: str | None = None,
+        oldest_first: bool = False,
     ) -> RunPage:
         """One script reads the page from the listings (see ``lua/listed.lua``) and each
         run's fields, in O(log N + page) for N listed runs. With buckets, one script a
-        bucket, and the newest ``limit`` of their pages (each run's position from its
-        ``ix``)."""
-        status, after = check_page(limit, status, pipeline, cursor)
+        bucket, and the first ``limit`` of their pages in the order asked for (each run's
+        position from its ``ix``)."""
+        status, after = check_page(limit, status, pipeline, cursor, oldest_first)
         multi = len(self._prefixes) > 1
         found: list[tuple[int, bytes, RunInfo]] = []
         more = None
+        page = _Ask(limit, status, pipeline, after, oldest_first)
         for at in range(len(self._prefixes)):
-            more = await self._bucket_page(at, limit, status, pipeline, after, found, multi) or more
+            more = await self._bucket_page(at, page, found, multi) or more
         if multi:
-            found.sort(key=lambda x: (x[0], x[1]), reverse=True)  # newest first, as each page is
+            found.sort(key=lambda x: (x[0], x[1]), reverse=not oldest_first)  # (as each page is)
             if len(found) > limit or (more is not None and found):
                 found = found[:limit]
                 more = (found[-1][0], found[-1][1].decode())
-        return RunPage([r for *_, r in found], None if more is None else encode_cursor(*more))
+        cursor = None if more is None else encode_cursor(*more, oldest_first)
+        return RunPage([r for *_, r in found], cursor)
 
     async def _bucket_page(
         self,
         at: int,
-        limit: int,
-        status: RunStatus | None,
-        pipeline: str | None,
-        after: tuple[int, str] | None,
+        page: _Ask,
         found: list[tuple[int, bytes, RunInfo]],
         multi: bool,
     ) -> tuple[int, str] | None:
         """Bucket ``at``'s page, added to ``found`` as (position, trace id, run); where
         the bucket's next page starts (``None``: it has no more)."""
-        after_ms, after_trace = after if after is not None else ("", "")
+        after_ms, after_trace = page.after if page.after is not None else ("", "")
         fields = _INFO_FIELDS + ("ix",) if multi else _INFO_FIELDS
         args = scripts.PAGE.args(
             prefix=self._prefixes[at],
-            pipeline=pipeline or "",
-            status=status.value if status is not None else "",
+            pipeline=page.pipeline or "",
+            status=page.status.value if page.status is not None else "",
             after_ms=after_ms,
             after_trace=after_trace,
-            limit=limit,
+            limit=page.limit,
+            oldest="1" if page.oldest_first else "",
             fields=fields,
         )
         packed, ms, trace = await self._run_script("PAGE", args, at=at, writes=False)
@@ -391,6 +393,17 @@ class RunReads:
                 st = RunStatus(r[i].decode())
                 counts[st] = counts.get(st, 0) + int(r[i + 1])
         return counts
+
+
+@dataclass(frozen=True, slots=True)
+class _Ask:
+    """What a page of the listings asks each bucket for (``page_runs``' arguments, checked)."""
+
+    limit: int
+    status: RunStatus | None
+    pipeline: str | None
+    after: tuple[int, str] | None
+    oldest_first: bool
 
 
 class _Looks:

@@ -250,7 +250,7 @@ CANCEL = Script(
 PAGE = Script(
     "PAGE",
     ("listed", "page"),
-    ("prefix", "pipeline", "status", "after_ms", "after_trace", "limit"),
+    ("prefix", "pipeline", "status", "after_ms", "after_trace", "limit", "oldest"),
     ("fields",),
 )
 COUNT = Script("COUNT", ("listed", "count"), ("prefix", "pipeline"))

@@ -59,6 +59,7 @@ from .rate_limits import RedisTokenBucket
 from .reads import RunReads, _s
 from .schedules import KeepsSchedules
 from .state import RedisStateBackend
+from .workers import RedisWorkerBeats
 
 if TYPE_CHECKING:
     from .transport import RedisStreamsTransport
@@ -146,6 +147,7 @@ class RedisStore(RunReads, KeepsSchedules, Store, StepParts):
         self._watch: FinishWatch | None = None
         self._state: RedisStateBackend | None = None
         self._live: RedisLiveFeed | None = None
+        self._beats: RedisWorkerBeats | None = None
         self._parts = RedisParts(self.redis, ttl, self._p)
         self._buckets: RedisTokenBucket | None = None
 
@@ -162,6 +164,13 @@ class RedisStore(RunReads, KeepsSchedules, Store, StepParts):
         if self._live is None:
             self._live = RedisLiveFeed(self.redis, self.prefix)
         return self._live
+
+    @property
+    def worker_beats(self) -> RedisWorkerBeats:
+        """The beats of the workers of this store (``dflow.workers``): a key per worker that expires."""
+        if self._beats is None:
+            self._beats = RedisWorkerBeats(self.redis, self.prefix)
+        return self._beats
 
     @property
     def token_bucket(self) -> RedisTokenBucket:

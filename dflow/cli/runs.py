@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..context import RunInfo, RunStatus
 from ..ops.tree import safe
-from ..run_pages import StartedWindow, check_find, page_in_window, parse_started
+from ..run_pages import SORTS, StartedWindow, check_find, page_in_window, parse_sort, parse_started
 from .circuits import circuit_notes
 from .options import add_store, count, store_url
 
@@ -62,6 +62,19 @@ def register_ls(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "--id",
         metavar="START",
         help="the runs whose trace id starts with START, in id order (the other filters apply to them)",
+    )
+    ls.add_argument(
+        "--sort",
+        choices=SORTS,
+        default="newest",
+        help="the order of the runs: newest first (the default) or oldest first",
+    )
+    ls.add_argument(
+        "--oldest",
+        dest="sort",
+        action="store_const",
+        const="oldest",
+        help="list the oldest runs first (as --sort oldest)",
     )
     ls.add_argument(
         "--json", action="store_true", help="print a JSON list (times in seconds since the epoch)"
@@ -177,7 +190,8 @@ def _started(flag: str) -> Callable[[str], float]:
 
 
 async def _listed(store: Store, args: argparse.Namespace) -> list[RunInfo]:
-    """The runs ``dflow ls`` shows: newest first, as many as ``--limit``, filtered."""
+    """The runs ``dflow ls`` shows: newest first (oldest first with ``--oldest``), as many
+    as ``--limit``, filtered (with ``--id``: in id order)."""
     runs: list[RunInfo] = []
     cursor: str | None = None
     status = RunStatus(args.status) if args.status else None
@@ -198,6 +212,7 @@ async def _listed(store: Store, args: argparse.Namespace) -> list[RunInfo]:
             status=status,
             pipeline=args.pipeline or None,
             cursor=cursor,
+            oldest_first=parse_sort(args.sort),
         )
         runs += page.runs
         if page.cursor is None:

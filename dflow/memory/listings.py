@@ -3,7 +3,7 @@ runs (those without a parent) by their current status, all of them and those of 
 pipeline, in the order of ``run_pages``.
 
 Each listing is a list of positions ``(creation ms, trace id)`` kept sorted, oldest first:
-a page is a binary search and a slice read backwards; a count is a length. A new run goes
+a page is a binary search and a slice (read backwards, newest first); a count is a length. A new run goes
 in near the end (it is the newest), and a run moving on leaves one list for another.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from bisect import bisect_left, insort
+from bisect import bisect_left, bisect_right, insort
 
 from ..context import RunInfo, RunStatus
 from ..run_pages import check_find, check_page, check_pipeline, created_ms, encode_cursor
@@ -84,15 +84,21 @@ class RunIndex:
         self.add(run)
 
     def page(
-        self, limit: int, status: RunStatus | None, pipeline: str | None, after: _Position | None
+        self,
+        limit: int,
+        status: RunStatus | None,
+        pipeline: str | None,
+        after: _Position | None,
+        oldest_first: bool = False,
     ) -> tuple[list[str], str | None]:
         """The trace ids of a page and the cursor of the next (``None``: no more)."""
         lists = [self._lists.get((pipeline, s), []) for s in ((status,) if status else RunStatus)]
-        newest_first = [_before(positions, after, limit + 1) for positions in lists if positions]
-        found = list(itertools.islice(heapq.merge(*newest_first, reverse=True), limit + 1))
+        read = _later if oldest_first else _before
+        in_order = [read(positions, after, limit + 1) for positions in lists if positions]
+        found = list(itertools.islice(heapq.merge(*in_order, reverse=not oldest_first), limit + 1))
         more = len(found) > limit
         found = found[:limit]
-        return [t for _, t in found], (encode_cursor(*found[-1]) if more else None)
+        return [t for _, t in found], (encode_cursor(*found[-1], oldest_first) if more else None)
 
     def count(self, pipeline: str | None) -> dict[RunStatus, int]:
         """How many runs of ``pipeline`` (all: ``None``) each status lists."""
@@ -104,6 +110,13 @@ def _before(positions: list[_Position], after: _Position | None, n: int) -> list
     newest first."""
     end = len(positions) if after is None else bisect_left(positions, after)
     return positions[max(0, end - n) : end][::-1]
+
+
+def _later(positions: list[_Position], after: _Position | None, n: int) -> list[_Position]:
+    """At most ``n`` positions of ``positions`` after ``after`` (from the start without it),
+    oldest first."""
+    start = 0 if after is None else bisect_right(positions, after)
+    return positions[start : start + n]
 
 
 class RunListing:
@@ -128,9 +141,10 @@ class RunListing:
         status: RunStatus | None = None,
         pipeline: str | None = None,
         cursor: str | None = None,
+        oldest_first: bool = False,
     ) -> RunPage:
-        status, after = check_page(limit, status, pipeline, cursor)
-        ids, nxt = self._index.page(limit, status, pipeline, after)
+        status, after = check_page(limit, status, pipeline, cursor, oldest_first)
+        ids, nxt = self._index.page(limit, status, pipeline, after, oldest_first)
         return RunPage([self._runs[t].info() for t in ids], nxt)
 
     async def find_runs(self, id_start: str, limit: int = 20) -> list[RunInfo]:

@@ -64,6 +64,7 @@ from .schedule import Outbox, Timers
 from .schedules import KeepsSchedules
 from .state import MemoryStateBackend
 from .transport import MemoryBroker, MemoryTransport
+from .workers import MemoryWorkerBeats
 
 __all__ = ["MemoryBroker", "MemoryStore", "MemoryTransport"]
 
@@ -110,6 +111,7 @@ class MemoryStore(RunEnds, RunDeadlines, RunListing, KeepsSchedules, Store, Step
         self._emitted: dict[bytes, Message] = {}  # bodies put on the transport during this commit
         self._state: MemoryStateBackend | None = None
         self._live: MemoryLiveFeed | None = None
+        self._beats: MemoryWorkerBeats | None = None
         self._parts = PartTable()
         self._buckets: MemoryTokenBucket | None = None
         self._init_deadlines()
@@ -127,6 +129,13 @@ class MemoryStore(RunEnds, RunDeadlines, RunListing, KeepsSchedules, Store, Step
         if self._live is None:
             self._live = MemoryLiveFeed()
         return self._live
+
+    @property
+    def worker_beats(self) -> MemoryWorkerBeats:
+        """The beats of the workers of this store (``dflow.workers``), on its clock."""
+        if self._beats is None:
+            self._beats = MemoryWorkerBeats(self.clock)
+        return self._beats
 
     @property
     def token_bucket(self) -> MemoryTokenBucket:

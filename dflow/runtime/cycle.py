@@ -99,6 +99,9 @@ class StepCycle:
         #: every queue's, as in local mode)
         self.queued = self.transport if isinstance(self.transport, QueueTransport) else None
         self.queues = None if self.queued is None else self.queued.queues
+        #: how many claimed steps this cycle has been through (the heartbeat's rate: counted
+        #: here, in memory, never written per step)
+        self.steps_done = 0
 
     async def dead_letter(self, d: Delivery, reason: str) -> None:
         """Set an undecodable message aside; if even that fails, acknowledge it anyway: a
@@ -149,6 +152,7 @@ class StepCycle:
             return await self._run_claimed(claim, frames, receipt, take)
         finally:
             del self.running[claim.token]
+            self.steps_done += 1
 
     def _queue_elsewhere(self, claim: Claim, frames: tuple[Frame, ...]) -> str | None:
         """The task queue of the claimed step when this runtime does not serve it (the step

@@ -1,6 +1,7 @@
 """A worker's upkeep besides its steps: scanning the store's timers, outbox and expired
 leases when something falls due (``TimerScan``), and renewing the leases of the steps it
-runs (``Leases``). ``Runtime`` has one of each."""
+runs (``Leases``), which also sends the worker's heartbeat (``beats``). ``Runtime`` has one
+of each."""
 
 from __future__ import annotations
 
@@ -9,12 +10,16 @@ import contextlib
 import logging
 import random
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 from ..clock import SYSTEM_CLOCK, Clock
 from ..ops.outages import Backoff, Outages
 from ..store import Claim, Store
 from ..wire.values import Message
 from .lifecycle import Lifecycle
+
+if TYPE_CHECKING:
+    from .beats import Heartbeat
 
 __all__ = ["Leases", "Running", "TimerScan", "renewal_period"]
 
@@ -112,7 +117,8 @@ class Leases:
     """The renewal of the leases of the steps ``running`` in a runtime (``StepCycle`` puts
     them there): ``renew`` extends, in ``store``, those held for ``renewal_period``, timed by
     ``clock``, also while a stopping runtime's steps finish within its grace, until
-    ``stop_renewing`` (or its task is cancelled)."""
+    ``stop_renewing`` (or its task is cancelled). Each round gives ``heartbeat`` (when
+    there is one) its turn to beat."""
 
     def __init__(
         self,
@@ -123,17 +129,20 @@ class Leases:
         life: Lifecycle,
         clock: Clock = SYSTEM_CLOCK,
         outages: Outages | None = None,
+        heartbeat: Heartbeat | None = None,
     ) -> None:
         self.store = store
         self.lease = lease
         self.running = running
+        self.heartbeat = heartbeat
         self.life = life
         self.clock = clock
         self.outages = outages or Outages(clock)
         self._renewal: asyncio.Task[None] | None = None  #: the task renewing leases, while it runs
 
     async def renew(self) -> None:
-        """Extend the leases held for ``renewal_period``, checking every second at most."""
+        """Extend the leases held for ``renewal_period``, checking every second at most;
+        then the heartbeat's turn."""
         self._renewal = asyncio.current_task()
         period = renewal_period(self.lease)
         while True:
@@ -150,6 +159,8 @@ class Leases:
                     for c in old:  # renewed: again in a period (not every second)
                         if c.token in self.running:
                             self.running[c.token] = (now, c)
+            if self.heartbeat is not None:
+                await self.heartbeat.tick()
 
     async def stop_renewing(self) -> None:
         """End the renewal (and wait for a renewal under way): the leases of the steps cut

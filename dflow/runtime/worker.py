@@ -31,6 +31,7 @@ from ..patterns.deadlock import BreakRule, DeadlockDetector, check_interval
 from ..store import Claim, Store
 from ..transport import Delivery, Transport
 from ..wire.values import Message, limits
+from .beats import Heartbeat
 from .cycle import StepCycle
 from .dispatch import Dispatcher
 from .lifecycle import Lifecycle
@@ -73,7 +74,8 @@ class Runtime:
     Its parts: ``dispatcher`` (start runs, deliver calls, cancel, publish), ``steps`` (what
     a claimed step does), ``cycle`` (claim, run, commit), ``timers`` (the scan of the
     store's timers), ``leases`` (the renewal of the leases of the steps running here),
-    ``schedules`` (the firing of the store's schedules, ``dflow.schedules``), ``observing``
+    ``schedules`` (the firing of the store's schedules, ``dflow.schedules``), ``heartbeat``
+    (its beats to the store, ``dflow.workers``), ``observing``
     (the observers), ``life`` (whether it is stopping) and ``deadlocks``.
     """
 
@@ -173,6 +175,17 @@ class Runtime:
             deadlocks=self.deadlocks,
             lease=lease,
         )
+        #: the worker's beats to the store (``dflow.workers``), sent from the lease renewal
+        self.heartbeat = Heartbeat(
+            store,
+            self.worker_id,
+            running,
+            lambda: self.cycle.steps_done,
+            queues=self.cycle.queues or (),  # (none: every queue's steps, as in local mode)
+            clock=clock,
+            outages=self.outages,
+        )
+        self.leases.heartbeat = self.heartbeat
 
     @property
     def _stopping(self) -> bool:
@@ -233,6 +246,8 @@ class Runtime:
             except Exception:
                 log.exception("dflow: an observer failed to stop")
         self._loop = None
+        if self.heartbeat.beaten:
+            await self.heartbeat.stop()
         await self.transport.close()
         await self.store.close()
         self.steps.close()

@@ -27,6 +27,7 @@ from .conformance import (
     StoreContract,
     TokenBucketContract,
     TransportContract,
+    WorkerBeatsContract,
 )
 from .live import LiveFeedContract
 from .parts import StepPartsContract
@@ -48,4 +49,5 @@ __all__ = [  # noqa: RUF022
     "StoreContract",
     "TokenBucketContract",
     "TransportContract",
+    "WorkerBeatsContract",
 ]

@@ -10,8 +10,10 @@ Subclass one in a test module and provide its fixture::
 ``make_store(ttl=..., blob_ttl=..., redispatch_after=...)`` returns a fresh, empty store.
 ``StoreContract`` is the whole store: its write side (``RunWriterContract``, in ``writes``
 and ``joins``), its read side (``RunReaderContract``, ``reads``), its listings
-(``RunListingContract``, ``listing``), the cancelling of runs that hold compensations
-(``SagaStoreContract``, ``saga``), the calls that come early (``MailboxContract``, ``mailbox``)
+(``RunListingContract``, ``listing``; oldest first: ``OldestFirstListingContract``,
+``listing_oldest``), the cancelling of runs that hold compensations
+(``SagaStoreContract``, ``saga``), the workers' beats (``WorkerBeatsContract``, ``workers``:
+skipped for a store that keeps none), the calls that come early (``MailboxContract``, ``mailbox``)
 and the runs' deadlines (``DeadlineContract``, ``deadlines``: skipped for a store that keeps
 none); a suite for one part needs the same fixture.
 ``make_fused(**opts)`` (``FusedStoreContract``, ``fused``) returns a fresh ``FusedDispatch``
@@ -28,12 +30,14 @@ from .cases import MALFORMED_MESSAGES
 from .deadlines import DeadlineContract
 from .fused import FusedStoreContract
 from .listing import RunListingContract
+from .listing_oldest import OldestFirstListingContract
 from .mailbox import MailboxContract
 from .rate_limits import TokenBucketContract
 from .reads import RunReaderContract
 from .saga import SagaStoreContract
 from .state import StateBackendContract
 from .transport import TransportContract
+from .workers import WorkerBeatsContract
 from .writes import RunWriterContract
 
 __all__ = [
@@ -41,6 +45,7 @@ __all__ = [
     "DeadlineContract",
     "FusedStoreContract",
     "MailboxContract",
+    "OldestFirstListingContract",
     "RunListingContract",
     "RunReaderContract",
     "RunWriterContract",
@@ -49,6 +54,7 @@ __all__ = [
     "StoreContract",
     "TokenBucketContract",
     "TransportContract",
+    "WorkerBeatsContract",
 ]
 
 
@@ -56,9 +62,11 @@ class StoreContract(
     RunWriterContract,
     RunReaderContract,
     RunListingContract,
+    OldestFirstListingContract,
     SagaStoreContract,
     MailboxContract,
     DeadlineContract,
+    WorkerBeatsContract,
 ):
     """What a ``Store`` must do: every part of it. Needs the fixture
     ``make_store(**options) -> Store``, a plain store (one that returns the messages to

@@ -16,6 +16,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+import pytest
 import redis
 
 import dflow
@@ -168,7 +169,8 @@ def test_an_id_used_again_before_due_saw_its_run_expire_leaves_no_stale_entry(
     asyncio.run(body())
 
 
-def test_pages_through_many_runs_of_one_millisecond(redis_url: str, prefix: str) -> None:
+@pytest.mark.parametrize("oldest_first", [False, True], ids=["newest-first", "oldest-first"])
+def test_pages_through_many_runs_of_one_millisecond(redis_url: str, prefix: str, oldest_first: bool) -> None:
     async def body() -> None:
         store = RedisStore(redis_url, prefix=prefix, max_connections=64)
         made = [new_run() for _ in range(300)]
@@ -177,12 +179,17 @@ def test_pages_through_many_runs_of_one_millisecond(redis_url: str, prefix: str)
         per_ms = Counter(int(i.created * 1000) for i in infos)
         assert max(per_ms.values()) >= 5, "the runs share milliseconds (else this tests nothing)"
         expected = [
-            i.trace_id for i in sorted(infos, key=lambda i: (int(i.created * 1000), i.trace_id), reverse=True)
+            i.trace_id
+            for i in sorted(
+                infos, key=lambda i: (int(i.created * 1000), i.trace_id), reverse=not oldest_first
+            )
         ]
         got: list[str] = []
         cursor = None
         while True:
-            page = await store.page_runs(7, status=RunStatus.RUNNING, cursor=cursor)
+            page = await store.page_runs(
+                7, status=RunStatus.RUNNING, cursor=cursor, oldest_first=oldest_first
+            )
             got += [r.trace_id for r in page.runs]
             if page.cursor is None:
                 break
@@ -261,6 +268,18 @@ def test_dflow_ls_filters_by_status_and_pipeline_and_shows_the_pipeline(redis_ur
     (direct,) = [r for r in every if r.startswith(fanned.trace_id)]
     assert direct.split()[1:3] == ["done", "-"], "a run no pipeline started"
     assert len(lines("--limit", "2")) == 2
+    ids = [row.split()[0] for row in every]
+
+    def ids_of(*args: str) -> list[str]:
+        return [row.split()[0] for row in lines(*args)]
+
+    assert ids_of("--oldest") == ids[::-1] == ids_of("--sort", "oldest")
+    assert ids_of("--oldest", "--limit", "2") == ids[::-1][:2]
+    assert ids_of("--sort", "newest") == ids
+    assert ids_of("--pipeline", name, "--oldest") == [r.trace_id for r in done]
+    bad = _dflow("ls", "--store", store_url, "--sort", "sideways")
+    assert bad.returncode == 2 and "invalid choice: 'sideways'" in bad.stderr
+    assert "'newest'" in bad.stderr and "'oldest'" in bad.stderr
     bad = _dflow("ls", "--store", store_url, "--status", "finished")
     assert bad.returncode == 2 and "invalid choice: 'finished'" in bad.stderr
     bad = _dflow("ls", "--store", store_url, "--limit", "0")

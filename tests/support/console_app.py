@@ -1,10 +1,12 @@
 """What ``dflow serve`` and ``dflow worker`` import in the console's integration test: a
-pipeline that waits for an answer, one that counts, and an agent whose tool calls of a turn
+pipeline that waits for an answer, one that counts, one whose step rests a while (in its
+thread), and an agent whose tool calls of a turn
 run as a zip (its model decides each reply from the conversation alone, so that any process
 gives the same one)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,6 +30,14 @@ asking = (
 counting = (
     DFlow.from_call("ci-count").map(lambda x: x + 1).id("inc").map(lambda x: x * 2).id("dbl").init("ci-count")
 )
+
+
+def _rest(seconds: float) -> float:
+    time.sleep(seconds)
+    return seconds
+
+
+resting = DFlow.from_call("ci-rest").map(_rest).id("rest").in_thread().init("ci-rest")
 
 TEMPERATURES = {"oslo": -3, "rome": 14, "tokyo": 9}
 

@@ -170,18 +170,24 @@ def _runs_json(listed: RunsList) -> dict[str, Any]:
             for i in listed.found.runs
         ],
         "cursor": listed.found.cursor,
+        "sort": "oldest" if listed.oldest_first else "newest",
         "counts": {s.value: n for s, n in listed.counts.items()},
     }
 
 
 def _read_routes(router: APIRouter, console: Console) -> None:
-    """The runs list, a run page's parts, one step."""
+    """The runs list, the workers alive, a run page's parts, one step."""
     auth = console.auth
 
     @router.get("/api/runs")
     async def runs(request: Request) -> JSONResponse:
         auth.require(request)
         return _json(_runs_json(await list_runs(console, request)))
+
+    @router.get("/api/workers")
+    async def workers(request: Request) -> JSONResponse:
+        auth.require(request)
+        return _json({"workers": [w.to_json() for w in await console.workers()]})
 
     @router.get("/api/runs/{trace_id:path}/tree")
     async def tree(trace_id: str, request: Request) -> JSONResponse:

@@ -141,7 +141,7 @@ def page(title: str, body: str, *, csrf: str = "", logout: bool = False, wide: b
         '<link rel="stylesheet" href="/console/static/console.css">'
         '<script src="/console/static/console.js" defer></script></head>'
         f'<body><header class="top"><a class="brand" href="{BASE}/">dflow <span>console</span></a>'
-        f'<nav><a href="{BASE}/">Runs</a></nav>{out}</header>'
+        f'<nav><a href="{BASE}/">Runs</a><a href="{BASE}/workers">Workers</a></nav>{out}</header>'
         f'<main class="{"wide" if wide else ""}">{body}</main></body></html>'
     )
 

@@ -7,10 +7,12 @@ It is part of the app ``create_app`` builds, under ``/console``:
 ========================================  =========================================
 ``GET  /console/``                        the runs list: filters, counts, pages
 ``GET  /console/runs/{trace_id}``         a run's page (updated live)
+``GET  /console/workers``                 the workers alive, what each runs now
 ``GET  /console/login`` / ``POST``        the login form (the admin token)
 ``POST /console/logout``                  forget the login
 ``GET  /console/static/{name}``           the stylesheet and the script
 ``GET  /console/api/runs``                the runs list as JSON
+``GET  /console/api/workers``             the workers alive as JSON
 ``GET  /console/api/runs/{id}/tree``      a run page's parts (HTML) and state
 ``GET  /console/api/runs/{id}/steps/{n}`` one step: input, output, error, timings
 ``GET  /console/api/runs/{id}/stream``    the run page's parts as server-sent events
@@ -45,6 +47,7 @@ from .html import login_page, run_href, run_page
 from .runs_html import RunRow, runs_page
 from .schedules_html import kept_schedules, schedules_table
 from .shared import STATIC, Console, list_runs
+from .workers_html import workers_page
 
 if TYPE_CHECKING:
     from ..server import Server
@@ -112,7 +115,8 @@ def _login_redirect(request: Request) -> RedirectResponse:
 
 
 def _page_routes(router: APIRouter, console: Console) -> None:
-    """The runs list and a run's page (a request without a login goes to the login form)."""
+    """The runs list, the workers and a run's page (a request without a login goes to the
+    login form)."""
 
     @router.get("")
     async def root() -> RedirectResponse:
@@ -148,10 +152,19 @@ def _page_routes(router: APIRouter, console: Console) -> None:
                 logout=not console.auth.open,
                 parked=listed.parked,
                 window=listed.window,
+                oldest_first=listed.oldest_first,
                 notice=notice,
                 schedules="" if listed.cursor else schedules_table(await kept_schedules(console)),
             )
         )
+
+    @router.get("/workers")
+    async def workers(request: Request) -> Response:
+        credential = console.auth.credential(request)
+        if credential is None:
+            return _login_redirect(request)
+        alive = await console.workers()
+        return html_response(workers_page(alive, csrf=console.csrf(credential), logout=not console.auth.open))
 
     @router.get("/runs/{trace_id:path}")
     async def run(trace_id: str, request: Request) -> Response:

@@ -41,17 +41,20 @@ def runs_page(
     notice: str = "",
     schedules: str = "",
     window: StartedWindow = ANY_TIME,
+    oldest_first: bool = False,
 ) -> str:
-    """The runs list: counts by status, filters, a page of runs (with ``parked``, those of
-    them that are parked), the link to the next; ``notice`` above them (a run id searched
-    for that is no run). The first page refreshes itself (``data-refresh``: the script)."""
-    query = _ListQuery(status, pipeline, parked, _field(window.after), _field(window.before))
+    """The runs list: counts by status, filters, the order (newest or ``oldest_first``), a
+    page of runs (with ``parked``, those of them that are parked), the link to the next;
+    ``notice`` above them (a run id searched for that is no run). The first page refreshes
+    itself (``data-refresh``: the script)."""
+    query = _ListQuery(status, pipeline, parked, _field(window.after), _field(window.before), oldest_first)
     refresh = "" if cursor else ' data-refresh="5"'
     note = f'<p class="flash bad">{esc(notice)}</p>' if notice else ""
     body = (
         f'<section class="card runs-list"{refresh}><div class="title-row"><h1>Runs '
         '<span class="live" id="live"></span></h1>'
-        f'<div class="chips">{_status_chips(counts, query)}</div></div>{_filters(query, pipelines)}{note}'
+        f'<div class="chips">{_status_chips(counts, query)}</div></div>{_filters(query, pipelines)}'
+        f"{_sort_control(query)}{note}"
         f"{_runs_table(rows)}{_pager(query, cursor, next_cursor, limit)}</section>{schedules}"
     )
     return page("Runs", body, csrf=csrf, logout=logout)
@@ -66,6 +69,7 @@ class _ListQuery:
     parked: bool = False
     after: str = ""  #: the window of start times, as its form fields show it (UTC)
     before: str = ""
+    oldest_first: bool = False  #: the order of the list (the filters keep it, a page of it drops it)
 
     @property
     def filtered(self) -> bool:
@@ -81,6 +85,7 @@ class _ListQuery:
             "parked": parked,
             "after": self.after,
             "before": self.before,
+            "sort": "oldest" if self.oldest_first else None,
         }
         query = {k: v for k, v in {**mine, **params}.items() if v}
         return f"{BASE}/" + (f"?{urlencode(query)}" if query else "")
@@ -101,6 +106,18 @@ def _status_chips(counts: Mapping[RunStatus, int], query: _ListQuery) -> str:
             f"<b>{counts.get(st, 0):,}</b></a>"
         )
     return "".join(chips)
+
+
+def _sort_control(query: _ListQuery) -> str:
+    """The order of the list: a link to each (from its first page, the filters kept), the
+    current one marked."""
+    links = []
+    for sort, label in (("newest", "Newest first"), ("oldest", "Oldest first")):
+        on = (sort == "oldest") is query.oldest_first
+        href = query.link(sort=sort if sort == "oldest" else "")  # (newest, the default: left out)
+        mark = ' on" aria-current="true' if on else ""
+        links.append(f'<a class="chip{mark}" data-sort="{sort}" href="{esc(href)}">{label}</a>')
+    return f'<nav class="chips sort" aria-label="order of the runs">Sorted {"".join(links)}</nav>'
 
 
 def _filters(query: _ListQuery, pipelines: Iterable[str]) -> str:
@@ -125,7 +142,8 @@ def _filters(query: _ListQuery, pipelines: Iterable[str]) -> str:
         f'value="{esc(query.after)}"></label>'
         f'<label>before <input type="datetime-local" step="1" name="before" '
         f'value="{esc(query.before)}"></label>'
-        f'<button type="submit">Filter</button>'
+        + ('<input type="hidden" name="sort" value="oldest">' if query.oldest_first else "")
+        + '<button type="submit">Filter</button>'
         + (f'<a class="reset" href="{BASE}/">Clear</a>' if query.filtered else "")
         + "</form>"
     )

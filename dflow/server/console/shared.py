@@ -14,9 +14,10 @@ from fastapi import Request
 from ...context import RunInfo, RunStatus
 from ...errors import RunNotFoundError
 from ...patterns.rerun import RERUN_KEY, link_of
-from ...run_pages import ANY_TIME, StartedWindow, page_in_window, parse_started
+from ...run_pages import ANY_TIME, StartedWindow, page_in_window, parse_sort, parse_started
 from ...store import RunPage, Store
 from ...wire.ids import is_run_id
+from ...workers import WorkerBeat
 from ..errors import InvalidRequest, MalformedRequest, NotFound
 from ..runs import on_runtime, runtime_store
 from .auth import ConsoleAuth, Credential
@@ -89,6 +90,10 @@ class Console:
             )
         return info
 
+    async def workers(self) -> list[WorkerBeat]:
+        """The workers alive (``dflow.workers``), by id: one read of the store's beats."""
+        return await self.on_store(self.store.worker_beats.alive())
+
     async def tree(self, trace_id: str) -> RunTree:
         """The run's step tree, read."""
         tree = RunTree(self.store, self.check_run_id(trace_id))
@@ -153,6 +158,7 @@ class RunsList:
     limit: int
     parked: bool = False  #: only the parked runs of the page
     window: StartedWindow = ANY_TIME  #: only the runs started in it
+    oldest_first: bool = False  #: the page lists the runs oldest first (``sort=oldest``)
 
 
 def _parked_filter(value: str | None) -> bool:
@@ -193,6 +199,14 @@ def _window(after: str | None, before: str | None) -> StartedWindow:
         raise InvalidRequest(str(exc)) from None
 
 
+def _sort(value: str | None) -> bool:
+    """Whether the query's ``sort`` (``newest``, the default, or ``oldest``) is oldest first."""
+    try:
+        return parse_sort(value or None)
+    except ValueError as exc:
+        raise InvalidRequest(str(exc)) from None
+
+
 def _limit(value: str | None) -> int:
     if value is None or value == "":
         return 50
@@ -204,7 +218,8 @@ def _limit(value: str | None) -> int:
 async def list_runs(console: Console, request: Request) -> RunsList:
     """The page of runs the query asks for: one ``page_runs`` and one ``count_runs`` call
     (with ``parked=1``, only the parked runs of that page; with ``after``/``before``, only
-    the runs started in that window: see ``run_pages.StartedWindow``; with ``id``, the runs
+    the runs started in that window: see ``run_pages.StartedWindow``; with ``sort=oldest``,
+    oldest first, else newest first; with ``id``, the runs
     whose id starts so, in id order, filtered: one ``find_runs`` call and no next page)."""
     q = request.query_params
     status = _status_filter(q.get("status"))
@@ -214,6 +229,7 @@ async def list_runs(console: Console, request: Request) -> RunsList:
     parked = _parked_filter(q.get("parked"))
     window = _window(_text_filter("after", q.get("after")), _text_filter("before", q.get("before")))
     id_start = _text_filter("id", q.get("id"))
+    oldest_first = _sort(q.get("sort"))
     store = console.store
     try:
         if id_start is not None:  # the runs whose id starts so, in id order: one page
@@ -222,11 +238,19 @@ async def list_runs(console: Console, request: Request) -> RunsList:
             found = RunPage([r for r in kept if pipeline is None or r.pipeline == pipeline], None)
         else:
             found = await console.on_store(
-                page_in_window(store, limit, window, status=status, pipeline=pipeline, cursor=cursor)
+                page_in_window(
+                    store,
+                    limit,
+                    window,
+                    status=status,
+                    pipeline=pipeline,
+                    cursor=cursor,
+                    oldest_first=oldest_first,
+                )
             )
     except ValueError as exc:  # a cursor that is not one of the store's (edited, or from elsewhere)
         raise MalformedRequest(f"{exc}" + (" (start again from the first page)" if cursor else "")) from None
     counts = await console.on_store(store.count_runs(pipeline=pipeline))
     if parked:  # (of this page: a parked run is running, its reason in its record)
         found = RunPage([r for r in found.runs if r.parked], found.cursor)
-    return RunsList(found, counts, status, pipeline, cursor, limit, parked, window)
+    return RunsList(found, counts, status, pipeline, cursor, limit, parked, window, oldest_first)

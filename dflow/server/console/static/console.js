@@ -8,9 +8,9 @@
 
   var meta = document.querySelector('meta[name="dflow-csrf"]');
   var csrf = meta ? meta.getAttribute("content") : "";
-  // The runs list's first page refreshes its counts and rows every few seconds while shown
-  // (the filters, which one may be typing in, stay as they are).
-  var list = document.querySelector(".runs-list[data-refresh]");
+  // The runs list's first page (and the workers page) refreshes its counts and rows every few
+  // seconds while shown (the filters, which one may be typing in, stay as they are).
+  var list = document.querySelector(".runs-list[data-refresh], .workers-list[data-refresh]");
   if (list) {
     var every = Number(list.getAttribute("data-refresh")) * 1000;
     var refreshing = false;
@@ -23,9 +23,9 @@
         var response = await fetch(window.location.href, { credentials: "same-origin" });
         if (response.ok) {
           var fresh = new DOMParser().parseFromString(await response.text(), "text/html");
-          ["table.runs", ".chips"].forEach(function (sel) {
+          ["table.runs", "table.workers", ".chips"].forEach(function (sel) {
             var now = list.querySelector(sel);
-            var next = fresh.querySelector(".runs-list " + sel);
+            var next = fresh.querySelector("[data-refresh] " + sel);
             if (now && next && now.innerHTML !== next.innerHTML) {
               now.innerHTML = next.innerHTML; // written by the server, every stored text escaped
             }
