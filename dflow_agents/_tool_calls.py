@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Collection, Sequence
 from typing import Any
 
 from pydantic_core import to_jsonable_python
@@ -22,7 +22,7 @@ from .options import AgentLimits
 from .terminate import terminate as default_terminate
 from .tools import Tool, ToolResult
 
-__all__ = ["ToolCallsAgent", "is_tool_source", "tools_by_name"]
+__all__ = ["ToolCallsAgent", "is_tool_source", "tool_label", "tools_by_name"]
 
 log = logging.getLogger("dflow_agents.toolcall")
 
@@ -72,18 +72,20 @@ class ToolCallsAgent(ToolResultsAgent):
             state["step"] += 1
             return self._retrying(DFlow.just(state).flat_map(self._loop).id("loop"))
         names = [str(call["name"]) for call in state["calls"]]
+        known = {*self.tools, *state.get("served", ())}
         if not any(self.tools[n].is_flow for n in names if n in self.tools):  # one step runs them all
             shown = "tool " + ", ".join(dict.fromkeys(n[:100] for n in names))[:200]
             calls = DFlow.just(state).map(self._call_tools).id("tool").name(shown)
-            return self._retrying(calls.flat_map(self._loop).id("loop"))
+            return self._retrying(calls.label(tool_label(names, known)).flat_map(self._loop).id("loop"))
         branches: list[DFlow[Any]] = []
-        for call in state["calls"]:
-            tool = self.tools.get(call["name"])
-            shown = f"tool {str(call['name'])[:100]}"  # (the step's id stays "tool": its key is the same)
+        for call, name in zip(state["calls"], names):
+            shown = f"tool {name[:100]}"  # (the step's id stays "tool": its key is the same)
+            tool = self.tools.get(name)
             if tool is not None and tool.is_flow:
-                branches.append(DFlow.just(call).flat_map(self._flow_tool).id("tool").name(shown))
+                branch = DFlow.just(call).flat_map(self._flow_tool).id("tool").name(shown)
             else:
-                branches.append(DFlow.just(call).map(self._call_tool).id("tool").name(shown))
+                branch = DFlow.just(call).map(self._call_tool).id("tool").name(shown)
+            branches.append(branch.label(tool_label([name], known)))
         calls = branches[0] if len(branches) == 1 else DFlow.zip(branches)
         return self._retrying(calls.flat_map(self._loop).id("loop"))
 
@@ -122,6 +124,19 @@ class ToolCallsAgent(ToolResultsAgent):
             error="UnknownTool",
             call_id=call["id"],
         )
+
+
+def tool_label(names: Sequence[str], known: Collection[str]) -> str:
+    """The label of the step that makes the calls of tools ``names`` (its metrics' ``step``,
+    its span's name): ``tool <name>`` for calls of one tool the agent offers (``known``),
+    ``tool (several)`` for calls of several, ``tool (unknown)`` for a name the model made up;
+    so an agent's tool steps have as many labels as it has tools, and two more."""
+    if len(set(names)) > 1:
+        return "tool (several)"
+    name = names[0] if names else ""
+    if name in known and len(name) <= 90 and name.isprintable():
+        return f"tool {name}"
+    return "tool (unknown)"
 
 
 def is_tool_source(obj: object) -> bool:

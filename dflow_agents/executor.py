@@ -18,6 +18,7 @@ from pydantic_core import to_jsonable_python
 
 from dflow import ContextStack, DFlow
 
+from ._tool_calls import tool_label
 from ._window import context_window
 from .agent import RUNNING, Agent, AgentStatus, add_usage, stop
 from .errors import ModelRetryableError
@@ -238,7 +239,7 @@ class ConversationAgentExecutor(Agent):
             ran = DFlow.just(state).flat_map(self._flow_tool).id("tool").name(shown)
         else:
             ran = DFlow.just(state).map(self._call_tool).id("tool").name(shown)
-        return ran.flat_map(self._observe).id("observe")
+        return ran.label(tool_label([action["tool"]], self.tools)).flat_map(self._observe).id("observe")
 
     async def _call_tool(self, state: dict[str, Any]) -> dict[str, Any]:
         action = state["action"]

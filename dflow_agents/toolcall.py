@@ -248,7 +248,10 @@ class ToolCallAgent(ToolCallsAgent):
         if over is not None:
             return stop(state, AgentStatus.ERROR, over)
         try:
-            specs = self.specs + await self._served_specs()
+            served = await self._served_specs()
+            if self.sources:  # (the names its tool steps may be labelled with)
+                state["served"] = [s.name for s in served]
+            specs = self.specs + served
             response = await ask(
                 self.model, prompt, specs, self.model_calls, turn=state["step"], who=repr(self)
             )
