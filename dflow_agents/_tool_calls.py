@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Collection, Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from pydantic_core import to_jsonable_python
@@ -72,16 +72,19 @@ class ToolCallsAgent(ToolResultsAgent):
             state["step"] += 1
             return self._retrying(DFlow.just(state).flat_map(self._loop).id("loop"))
         names = [str(call["name"]) for call in state["calls"]]
-        known = {*self.tools, *state.get("served", ())}
-        if not any(self.tools[n].is_flow for n in names if n in self.tools):  # one step runs them all
+        allowed: list[str] | None = state.get("tools")
+        known = set(allowed) if allowed is not None else {*self.tools, *state.get("served", ())}
+        flows = [n for n in names if n in self.tools and self.tools[n].is_flow and n in known]
+        if not flows:  # one step runs them all
             shown = "tool " + ", ".join(dict.fromkeys(n[:100] for n in names))[:200]
             calls = DFlow.just(state).map(self._call_tools).id("tool").name(shown)
             return self._retrying(calls.label(tool_label(names, known)).flat_map(self._loop).id("loop"))
         branches: list[DFlow[Any]] = []
         for call, name in zip(state["calls"], names):
             shown = f"tool {name[:100]}"  # (the step's id stays "tool": its key is the same)
-            tool = self.tools.get(name)
-            if tool is not None and tool.is_flow:
+            if allowed is not None and name not in allowed:
+                branch = DFlow.just(self._not_allowed(call, allowed)).map(_as_is).id("tool").name(shown)
+            elif name in flows:
                 branch = DFlow.just(call).flat_map(self._flow_tool).id("tool").name(shown)
             else:
                 branch = DFlow.just(call).map(self._call_tool).id("tool").name(shown)
@@ -94,11 +97,30 @@ class ToolCallsAgent(ToolResultsAgent):
         (``ctx.once``), so a step run again (its worker died) makes only the calls that had
         not ended."""
         calls: list[dict[str, Any]] = state["calls"]
+        allowed: list[str] | None = state.get("tools")
 
-        def once(i: int, call: dict[str, Any]) -> Awaitable[dict[str, Any]]:
-            return ctx.once(f"call-{i}", lambda: self._call_tool(call))
+        async def once(i: int, call: dict[str, Any]) -> dict[str, Any]:
+            if allowed is not None and call["name"] not in allowed:
+                return self._not_allowed(call, allowed)
+            return await ctx.once(f"call-{i}", lambda: self._call_tool(call))
 
         return list(await asyncio.gather(*(once(i, call) for i, call in enumerate(calls))))
+
+    def _offered(self, state: dict[str, Any], specs: list[ToolSpec]) -> list[ToolSpec]:
+        """The tools the model is offered this turn: ``specs``, but only those the run may
+        use when it was given its tools (``flow(..., tools=[...])``)."""
+        allowed = state.get("tools")
+        return specs if allowed is None else [s for s in specs if s.name in allowed]
+
+    def _not_allowed(self, call: dict[str, Any], allowed: Sequence[str]) -> dict[str, Any]:
+        """The result of a call of a tool this run may not use: an error naming those it may."""
+        name = str(call["name"])[:64]
+        return ToolResult.failure(
+            name,
+            f"Error: the tool {name!r} may not be used here. The tools you may use are: {', '.join(allowed)}.",
+            error="ToolNotAllowed",
+            call_id=call["id"],
+        ).model_dump(mode="json")
 
     async def _call_tool(self, call: dict[str, Any]) -> dict[str, Any]:
         """One tool call; every failure is a result the model reads."""
@@ -142,6 +164,11 @@ def tool_label(names: Sequence[str], known: Collection[str]) -> str:
 def is_tool_source(obj: object) -> bool:
     """Whether ``obj`` offers tools that are listed as the run goes (an ``McpServer``)."""
     return not isinstance(obj, Tool) and callable(getattr(obj, "current_tools", None))
+
+
+def _as_is(value: Any) -> Any:
+    """The step of a result known before the step (a refused call's): its value, as it is."""
+    return value
 
 
 def _flow_value(value: Any) -> dict[str, Any]:

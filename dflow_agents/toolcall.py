@@ -130,10 +130,19 @@ class ToolCallAgent(ToolCallsAgent):
             self._for_user(self._request(query, session), user), trace_id=trace_id
         )
 
-    def flow(self, query: str, *, session: str | None = None, user: str | None = None) -> DFlow[AgentResult]:
+    def flow(
+        self,
+        query: str,
+        *,
+        session: str | None = None,
+        user: str | None = None,
+        tools: Sequence[str] | None = None,
+    ) -> DFlow[AgentResult]:
         """The agent as a flow to embed in another (in a ``flat_map``): it runs in the
-        caller's run, and outputs the :class:`AgentResult`."""
-        return self._flow(self._for_user(self._request(query, session), user))
+        caller's run, and outputs the :class:`AgentResult`. ``tools``: the names of the only
+        tools this run is offered (and ``terminate``); a call of another gets an error
+        observation naming them."""
+        return self._flow(self._with_tools(self._for_user(self._request(query, session), user), tools))
 
     # -- the loop ----------------------------------------------------------------------
 
@@ -251,7 +260,7 @@ class ToolCallAgent(ToolCallsAgent):
             served = await self._served_specs()
             if self.sources:  # (the names its tool steps may be labelled with)
                 state["served"] = [s.name for s in served]
-            specs = self.specs + served
+            specs = self._offered(state, self.specs + served)
             response = await ask(
                 self.model, prompt, specs, self.model_calls, turn=state["step"], who=repr(self)
             )
