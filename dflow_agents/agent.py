@@ -298,7 +298,8 @@ class Agent:
     ) -> DFlow[AgentResult]:
         """The agent as a flow to embed in another (in a ``flat_map``): it runs in the
         caller's run, and outputs the :class:`AgentResult`. ``tools``: the names of the only
-        tools it may use in this run (see :meth:`_with_tools`)."""
+        tools this run is offered (and ``terminate``, for an agent that has it); a call of
+        another gets an error observation naming them."""
         return self._flow(self._with_tools(self._request(query, session), tools))
 
     def _with_tools(self, request: dict[str, Any], tools: Sequence[str] | None) -> dict[str, Any]:
