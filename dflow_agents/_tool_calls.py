@@ -79,18 +79,24 @@ class ToolCallsAgent(ToolResultsAgent):
             shown = "tool " + ", ".join(dict.fromkeys(n[:100] for n in names))[:200]
             calls = DFlow.just(state).map(self._call_tools).id("tool").name(shown)
             return self._retrying(calls.label(tool_label(names, known)).flat_map(self._loop).id("loop"))
-        branches: list[DFlow[Any]] = []
-        for call, name in zip(state["calls"], names):
-            shown = f"tool {name[:100]}"  # (the step's id stays "tool": its key is the same)
-            if allowed is not None and name not in allowed:
-                branch = DFlow.just(self._not_allowed(call, allowed)).map(_as_is).id("tool").name(shown)
-            elif name in flows:
-                branch = DFlow.just(call).flat_map(self._flow_tool).id("tool").name(shown)
-            else:
-                branch = DFlow.just(call).map(self._call_tool).id("tool").name(shown)
-            branches.append(branch.label(tool_label([name], known)))
+        branches = [
+            self._branch(call, name, allowed, name in flows).label(tool_label([name], known))
+            for call, name in zip(state["calls"], names)
+        ]
         calls = branches[0] if len(branches) == 1 else DFlow.zip(branches)
         return self._retrying(calls.flat_map(self._loop).id("loop"))
+
+    def _branch(
+        self, call: dict[str, Any], name: str, allowed: list[str] | None, is_flow: bool
+    ) -> DFlow[Any]:
+        """The step of one call, in a turn whose calls are each a step (a zip's branch): a
+        flow tool's flow, a plain tool's call, or the refusal of a tool the run may not use."""
+        shown = f"tool {name[:100]}"  # (the step's id stays "tool": its key is the same)
+        if allowed is not None and name not in allowed:
+            return DFlow.just(self._not_allowed(call, allowed)).map(_as_is).id("tool").name(shown)
+        if is_flow:
+            return DFlow.just(call).flat_map(self._flow_tool).id("tool").name(shown)
+        return DFlow.just(call).map(self._call_tool).id("tool").name(shown)
 
     async def _call_tools(self, ctx: ContextStack, state: dict[str, Any]) -> list[dict[str, Any]]:
         """The turn's calls, at once, in one step: each call's result is kept as it ends
