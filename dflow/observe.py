@@ -15,30 +15,32 @@ per observer and hook) and the step goes on, as do the other observers; a step w
 what it raises stops the runtime's start.
 
 Labels: ``started`` gets the step's *pipeline* and *step* labels (``step_labels``), both
-of bounded variety: the step is the id of its node (never its full key, which nests, nor
-a trace id); the pipeline is the name of the pipeline the run's flow belongs to, read from
+of bounded variety: the step is the ``label`` of its node, else its id (never its full
+key, which nests, nor a trace id); the pipeline is the name of the pipeline the run's flow belongs to, read from
 the run's outermost frame when that is a pipeline's chain (or one of its zip/any branches),
 else from the outermost level of the step key (a flow built at run time, after a tail
 call); ``NO_PIPELINE`` when no pipeline of this process matches it alone (a
-``direct_run``, or two pipelines ending alike).
+``direct_run``, or two pipelines ending alike). A compensation step (saga undo) has the
+pipeline label of the run it undoes, which its run's compensating mark keeps.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .context import StepRecord
 from .model import registry
 from .model.nodes import Chain, Frame
-from .store import Claim, NewRun
+from .store import COMPENSATING, Claim, NewRun
+from .wire.values import decode
 
 if TYPE_CHECKING:
     from .runtime.worker import Runtime
 
-__all__ = ["NO_PIPELINE", "StepObserver", "combine", "run_label", "step_labels"]
+__all__ = ["NO_PIPELINE", "StepObserver", "combine", "compensated_pipeline", "run_label", "step_labels"]
 
 log = logging.getLogger("dflow.observe")
 
@@ -266,19 +268,35 @@ _labels: dict[tuple[Chain, Chain, int, str], tuple[str, str]] = {}
 _MAX_LABELS = 4096  #: cached steps at most; the cache is emptied when full
 
 
-def step_labels(frames: tuple[Frame, ...], key: str) -> tuple[str, str]:
+def step_labels(
+    frames: tuple[Frame, ...], key: str, data: Mapping[str, bytes] | None = None
+) -> tuple[str, str]:
     """The (pipeline, step) labels of the step at the top of ``frames``, whose key is
-    ``key`` (``frames[-1].key``; see the module). Cached: the same step costs one dict lookup."""
+    ``key`` (``frames[-1].key``; see the module); the step label is the node's ``label``,
+    else its id. A compensation step (its run's ``data`` has the compensating mark) has the
+    pipeline of the run it undoes. Cached: the same step costs one dict lookup."""
     root, top = frames[0].chain, frames[-1]
     at = (root, top.chain, top.pos, top.suffix)
     hit = _labels.get(at)
-    if hit is not None:
-        return hit
-    labels = (_pipeline_name(root, key), top.node._id or "")
-    if len(_labels) >= _MAX_LABELS:
-        _labels.clear()
-    _labels[at] = labels
-    return labels
+    if hit is None:
+        node = top.node
+        hit = (_pipeline_name(root, key), node._label or node._id or "")
+        if len(_labels) >= _MAX_LABELS:
+            _labels.clear()
+        _labels[at] = hit
+    if hit[0] is NO_PIPELINE and data is not None and COMPENSATING in data:
+        return compensated_pipeline(data), hit[1]
+    return hit
+
+
+def compensated_pipeline(data: Mapping[str, bytes]) -> str:
+    """The pipeline label of the run whose compensations run, as its compensating mark
+    keeps it (``NO_PIPELINE`` when the mark has none: one written before it kept it)."""
+    try:
+        pipeline = decode(data[COMPENSATING]).get("pipeline")
+    except Exception:
+        return NO_PIPELINE
+    return pipeline if isinstance(pipeline, str) and pipeline else NO_PIPELINE
 
 
 def run_label(frames: tuple[Frame, ...] | None, first_key: str | None) -> str:

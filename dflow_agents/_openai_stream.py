@@ -1,5 +1,6 @@
-"""Assembling a streamed chat completion (``stream=True``) into the body a non-streamed call
-would have had, tolerantly, as real servers send it.
+"""Assembling a streamed chat completion, or a streamed raw completion (``/completions``:
+each chunk's choice has ``text``), into the body a non-streamed call would have had,
+tolerantly, as real servers send it.
 
 Each chunk is one ``data: {...}`` line's object. What real servers do, and what is done with it:
 
@@ -26,7 +27,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ._live_reply import LiveReply
-from ._openai_wire import _dropped_errors, _error_in_body, _text, map_sdk_error, parse_chat_body, scrub
+from ._openai_wire import (
+    _dropped_errors,
+    _error_in_body,
+    _text,
+    map_sdk_error,
+    parse_chat_body,
+    parse_completion_body,
+    scrub,
+)
 from .errors import ModelConnectionError, ModelError, ModelResponseError
 from .messages import ChatResponse
 
@@ -91,7 +100,7 @@ class StreamAssembly:
         if isinstance(finish, str) and finish:
             self.finish_reason = finish
         delta = _obj(choice.get("delta")) or _obj(choice.get("message"))
-        text = _text(delta.get("content"))
+        text = _text(delta.get("content") if delta else choice.get("text"))  # (a raw completion: its text)
         if text:
             self.content.append(text)
         raw = delta.get("tool_calls")
@@ -165,22 +174,37 @@ class StreamAssembly:
             body["usage"] = self.usage
         return body
 
+    def completion_body(self) -> dict[str, Any]:
+        """The non-streamed completions body of this reply (a raw completion's)."""
+        body: dict[str, Any] = {
+            "object": "text_completion",
+            "choices": [{"index": 0, "text": self.text(), "finish_reason": self.finish_reason}],
+        }
+        if self.model is not None:
+            body["model"] = self.model
+        if self.usage is not None:
+            body["usage"] = self.usage
+        return body
+
     def reply(self, id_prefix: str) -> ChatResponse:
         """The reply, as ``parse_chat_body`` makes it of the non-streamed body."""
         return parse_chat_body(json.dumps(self.body()), endpoint=self.endpoint, id_prefix=id_prefix)
 
 
 class StreamedCall:
-    """One streamed chat call to ``endpoint`` for ``model``: the request, its chunks read
-    from the ``data:`` lines of the response as they come, each delta published as a live
-    event of the step running here (``dflow.live.publish``), and the whole reply.
+    """One streamed call to ``endpoint`` for ``model``: the request (a chat call whose body
+    has ``messages``, or a raw completion whose body has ``prompt``), its chunks read from
+    the ``data:`` lines of the response as they come, each delta published as a live event
+    of the step running here (``dflow.live.publish``), and the whole reply.
 
-    The live events are those of :mod:`dflow_agents._live_reply`."""
+    The live events are those of :mod:`dflow_agents._live_reply`; a raw completion's deltas
+    are its text as the model writes it (tool calls among it, as text)."""
 
-    def __init__(self, endpoint: str, secret: str, model: str) -> None:
+    def __init__(self, endpoint: str, secret: str, model: str, *, raw: bool = False) -> None:
         self.endpoint = endpoint
         self.secret = secret
         self.model = model
+        self.raw = raw  # a raw completion (``/completions``), else a chat call
         self.said = LiveReply(model)
         self.assembly = StreamAssembly(endpoint)
 
@@ -205,15 +229,26 @@ class StreamedCall:
         if error is not None:
             await self.said.dropped(str(error))
             raise error  # (outside the except block: the SDK's exception holds the request)
-        reply = self.assembly.reply(id_prefix)
+        if self.raw:
+            whole = json.dumps(self.assembly.completion_body())
+            reply = parse_completion_body(whole, endpoint=self.endpoint)
+        else:
+            whole = json.dumps(self.assembly.body())
+            reply = self.assembly.reply(id_prefix)
         await self.said.end(reply.finish_reason)
-        return reply, json.dumps(self.assembly.body())
+        return reply, whole
 
     async def _read(self, client: Any, body: dict[str, Any], timeout: float) -> None:
-        messages = body.pop("messages")
-        request = client.chat.completions.with_streaming_response.create(
-            model=self.model, messages=messages, stream=True, extra_body=body, timeout=timeout
-        )
+        if self.raw:
+            prompt = body.pop("prompt")
+            request = client.completions.with_streaming_response.create(
+                model=self.model, prompt=prompt, stream=True, extra_body=body, timeout=timeout
+            )
+        else:
+            messages = body.pop("messages")
+            request = client.chat.completions.with_streaming_response.create(
+                model=self.model, messages=messages, stream=True, extra_body=body, timeout=timeout
+            )
         async with request as response:
             async for line in response.iter_lines():
                 chunk = _chunk(line, self.endpoint)

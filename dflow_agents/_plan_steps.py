@@ -27,6 +27,7 @@ __all__ = [
     "executor_key",
     "routing_problem",
     "shown",
+    "step_flow",
     "step_tag",
 ]
 
@@ -133,6 +134,14 @@ def executor_key(text: str, detail: StepDetail, agents: Mapping[str, Any], defau
         return detail.agent.lower()
     tag, _ = step_tag(text)
     return tag if tag is not None and tag in agents else default
+
+
+def step_flow(agent: Any, prompt: str, detail: StepDetail, session: str | None) -> Any:
+    """The flow of ``agent`` carrying out a step (told by ``prompt``): offered only the
+    tools the step names, when it names some (a call of another is an error it reads)."""
+    if not detail.tools:
+        return agent.flow(prompt, session=session)
+    return agent.flow(prompt, session=session, tools=list(detail.tools))
 
 
 def routing_problem(

@@ -294,10 +294,35 @@ class Agent:
         """``run`` for async code."""
         return await self.pipeline.acall(self._request(query, session), trace_id=trace_id)
 
-    def flow(self, query: str, *, session: str | None = None) -> DFlow[AgentResult]:
+    def flow(
+        self, query: str, *, session: str | None = None, tools: Sequence[str] | None = None
+    ) -> DFlow[AgentResult]:
         """The agent as a flow to embed in another (in a ``flat_map``): it runs in the
-        caller's run, and outputs the :class:`AgentResult`."""
-        return self._flow(self._request(query, session))
+        caller's run, and outputs the :class:`AgentResult`. ``tools``: the names of the only
+        tools this run is offered (and ``terminate``, for an agent that has it); a call of
+        another gets an error observation naming them."""
+        return self._flow(self._with_tools(self._request(query, session), tools))
+
+    def _with_tools(self, request: dict[str, Any], tools: Sequence[str] | None) -> dict[str, Any]:
+        """``request`` for a run that is offered only the tools named ``tools`` (and
+        ``terminate``, which ends the loop): a call of another gets an error observation
+        naming those. ``None``: all of the agent's tools."""
+        if tools is None:
+            return request
+        if (
+            isinstance(tools, str)
+            or not isinstance(tools, Sequence)
+            or not all(isinstance(t, str) for t in tools)
+        ):
+            raise TypeError(f"tools is a list of tool names, got {tools!r:.120}")
+        known = list(getattr(self, "tools", {}) or {})
+        unknown = [t for t in tools if t not in known]
+        if unknown and not getattr(self, "sources", None):  # (a tool source's tools are listed as it runs)
+            raise ValueError(
+                f"{self!r} has no tool named {', '.join(map(repr, unknown))}: its tools are {', '.join(known) or 'none'}"
+            )
+        allowed = ["terminate"] if "terminate" in known and "terminate" not in tools else []
+        return {**request, "tools": [*allowed, *dict.fromkeys(tools)]}
 
     def _flow(self, request: dict[str, Any]) -> DFlow[AgentResult]:
         return self._retrying(
@@ -355,6 +380,8 @@ class Agent:
                 ctx.put(f"{ns}/longterm", dump([recalled]))
         state = self._new_state(ns, request["query"], session, len(history))
         state["user"] = user
+        if request.get("tools") is not None:  # (only these tools, in this run)
+            state["tools"] = [str(t) for t in request["tools"]]
         return state
 
     def _new_state(self, ns: str, query: str, session: str | None, history: int) -> dict[str, Any]:

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import inspect
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from dflow import ContextStack, DFlow, Run
@@ -175,10 +175,18 @@ class DeepCrawlerAgent(CrawlWaves, Agent):
         """``run`` for async code."""
         return await self.pipeline.acall(self._crawl_request(query, session, url), trace_id=trace_id)
 
-    def flow(self, query: str, *, url: str | None = None, session: str | None = None) -> DFlow[AgentResult]:
-        """The crawl as a flow to embed in another (in a ``flat_map``)."""
+    def flow(
+        self,
+        query: str,
+        *,
+        url: str | None = None,
+        session: str | None = None,
+        tools: Sequence[str] | None = None,
+    ) -> DFlow[AgentResult]:
+        """The crawl as a flow to embed in another (in a ``flat_map``). A crawler calls no
+        tools: ``tools`` naming any is refused, as for any agent without them."""
         return self._retrying(
-            DFlow.just(self._crawl_request(query, session, url))
+            DFlow.just(self._with_tools(self._crawl_request(query, session, url), tools))
             .map(self._start)
             .id(f"{self.name}.start")
             .flat_map(self._loop)

@@ -18,6 +18,7 @@ from pydantic_core import to_jsonable_python
 
 from dflow import ContextStack, DFlow
 
+from ._tool_calls import tool_label
 from ._window import context_window
 from .agent import RUNNING, Agent, AgentStatus, add_usage, stop
 from .errors import ModelRetryableError
@@ -168,8 +169,11 @@ class ConversationAgentExecutor(Agent):
                 f"reached the iteration limit ({self.limits.max_iterations}) without a final answer",
             )
         steps = [ReActStep.model_validate(s) for s in state["steps"]]
+        tools = self._offered(state)
         try:
-            response = await self._recorded(ctx, state, self._complete(self._question(ctx, state), steps))
+            response = await self._recorded(
+                ctx, state, self._complete(self._question(ctx, state), steps, tools)
+            )
         except ModelRetryableError as exc:
             if ctx.attempt + 1 < self.model_calls.attempts:
                 raise
@@ -180,7 +184,7 @@ class ConversationAgentExecutor(Agent):
             return stop(state, AgentStatus.ERROR, f"the model call failed: {type(exc).__name__}: {exc}")
         add_usage(state, response.usage)
         state["model_call"] = model_call(response)
-        parsed = parse_react_output(response.content, list(self.tools.values()))
+        parsed = parse_react_output(response.content, tools)  # (a tool not offered: its failure)
         state["step"] += 1
         if isinstance(parsed, ReActFinalAnswer):
             return stop(state, AgentStatus.FINISHED, "the model gave its final answer", answer=parsed.answer)
@@ -203,8 +207,13 @@ class ConversationAgentExecutor(Agent):
                 if keep is not None and calls:
                     keep.keep(ctx, prefix, turn, calls)
 
-    async def _complete(self, question: str, steps: list[ReActStep]) -> ChatResponse:
-        tools = list(self.tools.values())
+    def _offered(self, state: dict[str, Any]) -> list[Tool]:
+        """The tools of this run: all of the agent's, or those it was given
+        (``flow(..., tools=[...])``)."""
+        allowed = state.get("tools")
+        return [t for name, t in self.tools.items() if allowed is None or name in allowed]
+
+    async def _complete(self, question: str, steps: list[ReActStep], tools: list[Tool]) -> ChatResponse:
         label, options = model_label(self.model), self.model_options
         if self.mode == "completion":
             prompt = render_react_prompt(tools, question, steps, template=self.template)
@@ -238,7 +247,7 @@ class ConversationAgentExecutor(Agent):
             ran = DFlow.just(state).flat_map(self._flow_tool).id("tool").name(shown)
         else:
             ran = DFlow.just(state).map(self._call_tool).id("tool").name(shown)
-        return ran.flat_map(self._observe).id("observe")
+        return ran.label(tool_label([action["tool"]], self.tools)).flat_map(self._observe).id("observe")
 
     async def _call_tool(self, state: dict[str, Any]) -> dict[str, Any]:
         action = state["action"]

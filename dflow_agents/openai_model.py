@@ -35,11 +35,9 @@ def _import_openai() -> Any:
     return openai
 
 
-def _check_stream(stream: object, mode: str) -> None:
+def _check_stream(stream: object) -> None:
     if not isinstance(stream, bool):
         raise ModelConfigError(f"stream is True or False, got {stream!r:.80}")
-    if stream and mode == "raw":
-        raise ModelConfigError("stream=True streams chat replies: use it with mode='chat'")
 
 
 class OpenAIChatModel:
@@ -50,8 +48,9 @@ class OpenAIChatModel:
     take any placeholder, such as ``"EMPTY"``). ``options`` are defaults for every request
     (``temperature``, ``max_tokens``...); ``timeout`` is per request, in seconds.
 
-    ``stream=True`` asks for the reply as a stream of tokens: while it arrives, each
-    content delta and tool-call fragment is published as a live event of the step that
+    ``stream=True`` asks for the reply as a stream of tokens, in either mode (and for
+    ``complete``): while it arrives, each content delta and tool-call fragment (in raw
+    mode, the text as the model writes it) is published as a live event of the step that
     called the model (``dflow.live``; followers read them from ``Run.aevents(live=True)``,
     the HTTP API and the console), and the call returns the whole reply, the same
     ``ChatResponse`` as without streaming (see the agents' streaming docs). A stream
@@ -96,7 +95,7 @@ class OpenAIChatModel:
             raise ModelConfigError(
                 f"mode must be 'chat' (native tool calls) or 'raw' (Qwen prompt), got {mode!r}"
             )
-        _check_stream(stream, mode)
+        _check_stream(stream)
         model = model or os.environ.get("OPENAI_MODEL")
         base_url = base_url or os.environ.get("OPENAI_BASE_URL")
         api_key = api_key or os.environ.get("OPENAI_API_KEY")
@@ -144,7 +143,7 @@ class OpenAIChatModel:
 
     @property
     def stream(self) -> bool:
-        """Whether chat replies stream (see the class)."""
+        """Whether replies stream (see the class)."""
         return self._stream
 
     @property
@@ -183,7 +182,9 @@ class OpenAIChatModel:
             body["tools"] = [t.to_openai() for t in tools]
             body["tool_choice"] = wire_tool_choice(choice)
         if self._stream:
-            return await self._streamed(to_openai_messages(messages), body, id_prefix=f"call_{turn}_")
+            return await self._streamed(
+                {"messages": to_openai_messages(messages)}, body, id_prefix=f"call_{turn}_"
+            )
         text = await self._post("chat", to_openai_messages(messages), body)
         return parse_chat_body(text, endpoint=self._base_url, id_prefix=f"call_{turn}_")
 
@@ -195,6 +196,8 @@ class OpenAIChatModel:
         """
         body = {**_RAW_DEFAULTS, **self._options, **options}
         body.pop("tool_choice", None)  # the prompt says what the model may call
+        if self._stream:
+            return await self._streamed({"prompt": prompt}, body, id_prefix="")
         text = await self._post("raw", prompt, body)
         return parse_completion_body(text, endpoint=self._base_url)
 
@@ -238,13 +241,20 @@ class OpenAIChatModel:
             self._clients[loop] = sdk
         return sdk
 
-    async def _streamed(self, messages: list[Any], body: dict[str, Any], *, id_prefix: str) -> ChatResponse:
+    async def _streamed(
+        self, payload: dict[str, Any], body: dict[str, Any], *, id_prefix: str
+    ) -> ChatResponse:
+        """A streamed call: ``payload`` is ``{"messages": [...]}`` (a chat call) or
+        ``{"prompt": text}`` (a raw completion)."""
         _guard.check_allowed(self._base_url)
         model = body.pop("model", self._model)
         timeout = body.pop("timeout", self._timeout)
-        call = StreamedCall(self._base_url, self._api_key, model)
-        reply, raw = await call.run(self._client(), {"messages": messages, **body}, timeout, id_prefix)
-        note_http(lambda: {"endpoint": "chat/completions", "model": model, "stream": True, **body}, raw)
+        completing = "prompt" in payload
+        call = StreamedCall(self._base_url, self._api_key, model, raw=completing)
+        reply, raw = await call.run(self._client(), {**body, **payload}, timeout, id_prefix)
+        endpoint = "completions" if completing else "chat/completions"
+        wire = {k: v for k, v in payload.items() if k == "prompt"}  # (chat messages: in the noted request)
+        note_http(lambda: {"endpoint": endpoint, "model": model, "stream": True, **body, **wire}, raw)
         return reply
 
     async def _post(self, kind: Literal["chat", "raw"], payload: Any, body: dict[str, Any]) -> str:

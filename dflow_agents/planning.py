@@ -12,7 +12,7 @@ chain of steps that any worker runs:
    to the executor its ``[TYPE]`` tag names (``[SEARCH] find ...`` goes to
    ``executors["search"]``; no tag or an unknown one: the default executor), run as a child
    run that reads a copy of the run's data and leaves it as it was, with a prompt showing
-   the plan. FINISHED marks the step completed with the agent's answer as its note; ERROR
+   the plan (offered only the tools the step names, when it names some). FINISHED marks the step completed with the agent's answer as its note; ERROR
    (``max_steps``, a failing model...) marks it blocked and goes on; TERMINATED (the agent
    gave up) marks it blocked and aborts the plan: the later steps stay not started.
 3. **finalize**: the finalizer summarises the plan and the steps' results into the answer,
@@ -30,7 +30,7 @@ from typing import Any
 from dflow import ContextStack, DFlow, Pipeline, Run
 
 from ._ask import ask, fresh_call_ids, ids_in
-from ._plan_steps import executor_key, routing_problem
+from ._plan_steps import executor_key, routing_problem, step_flow
 from ._plan_summary import Finalizer, note, results_text, summarise
 from ._planning_options import (
     DIRECT_ANSWER_PROMPT,
@@ -379,7 +379,10 @@ class PlanningFlow:
         book.put(plan)
         prompts = [await self._step_prompt(state, plan, i) for i in group]
         ctx.put(self._state_key, {**state, "current": [[i, k] for i, k in zip(group, keys)]})
-        flows = [self.executors[k].flow(p, session=state["session"]) for k, p in zip(keys, prompts)]
+        details = [plan.step_details[i] for i in group]
+        flows = [
+            step_flow(self.executors[k], p, d, state["session"]) for k, p, d in zip(keys, prompts, details)
+        ]
         executor: DFlow[Any]
         if len(flows) == 1:
             executor = DFlow.any(flows[0], merge=False).id("executor").on_error_return(executor_failed)

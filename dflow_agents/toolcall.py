@@ -16,18 +16,15 @@ model keeps failing.
 
 from __future__ import annotations
 
-import asyncio
-import logging
-from collections.abc import Awaitable, Sequence
+from collections.abc import Sequence
 from typing import Any
-
-from pydantic_core import to_jsonable_python
 
 from dflow import ContextStack, DFlow, Run
 
 from ._ask import ask, fresh_call_ids, ids_in
+from ._tool_calls import ToolCallsAgent, is_tool_source, tools_by_name
 from ._window import context_window, estimate_tokens
-from .agent import RUNNING, Agent, AgentResult, AgentStatus, add_usage, dump, load, stop
+from .agent import RUNNING, AgentResult, AgentStatus, add_usage, dump, load, stop
 from .compression import Window, compress, summarizer_for
 from .errors import ModelRetryableError
 from .exchanges import recording
@@ -36,13 +33,11 @@ from .function import AIFunction
 from .longterm import LongTermMemory
 from .loopguard import LoopGuard
 from .memory import ChatMemory
-from .messages import ChatMessage, ChatResponse, ToolCall, ToolSpec
+from .messages import ChatMessage, ChatResponse, ToolSpec
 from .model import ChatModel
 from .options import AgentLimits, LongTermRecall, ModelCalls, check_tool_choice
-from .qwen import calls_as_text, tool_responses_text
-from .terminate import terminate as default_terminate
-from .terminate import terminate_status
-from .tools import Tool, ToolResult
+from .qwen import calls_as_text
+from .tools import Tool
 
 __all__ = ["DEFAULT_SYSTEM_PROMPT", "ToolCallAgent"]
 
@@ -55,13 +50,11 @@ DEFAULT_SYSTEM_PROMPT = (
 )
 
 
-log = logging.getLogger("dflow_agents.toolcall")
-
 _DEFAULT_LIMITS = AgentLimits()
 _DEFAULT_CALLS = ModelCalls()
 
 
-class ToolCallAgent(Agent):
+class ToolCallAgent(ToolCallsAgent):
     """An agent that calls tools until the task is done. See the module's docstring.
 
     Args:
@@ -107,8 +100,8 @@ class ToolCallAgent(Agent):
         if not isinstance(model_calls, ModelCalls):
             raise TypeError(f"model_calls is a ModelCalls(...), got {model_calls!r:.80}")
         self.model = model
-        self.sources: list[Any] = [t for t in tools if _is_tool_source(t)]
-        self.tools: dict[str, Tool] = _tools_by_name([t for t in tools if not _is_tool_source(t)])
+        self.sources: list[Any] = [t for t in tools if is_tool_source(t)]
+        self.tools: dict[str, Tool] = tools_by_name([t for t in tools if not is_tool_source(t)])
         self.specs: list[ToolSpec] = [t.spec for t in self.tools.values()]
         if not callable(model_calls.tool_choice):
             check_tool_choice(model_calls.tool_choice, self.tools)
@@ -137,10 +130,19 @@ class ToolCallAgent(Agent):
             self._for_user(self._request(query, session), user), trace_id=trace_id
         )
 
-    def flow(self, query: str, *, session: str | None = None, user: str | None = None) -> DFlow[AgentResult]:
+    def flow(
+        self,
+        query: str,
+        *,
+        session: str | None = None,
+        user: str | None = None,
+        tools: Sequence[str] | None = None,
+    ) -> DFlow[AgentResult]:
         """The agent as a flow to embed in another (in a ``flat_map``): it runs in the
-        caller's run, and outputs the :class:`AgentResult`."""
-        return self._flow(self._for_user(self._request(query, session), user))
+        caller's run, and outputs the :class:`AgentResult`. ``tools``: the names of the only
+        tools this run is offered (and ``terminate``); a call of another gets an error
+        observation naming them."""
+        return self._flow(self._with_tools(self._for_user(self._request(query, session), user), tools))
 
     # -- the loop ----------------------------------------------------------------------
 
@@ -255,7 +257,10 @@ class ToolCallAgent(Agent):
         if over is not None:
             return stop(state, AgentStatus.ERROR, over)
         try:
-            specs = self.specs + await self._served_specs()
+            served = await self._served_specs()
+            if self.sources:  # (the names its tool steps may be labelled with)
+                state["served"] = [s.name for s in served]
+            specs = self._offered(state, self.specs + served)
             response = await ask(
                 self.model, prompt, specs, self.model_calls, turn=state["step"], who=repr(self)
             )
@@ -268,34 +273,6 @@ class ToolCallAgent(Agent):
             return stop(state, AgentStatus.ERROR, f"the model call failed: {type(exc).__name__}: {exc}")
         add_usage(state, response.usage)
         return self._record_reply(ctx, state, response, ids_in(conversation))
-
-    async def _served_specs(self) -> list[ToolSpec]:
-        """The specs of the tool sources' tools this turn; a source that cannot list its
-        tools now is left out of the turn (its calls say why)."""
-        specs: list[ToolSpec] = []
-        seen = set(self.tools)
-        for source in self.sources:
-            try:
-                served = await source.current_tools()
-            except Exception as exc:
-                log.warning("%r: the tools of %r are left out of this turn: %s", self, source, exc)
-                continue
-            for t in served:
-                if t.name not in seen:
-                    seen.add(t.name)
-                    specs.append(t.spec)
-        return specs
-
-    async def _served_tool(self, name: str) -> Tool | None:
-        for source in self.sources:
-            try:
-                found: Tool | None = await source.find_tool(name)
-            except Exception as exc:
-                log.warning("%r: cannot look up tool %r in %r: %s", self, name, source, exc)
-                continue
-            if found is not None:
-                return found
-        return None
 
     async def _compressed(
         self, ctx: ContextStack, state: dict[str, Any], conversation: list[ChatMessage]
@@ -372,151 +349,6 @@ class ToolCallAgent(Agent):
         ctx.put(f"{state['ns']}/state", state)
         return state
 
-    def _act(self, state: dict[str, Any]) -> DFlow[Any]:
-        """Run the turn's calls, concurrently (a ``zip`` of one step per call); their
-        results go to the next turn. A turn without calls goes on, or ends the run."""
-        if state["status"] != RUNNING:
-            return self._done(state)
-        if not state["calls"]:  # text only, and the loop goes on
-            state = dict(state)
-            self._guard(state, [])
-            state["step"] += 1
-            return self._retrying(DFlow.just(state).flat_map(self._loop).id("loop"))
-        names = [str(call["name"]) for call in state["calls"]]
-        if not any(self.tools[n].is_flow for n in names if n in self.tools):  # one step runs them all
-            shown = "tool " + ", ".join(dict.fromkeys(n[:100] for n in names))[:200]
-            calls = DFlow.just(state).map(self._call_tools).id("tool").name(shown)
-            return self._retrying(calls.flat_map(self._loop).id("loop"))
-        branches: list[DFlow[Any]] = []
-        for call in state["calls"]:
-            tool = self.tools.get(call["name"])
-            shown = f"tool {str(call['name'])[:100]}"  # (the step's id stays "tool": its key is the same)
-            if tool is not None and tool.is_flow:
-                branches.append(DFlow.just(call).flat_map(self._flow_tool).id("tool").name(shown))
-            else:
-                branches.append(DFlow.just(call).map(self._call_tool).id("tool").name(shown))
-        calls = branches[0] if len(branches) == 1 else DFlow.zip(branches)
-        return self._retrying(calls.flat_map(self._loop).id("loop"))
-
-    async def _call_tools(self, ctx: ContextStack, state: dict[str, Any]) -> list[dict[str, Any]]:
-        """The turn's calls, at once, in one step: each call's result is kept as it ends
-        (``ctx.once``), so a step run again (its worker died) makes only the calls that had
-        not ended."""
-        calls: list[dict[str, Any]] = state["calls"]
-
-        def once(i: int, call: dict[str, Any]) -> Awaitable[dict[str, Any]]:
-            return ctx.once(f"call-{i}", lambda: self._call_tool(call))
-
-        return list(await asyncio.gather(*(once(i, call) for i, call in enumerate(calls))))
-
-    async def _call_tool(self, call: dict[str, Any]) -> dict[str, Any]:
-        """One tool call; every failure is a result the model reads."""
-        tool = self.tools.get(call["name"]) or await self._served_tool(str(call["name"]))
-        if tool is None:
-            return self._unknown(call).model_dump(mode="json")
-        result = await tool.run(ToolCall.model_validate(call), default_timeout=self.limits.tool_timeout)
-        return result.model_dump(mode="json")
-
-    def _flow_tool(self, call: dict[str, Any]) -> DFlow[Any]:
-        """A flow tool's flow, whose value becomes the result; its failure is a result too."""
-        tool = self.tools[call["name"]]
-        built = tool.flow(ToolCall.model_validate(call))
-        if isinstance(built, ToolResult):
-            return DFlow.just(built.model_dump(mode="json"))
-        return built.map(_flow_value).id("tool-value").on_error_return(_flow_failed)
-
-    def _unknown(self, call: dict[str, Any]) -> ToolResult:
-        known = ", ".join(self.tools)
-        return ToolResult.failure(
-            str(call["name"])[:64],
-            f"Error: there is no tool named {str(call['name'])[:64]!r}. The tools are: {known}.",
-            error="UnknownTool",
-            call_id=call["id"],
-        )
-
-    def _observe(self, ctx: ContextStack, results: Any) -> dict[str, Any]:
-        """The results, in call order, become the turn's observations (a repeated call's
-        with the loop guard's note); ``terminate`` and the loop guard may end the loop."""
-        if not isinstance(results, list):  # a single call ran without a zip
-            results = [results]
-        ns = ctx.get(self._pointer)
-        state = dict(ctx.get(f"{ns}/state"))
-        step = state["step"]
-        outcomes = [self._result(call, raw) for call, raw in zip(state["calls"], results)]
-        observed = [r.observation for r in outcomes]
-        shown = [
-            f"{o}\n\n{note}" if note else o for o, note in zip(observed, self._reminders(state, observed))
-        ]
-        if state["calls_from_text"]:  # answered as the calls were made: in text
-            messages = [ChatMessage.user(tool_responses_text(shown))]
-        else:
-            messages = [r.to_message().model_copy(update={"content": o}) for r, o in zip(outcomes, shown)]
-        ctx.put(f"{ns}/observe/{step}", dump(messages))
-        state["step"] = step + 1
-        ended = next((r.output for r in outcomes if _ends_the_run(r)), None)
-        if ended is None:
-            self._guard(state, observed)
-        elif terminate_status(ended.get("status")) == "success":
-            stop(state, AgentStatus.FINISHED, "terminate was called with status success", _conclusion(ended))
-        else:
-            stop(
-                state, AgentStatus.TERMINATED, "terminate was called with status failure", _conclusion(ended)
-            )
-        return state
-
-    def _reminders(self, state: dict[str, Any], observed: list[str]) -> list[str | None]:
-        """The loop guard's notes for the turn's repeated calls (the guard's state copied)."""
-        if self.loop_guard is None or state["guard"] is None:
-            return [None] * len(observed)
-        state["guard"] = LoopGuard.copied(state["guard"])
-        return self.loop_guard.reminders(state["guard"], state["step"], state["calls"], observed)
-
-    def _result(self, call: dict[str, Any], raw: Any) -> ToolResult:
-        if isinstance(raw, dict) and raw.get("__flow_value__", False) is not False:
-            tool = self.tools[call["name"]]
-            return tool.result(raw["__flow_value__"], call_id=call["id"])
-        if isinstance(raw, dict) and raw.get("__flow_error__") is not None:
-            error = raw["__flow_error__"]
-            return ToolResult.failure(
-                call["name"],
-                f"Error: tool '{call['name']}' failed: {error}",
-                error="FlowError",
-                call_id=call["id"],
-            )
-        result = ToolResult.model_validate(raw)
-        return result if result.call_id else result.model_copy(update={"call_id": call["id"]})
-
-    def _guard(self, state: dict[str, Any], observations: list[str]) -> None:
-        guard = self.loop_guard
-        if guard is None or state["guard"] is None:
-            return
-        state["guard"] = counts = LoopGuard.copied(state["guard"])
-        what = guard.observe(counts, state["content"], state["calls"], observations)
-        if what is None:
-            return
-        prompt = guard.react(counts, what)
-        if prompt is None:
-            stop(
-                state,
-                AgentStatus.ERROR,
-                f"stopped by the loop guard: {what}, after a change-of-strategy prompt",
-            )
-        else:
-            state["nudge"] = prompt
-
-
-def _is_tool_source(obj: object) -> bool:
-    """Whether ``obj`` offers tools that are listed as the run goes (an ``McpServer``)."""
-    return not isinstance(obj, Tool) and callable(getattr(obj, "current_tools", None))
-
-
-def _ends_the_run(result: ToolResult) -> bool:
-    return result.name == default_terminate.name and result.ok and isinstance(result.output, dict)
-
-
-def _conclusion(output: dict[str, Any]) -> str:
-    return str(output.get("conclusion") or "")
-
 
 def _answered(messages: list[ChatMessage]) -> list[ChatMessage]:
     """``messages`` with the calls that no tool message answers taken out of their assistant
@@ -531,32 +363,3 @@ def _answered(messages: list[ChatMessage]) -> list[ChatMessage]:
             m = ChatMessage.assistant(m.content, kept)
         out.append(m)
     return out
-
-
-def _flow_value(value: Any) -> dict[str, Any]:
-    try:
-        data = to_jsonable_python(value)
-    except Exception:
-        data = str(value)
-    return {"__flow_value__": data}
-
-
-def _flow_failed(error: BaseException) -> dict[str, Any]:
-    text = f"{type(error).__name__}: {error}"
-    return {"__flow_error__": text if len(text) <= 500 else text[:500] + "..."}
-
-
-def _tools_by_name(tools: Sequence[Tool]) -> dict[str, Tool]:
-    """The tools by name, ``terminate`` first unless one of them has its name; refuses what
-    is not a ``Tool`` and two tools of one name."""
-    for t in tools:
-        if not isinstance(t, Tool):
-            raise TypeError(f"tools are Tool objects (made with @tool), got {t!r}")
-    names = [t.name for t in tools]
-    dup = sorted({n for n in names if names.count(n) > 1})
-    if dup:
-        raise ValueError(f"two tools named {dup[0]!r}: the model calls tools by name, so names must differ")
-    by_name = {t.name: t for t in tools}
-    if default_terminate.name not in by_name:
-        by_name = {default_terminate.name: default_terminate, **by_name}
-    return by_name

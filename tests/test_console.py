@@ -707,6 +707,22 @@ def test_an_agent_run_shows_its_conversation(browser: httpx.Client) -> None:
     assert plain["conversation"] == ""  # not an agent's run: no conversation
 
 
+@tool
+def shout(text: str) -> DFlow[str]:
+    """A flow tool: upper-cases, as a step of its own."""
+    return DFlow.just(text).map(str.upper).id("upper")
+
+
+def test_an_agent_s_tool_branches_are_headed_by_their_tool(browser: httpx.Client) -> None:
+    model = ScriptedModel(
+        [reply(calls=[call("shout", text="a"), call("lookup", city="Oslo")]), reply("done")]
+    )
+    run = ToolCallAgent("con-branch-agent", model, [shout, lookup]).run("go")
+    assert run.result(10).answer == "done"
+    tree = browser.get(f"/console/api/runs/{run.trace_id}/tree").json()["tree"]
+    assert "branch 0 · tool shout" in tree and "branch 1 · tool lookup" in tree, tree
+
+
 class _FussyView:
     """A console view that fails on the runs it is for (those with ``con-view/boom`` in their data)."""
 

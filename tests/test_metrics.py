@@ -166,6 +166,77 @@ def test_labels_name_the_pipeline_and_the_node_and_stay_bounded() -> None:
     )
 
 
+def _labelled(x: int) -> DFlow[list[int]]:
+    """A flow built at run time whose steps are labelled by what they do (one label a kind)."""
+    kinds = ["even" if i % 2 == 0 else "odd" for i in range(x)]
+    return DFlow.zip([DFlow.just(i).map(_double).id("mul").label(f"mul {k}") for i, k in enumerate(kinds)])
+
+
+def _wait_for_counts(registry: prom.CollectorRegistry, name: str, expected: dict[str, float]) -> None:
+    deadline = time.monotonic() + 5  # a step is counted just after its commit, which the waiter may see first
+    while _counts(registry, "dflow_steps_committed_total", name) != expected and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _counts(registry, "dflow_steps_committed_total", name) == expected
+
+
+def test_a_labelled_step_is_counted_under_its_label_chosen_when_built_or_at_run_time(
+    metered: tuple[Runtime, prom.CollectorRegistry],
+) -> None:
+    _, registry = metered
+    name = f"m-label-{uuid.uuid4().hex[:6]}"
+    pipeline = (
+        DFlow.from_call("go")
+        .map(lambda x: x + 1)
+        .id("inc")
+        .label("add one")
+        .flat_map(_labelled)
+        .id("fan")
+        .init(name)
+    )
+    run = pipeline.call(3)
+    assert run.result(10) == [0, 2, 4, 6]
+    _wait_for_counts(
+        registry, name, {"add one": 1.0, "fan": 1.0, "mul even": 2.0, "mul odd": 2.0, "zip": 1.0}
+    )
+    # the key stays the id's, and the label is the record's name when the step has none
+    assert [(r.key, r.name) for r in run.context().steps if r.key.startswith("inc")] == [
+        ("inc>fan", "add one")
+    ]
+    named = DFlow.just(1).map(_double).id("d").name("double it").label("double")
+    assert (named._name, named._label) == ("double it", "double")
+
+
+def test_a_label_that_would_not_read_as_a_bounded_label_is_refused() -> None:
+    flow = DFlow.just(1).map(_double).id("d")
+    for bad in ("", "   ", "x" * 101, "a\nb", 3):
+        with pytest.raises(dflow.BuildError, match="a label is 1 to 100 printable characters"):
+            flow.label(bad)  # type: ignore[arg-type]
+
+
+def _undo_inc(x: int) -> None:
+    return None
+
+
+def test_compensation_steps_are_counted_under_the_pipeline_of_the_run_they_undo(
+    metered: tuple[Runtime, prom.CollectorRegistry],
+) -> None:
+    _, registry = metered
+    name = f"m-saga-{uuid.uuid4().hex[:6]}"
+    pipeline = (
+        DFlow.from_call("go")
+        .map(lambda x: x + 1)
+        .id("inc")
+        .compensate(_undo_inc)
+        .map(_boom)
+        .id("boom")
+        .init(name)
+    )
+    with pytest.raises(dflow.RunCompensatedError):
+        pipeline.call(1).result(10)
+    _wait_for_counts(registry, name, {"inc": 1.0, "boom": 1.0, "undo:inc": 1.0})
+    assert _counts(registry, "dflow_steps_started_total", NO_PIPELINE) == {}
+
+
 def test_metrics_are_served_over_http_and_misuse_is_refused() -> None:
     registry = prom.CollectorRegistry()
     m = Metrics(registry=registry)

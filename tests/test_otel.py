@@ -150,6 +150,26 @@ def test_nested_forks_nest_and_a_branch_goes_on_under_its_fork(
     )
 
 
+def _labelled_pair(v: int) -> DFlow[list[int]]:
+    return DFlow.zip([DFlow.just(v + i).map(_inc).id("add").label(f"add {i}") for i in range(2)]).id("z")
+
+
+def test_a_labelled_step_s_span_is_named_by_its_label_and_keeps_its_key(
+    traced: tuple[TracerProvider, InMemorySpanExporter],
+) -> None:
+    _, exporter = traced
+    name = f"o-label-{uuid.uuid4().hex[:6]}"
+    pipeline = DFlow.from_call("go").map(_inc).id("inc").label("add one").flat_map(_labelled_pair).id("fan")
+    run = pipeline.init(name).call(1)
+    assert run.result(5) == [3, 4]
+    steps = _steps(exporter, 5)
+    by_name = {s.name: s for s in steps if s.attributes is not None}
+    assert {"dflow step add one", "dflow step add 0", "dflow step add 1", "dflow step fan"} <= set(by_name)
+    attributes = by_name["dflow step add one"].attributes
+    assert attributes is not None and attributes["dflow.step.key"] == "inc>fan"
+    assert not any(s.name == "dflow step inc" for s in steps)
+
+
 def test_a_run_started_without_tracing_is_one_trace_named_by_its_id(local: Runtime) -> None:
     name = f"o-late-{uuid.uuid4().hex[:6]}"
     pipeline = (

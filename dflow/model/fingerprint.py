@@ -95,6 +95,7 @@ def _node_key(n: Any, d: dict[str, Any], value: Any, budget: list[Any]) -> tuple
         d["_thread"],
         d["_queue"],
         n._rate,
+        n._label,
         n._transparent,
         tuple(_chain_key(compile_flow(b), False, budget) for b in branches) if branches else (),
     )

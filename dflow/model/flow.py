@@ -2,8 +2,8 @@
 
 Operators return new ``DFlow`` values; nothing runs until a pipeline made by ``init()``
 is called, or ``DFlow.direct_run`` starts a run (see ``model.direct_run``). Modifiers
-(``id``, ``name``, ``on_error_return``, ``retry``, ``timeout``, ``in_thread``, ``circuit``,
-``rate_limit``, ``compensate``, ``fallback``) apply to the last node.
+(``id``, ``name``, ``label``, ``on_error_return``, ``retry``, ``timeout``, ``in_thread``,
+``circuit``, ``rate_limit``, ``compensate``, ``fallback``) apply to the last node.
 """
 
 from __future__ import annotations
@@ -249,6 +249,15 @@ class DFlow(Node, Generic[T_co]):
     def name(self, name: str) -> DFlow[T_co]:
         """Give the last node a display name for inspection. Keys use ids, not names."""
         return self._with(_name=str(name))
+
+    def label(self, label: str) -> DFlow[T_co]:
+        """Show the last node as ``label`` (at most 100 characters) instead of its id: the
+        ``step`` label of its metrics, its span's name and, unless it has a ``name``, its name.
+        Each label is a series: keep their variety bounded (one per tool of an agent, not one
+        per call). Keys use ids, not labels."""
+        if not isinstance(label, str) or not label.strip() or len(label) > 100 or not label.isprintable():
+            raise BuildError(f"a label is 1 to 100 printable characters, got {label!r:.120}")
+        return self._with(_label=label, _name=self._name if self._name is not None else label)
 
     # The handler gets what the step raised: any BaseException (a KeyboardInterrupt raised in a
     # step fails the step too), or a StepFailedError for a failed zip branch or on_init.

@@ -92,6 +92,9 @@ class Node:
     #: the shared rate limit its step waits for (``rate_limit``); a class attribute too, so
     #: that nodes pickled before it existed load with none
     _rate: RateLimit | None = None
+    #: the step's label in metrics, span names and (unless it has a name) the console, in
+    #: place of its id (``label``); a class attribute too, for nodes pickled before it existed
+    _label: str | None = None
     #: a flat_map whose flow takes its place in step keys (only dflow's own direct_run
     #: builder); a class attribute, so that nodes pickled before it existed load with it
     _transparent: bool = False
@@ -167,6 +170,7 @@ _DEFAULTS: dict[str, Any] = {
     "_fallback": None,
     "_queue": None,
     "_rate": None,
+    "_label": None,
 }
 
 
@@ -280,7 +284,7 @@ _EXTRAS = frozenset(
         "_fallback",
         "_queue",
     )
-) | {"_rate"}
+) | {"_rate", "_label"}
 
 
 def _chain_from(states: tuple[tuple[Any, ...], ...], keys: tuple[str, ...]) -> Chain:

@@ -5,7 +5,7 @@
     serve_metrics(9464)                     # GET http://127.0.0.1:9464/metrics
 
 ``dflow worker --metrics-port N`` does this. The series (``pipeline`` and ``step`` are the
-labels of ``dflow.observe``: the pipeline's name and the node's id, of bounded variety):
+labels of ``dflow.observe``: the pipeline's name and the node's label or id, of bounded variety):
 
 - ``dflow_steps_started_total{pipeline,step}``: steps that started running here;
 - ``dflow_steps_committed_total{pipeline,step}``: of those, steps whose outcome was

@@ -7,8 +7,9 @@ or one made from the standard ``OTEL_*`` variables: see ``setup``).
 
 What is traced: starting a run makes a span ``dflow run <pipeline>``, a child of the span
 current in the caller (``entry.call()`` inside your request's span), which lasts as long
-as the run's creation. Every step makes a span ``dflow step <id>`` with the attributes
-``dflow.run`` (the run's trace id), ``dflow.pipeline``, ``dflow.step.key``,
+as the run's creation. Every step makes a span ``dflow step <id>`` (``<label>`` for a
+node given one) with the attributes ``dflow.run`` (the run's trace id), ``dflow.pipeline``,
+``dflow.step.key``,
 ``dflow.step.seq``, ``dflow.step.attempt``, ``dflow.worker`` and ``dflow.step.status``
 (done, failed, retrying, waiting, sleeping, forked; ``lease_lost``; ``aborted``); a step that
 raised has an error status and an exception event. The steps of a run are children of its

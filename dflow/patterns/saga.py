@@ -230,10 +230,13 @@ def compensate(
     changes: dict[str, bytes | None],
     error: dict[str, Any],
     done: list[str] | None = None,
+    *,
+    pipeline: str,
 ) -> tuple[tuple[Frame, ...], Message] | None:
     """Where a run that failed with ``error`` goes on: the chain of its next (at most
     ``_BATCH``) compensations, and its first step's message; ``changes`` gets the
-    ``COMPENSATING`` mark. ``None`` when the run holds no saga entries.
+    ``COMPENSATING`` mark, which keeps the run's ``pipeline`` label (its compensations are
+    counted under it). ``None`` when the run holds no saga entries.
     ``PayloadRejectedError`` (or ``UnknownStepError``) for an entry that cannot be loaded."""
     entries = _pending(msg.trace_id, data, changes)
     if not entries:
@@ -249,7 +252,7 @@ def compensate(
         node.__dict__.update(_name=f"compensate {step_id(key)}"[:200], _retry=undo._retry)
         nodes.append(node)
     chain: Chain = compile_flow(nodes[-1])
-    changes[COMPENSATING] = encode({"error": error, "done": done or []})
+    changes[COMPENSATING] = encode({"error": error, "done": done or [], "pipeline": pipeline})
     return (Frame(chain, 0, ""),), Message(msg.trace_id, msg.seq + 1, chain.keys[0], 0, RUN)
 
 
@@ -294,7 +297,16 @@ def finished(
     """A chain of compensations ended: the next one, or the run's end, COMPENSATED."""
     mark_ = mark(msg.trace_id, data)
     done = list(mark_["done"]) + [n._fn.key for n in frames[-1].chain.nodes if isinstance(n._fn, Undo)]
-    goes_on = compensate(chains, msg, data, changes, mark_["error"], done)
+    pipeline = mark_.get("pipeline")
+    goes_on = compensate(
+        chains,
+        msg,
+        data,
+        changes,
+        mark_["error"],
+        done,
+        pipeline=pipeline if isinstance(pipeline, str) else "",
+    )
     if goes_on is not None:
         return goes_on
     return Fail({**mark_["error"], "compensated": done}, compensated=True)

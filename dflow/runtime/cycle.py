@@ -200,7 +200,7 @@ class StepCycle:
             await self._on_init(node, ctx, msg)
             return False, None
         obs = self.observers.current
-        seen = None if obs is None else obs.started(claim, *step_labels(frames, msg.key))
+        seen = None if obs is None else obs.started(claim, *step_labels(frames, msg.key, claim.data))
         try:
             started = self.clock.time()
             t0 = time.perf_counter()

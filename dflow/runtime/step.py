@@ -18,6 +18,7 @@ from ..model import interpret as interp
 from ..model.calls import call_step, error_info
 from ..model.frames import FrameCodec
 from ..model.nodes import Frame, Kind, Node, compile_flow
+from ..observe import step_labels
 from ..patterns import saga
 from ..patterns.rerun import RERUN_KEY, replay
 from ..store import COMPENSATING, Advance, Claim, Fail, Finish, Fork, NewRun, Store, Transition, Wait
@@ -349,7 +350,8 @@ class StepRunner:
         try:
             if COMPENSATING in claim.data:
                 return saga.gave_up(chains, msg, claim.data, frames, err), records, {}
-            goes_on = saga.compensate(chains, msg, claim.data, changes, err)
+            pipeline = step_labels(frames, msg.key)[0]  # (kept in the mark: the compensations' label)
+            goes_on = saga.compensate(chains, msg, claim.data, changes, err, pipeline=pipeline)
             if goes_on is None:
                 return Fail(err), records, {}
             return Advance(self.frames.dump(msg.trace_id, goes_on[0])[0], NONE, goes_on[1]), records, changes

@@ -59,6 +59,25 @@ def test_actions_observations_and_the_final_answer(local: dflow.Runtime) -> None
     assert model.requests[0].options["stop"] == ["\nObservation:"]
 
 
+def test_a_run_given_its_tools_is_shown_and_may_call_only_those(local: dflow.Runtime) -> None:
+    model = ScriptedModel(
+        [
+            'Shout first.\nAction: shout\nAction Input: {"text": "hi"}',
+            'Then the weather.\nAction: weather\nAction Input: {"city": "Paris"}',
+            "I now know the final answer.\nFinal Answer: sunny",
+        ]
+    )
+    react = executor(model, [weather, shout], mode="completion")
+    run = DFlow.just("How is Paris?").flat_map(lambda q: react.flow(q, tools=["weather"])).id("ask")
+    r = run.init(f"react-tools-{next(_names)}").call().result(10)
+    assert (r.status, r.answer) == (AgentStatus.FINISHED, "sunny")
+    first, last = model.requests[0].prompt, model.requests[-1].prompt
+    assert first is not None and last is not None
+    assert "weather" in first and "shout" not in first.split("Question:")[0]  # only its tools are shown
+    assert 'there is no tool named "shout". Available tools: weather' in last  # a call of another: refused
+    assert "Observation: sunny in Paris" in last and "Observation: HI" not in last
+
+
 def test_unreadable_replies_and_tool_errors_go_back_to_the_model(local: dflow.Runtime) -> None:
     model = ScriptedModel(
         [

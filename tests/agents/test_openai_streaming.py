@@ -236,9 +236,7 @@ def test_an_error_in_the_stream_and_a_line_that_is_not_json_are_response_errors(
         stream_reply(llm_server)
 
 
-def test_stream_is_for_chat_mode_and_a_flag(llm_server: FakeLLMServer) -> None:
-    with pytest.raises(ModelConfigError, match="mode='chat'"):
-        OpenAIChatModel("m", base_url=llm_server.base_url, api_key=KEY, mode="raw", stream=True)
+def test_stream_is_a_flag(llm_server: FakeLLMServer) -> None:
     with pytest.raises(ModelConfigError, match="stream is True or False"):
         OpenAIChatModel("m", base_url=llm_server.base_url, api_key=KEY, stream="yes")  # type: ignore[arg-type]
 
@@ -304,3 +302,103 @@ def test_an_agent_whose_stream_drops_asks_again_and_commits_one_reply(
     assert [d["kind"] for d in again] == ["model.start", "model.delta", "model.delta", "model.end"]
     assert again[0]["call"] != seen[0]["call"], "the call made again has an id of its own"
     assert len(llm_server.received) == 2
+
+
+# -- raw (completion) mode ----------------------------------------------------------------------
+
+CALLING = 'I will look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+
+
+def completion_chunk(text: str, finish: str | None = None, **extra: Any) -> dict[str, Any]:
+    """A text_completion chunk of a streamed /completions answer, shaped like a real server's."""
+    return {
+        "id": "cmpl-s1",
+        "object": "text_completion",
+        "created": 1700000000,
+        "model": "qwen2.5-7b-instruct",
+        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
+        **extra,
+    }
+
+
+def completion_stream(text: str, size: int = 7) -> list[dict[str, Any]]:
+    pieces = [text[i : i + size] for i in range(0, len(text), size)]
+    usage = {"prompt_tokens": 120, "completion_tokens": 20, "total_tokens": 140}
+    return [*(completion_chunk(p) for p in pieces), completion_chunk("", "stop", usage=usage)]
+
+
+def test_a_raw_mode_reply_streams_from_completions_and_is_the_reply_the_non_streamed_call_gives(
+    llm_server: FakeLLMServer,
+) -> None:
+    llm_server.answer(
+        {
+            "id": "cmpl-1",
+            "object": "text_completion",
+            "model": "qwen2.5-7b-instruct",
+            "choices": [{"index": 0, "text": CALLING, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 120, "completion_tokens": 20, "total_tokens": 140},
+        }
+    )
+    llm_server.stream(completion_stream(CALLING))
+
+    async def main() -> tuple[ChatResponse, ChatResponse]:
+        models = [
+            OpenAIChatModel("qwen-plus", base_url=llm_server.base_url, api_key=KEY, mode="raw", stream=stream)
+            for stream in (False, True)
+        ]
+        replies = [await m.chat([ChatMessage.user("weather in Paris?")], [WEATHER]) for m in models]
+        for m in models:
+            await m.aclose()
+        return replies[0], replies[1]
+
+    plain, streamed = asyncio.run(main())
+    assert streamed == plain
+    assert streamed.content == "I will look." and streamed.tool_calls[0].arguments == {"city": "Paris"}
+    assert streamed.usage.total_tokens == 140 and streamed.finish_reason == "stop"
+    sent = llm_server.received[1]
+    assert sent.path == "/v1/completions" and sent.body["stream"] is True
+    assert sent.body["prompt"] == llm_server.received[0].body["prompt"] and "messages" not in sent.body
+
+
+def test_followers_see_a_raw_completion_s_text_while_it_streams(
+    llm_server: FakeLLMServer, local: dflow.Runtime
+) -> None:
+    llm_server.stream(
+        [completion_chunk(p) for p in ("Once", " upon", " a time.")] + [completion_chunk("", "stop")]
+    )
+    model = dflow.shared(
+        OpenAIChatModel("qwen-plus", base_url=llm_server.base_url, api_key=KEY, mode="raw", stream=True),
+        "streaming-raw-model",
+    )
+
+    async def complete(prompt: str) -> str:
+        reply = await model.complete(prompt)
+        return reply.content
+
+    run = DFlow.just("<|im_start|>user\ntell me<|im_end|>\n").map(complete).id("complete").init("raw-streams")
+    started = run.call()
+    live = [e.data for e in Run(started.trace_id).events(live=True, timeout=20) if isinstance(e, LiveEvent)]
+    assert [d["kind"] for d in live] == [
+        "model.start",
+        "model.delta",
+        "model.delta",
+        "model.delta",
+        "model.end",
+    ]
+    assert [d.get("text") for d in live[1:4]] == ["Once", " upon", " a time."]
+    assert live[-1]["finish_reason"] == "stop"
+    assert started.result(10) == "Once upon a time."
+    assert llm_server.received[0].path == "/v1/completions"
+
+
+def test_a_raw_stream_that_drops_mid_answer_is_a_connection_error(llm_server: FakeLLMServer) -> None:
+    llm_server.stream(completion_stream(CALLING), drop_after=2)
+
+    async def main() -> ChatResponse:
+        async with OpenAIChatModel(
+            "qwen-plus", base_url=llm_server.base_url, api_key=KEY, mode="raw", stream=True
+        ) as model:
+            return await model.complete("go")
+
+    with pytest.raises(ModelConnectionError, match="dropped after 2 chunks"):
+        asyncio.run(main())

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 import pytest
 
 import dflow
-from dflow import ContextStack
-from dflow_agents import AgentStatus, ChatMessage, ChatResponse, ToolCallAgent, ToolSpec, tool
+from dflow import ContextStack, DFlow
+from dflow_agents import AgentStatus, ChatMessage, ChatResponse, ToolCall, ToolCallAgent, ToolSpec, tool
 from dflow_agents.planning import DIRECT_ANSWER_PROMPT, PlanningFlow, PlanningOptions
 from dflow_agents.plans import PlanBook, PlanDraft, PlanningError, PlanStepStatus, StepDetail
 from dflow_agents.testing import FunctionModel, ScriptedModel, call, reply
@@ -108,6 +108,76 @@ def test_a_step_naming_its_agent_and_tools_goes_to_that_agent_told_the_tools(loc
     assert "0. [✓] find flights (agent: SEARCH; tools: lookup)\n" in result.plan_text
     system = planner.requests[0].messages[0].content
     assert "[SEARCH]: the " in system and "(tools: terminate, lookup)" in system
+
+
+@tool
+def book(flight: str) -> str:
+    """Book a flight.
+
+    Args:
+        flight: the flight to book.
+    """
+    BOOKED.append(flight)
+    return f"booked {flight}"
+
+
+@tool
+def hold(flight: str) -> DFlow[str]:
+    """Hold a seat on a flight, as a flow."""
+    BOOKED.append(f"held {flight}")
+    return DFlow.just(flight).map(str.upper).id("held")
+
+
+BOOKED: list[str] = []
+
+
+def _calls(*calls: tuple[str, dict[str, object]]) -> ChatResponse:
+    return ChatResponse(tool_calls=[ToolCall(id="", name=n, arguments=a) for n, a in calls])
+
+
+def test_the_executor_of_a_step_naming_its_tools_is_offered_and_may_call_only_those(
+    local: dflow.Runtime,
+) -> None:
+    BOOKED.clear()
+    turns: dict[int, list[ChatResponse | str]] = {
+        # step 0 names lookup: book (a plain tool) and hold (a flow tool) are refused, lookup runs
+        0: [
+            _calls(("book", {"flight": "TP1"}), ("lookup", {"query": "flights"}), ("hold", {"flight": "TP1"}))
+        ]
+        + [_calls(("book", {"flight": "TP2"})), "found the flights"],  # refused alone too
+        1: [_calls(("book", {"flight": "TP3"})), "booked"],  # step 1 names no tools: all of them
+    }
+
+    def act(messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> ChatResponse | str:
+        return turns[step_of(messages)[0]][sum(m.role == "assistant" for m in messages)]
+
+    doer_model = FunctionModel(act, name="doer")
+    doer = ToolCallAgent(unique("doer"), doer_model, tools=[lookup, book, hold])
+    steps = [{"step": "find flights", "tools": ["lookup"]}, "book the flight"]
+    flow = PlanningFlow(unique("enforced"), doer, planner=ScriptedModel([create(steps)]))
+    result = flow.run("plan a trip").result(10)
+
+    assert [s.status for s in result.steps] == [AgentStatus.FINISHED, AgentStatus.FINISHED]
+    assert BOOKED == ["TP3"], "a tool the step does not name is never run"
+    offered = [[t.name for t in r.tools] for r in doer_model.requests]
+    assert offered[:3] == [["terminate", "lookup"]] * 3
+    assert offered[3] == ["terminate", "lookup", "book", "hold"]
+    observed = [m for m in doer_model.requests[1].messages if m.role == "tool"]
+    assert [m.content for m in observed][1] == "found flights"
+    for refused in (observed[0], observed[2]):
+        assert refused.content == (
+            f"Error: the tool {refused.name!r} may not be used here. The tools you may use are: terminate, lookup."
+        )
+    again = [m for m in doer_model.requests[2].messages if m.role == "tool"][-1]
+    assert again.name == "book" and "may not be used here" in again.content
+
+
+def test_an_agent_given_tools_it_does_not_have_is_refused_with_its_tools() -> None:
+    doer = ToolCallAgent(unique("doer"), ScriptedModel([]), tools=[lookup])
+    with pytest.raises(ValueError, match="has no tool named 'book': its tools are terminate, lookup"):
+        doer.flow("go", tools=["book"])
+    with pytest.raises(TypeError, match="tools is a list of tool names"):
+        doer.flow("go", tools="lookup")
 
 
 def test_a_plan_naming_an_unknown_agent_or_tool_goes_back_to_the_planner(local: dflow.Runtime) -> None:

@@ -9,10 +9,12 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import prometheus_client as prom
 import pytest
 
 import dflow
 from dflow import DFlow
+from dflow.metrics import Metrics
 from dflow_agents import (
     AgentLimits,
     AIFunction,
@@ -309,6 +311,50 @@ def test_flow_tools_run_as_steps_and_may_wait(local: dflow.Runtime) -> None:
     assert tool_messages(model.requests[2].messages)[-1].content == "SOLO"
     keys = {s.key for s in run.context().steps}
     assert any(k.startswith("upper>") for k in keys), keys
+
+
+def test_tool_steps_are_labelled_by_their_tool_in_metrics_and_spans(local: dflow.Runtime) -> None:
+    registry = prom.CollectorRegistry()
+    local.add_observer(Metrics(registry=registry))
+    model = ScriptedModel(
+        [
+            reply(calls=[call("wait_then", text="hi"), call("add", a=1, b=1)]),  # a branch per call
+            reply(calls=[call("add", a=1, b=2), call("add", a=2, b=2)]),  # one step, one tool
+            reply(calls=[call("add", a=1, b=2), call("explode", reason="x")]),  # one step, two tools
+            reply(calls=[call("made_up", q=1)]),  # a tool the agent does not have
+            reply("done"),
+        ]
+    )
+    a = agent(model, [wait_then, add, explode])
+    run = a.run("go")
+    assert run.result(10).answer == "done"
+    deadline = time.monotonic() + 5  # a step is counted just after its commit, which the waiter may see first
+    while _step_counts(registry).get("tool (unknown)") != 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    counts = _step_counts(registry)
+    tools = {k: v for k, v in counts.items() if k.startswith("tool")}
+    assert tools == {
+        "tool wait_then": 1,
+        "tool add": 2,
+        "tool (several)": 1,
+        "tool (unknown)": 1,
+        "tool-value": 1,
+    }, counts
+    assert "tool" not in counts
+    names = {r.name for r in run.context().steps if r.key.startswith("tool>")}
+    assert names == {"tool add", "tool add, explode", "tool made_up"}  # shown whole in the console
+
+
+def _step_counts(registry: prom.CollectorRegistry) -> dict[str, float]:
+    """The steps committed, by their label (whatever their pipeline label: the runtime is
+    this test's, and the steps after an agent's first turn belong to a flow built at run
+    time, which another test's agent, ending alike, makes ambiguous)."""
+    counts: dict[str, float] = {}
+    for family in registry.collect():
+        for s in family.samples:
+            if s.name == "dflow_steps_committed_total" and s.value:
+                counts[s.labels["step"]] = counts.get(s.labels["step"], 0) + s.value
+    return counts
 
 
 def test_the_qwen_raw_prompt_path(local: dflow.Runtime) -> None:

@@ -116,7 +116,12 @@ def _close(parent: list[str], inner: list[str]) -> None:
 
 def _branch(tree: RunTree, child: RunNode, index: int) -> str:
     status = child.info.status.value if child.info is not None else "gone"
-    head = f'<a class="branch-head" href="{esc(run_href(child.trace_id))}">branch {index} {badge(status)}</a>'
+    first = child.records[0] if child.records and not child.first else None
+    what = f" · {first.name}" if first is not None and first.name else ""  # (its label, or its name)
+    head = (
+        f'<a class="branch-head" href="{esc(run_href(child.trace_id))}">'
+        f"branch {index}{esc(what)} {badge(status)}</a>"
+    )
     if child.depth > tree.max_depth or not child.read:
         return f'<div class="branch">{head}<p class="note">not shown here: open the branch</p></div>'
     return f'<div class="branch">{head}{_flow(tree, child)}</div>'
