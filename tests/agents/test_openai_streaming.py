@@ -23,6 +23,7 @@ from dflow_agents import (
     OpenAIChatModel,
     ToolCallAgent,
     ToolSpec,
+    tool,
 )
 
 from .conftest import FakeLLMServer, chat_body
@@ -302,6 +303,57 @@ def test_an_agent_whose_stream_drops_asks_again_and_commits_one_reply(
     assert [d["kind"] for d in again] == ["model.start", "model.delta", "model.delta", "model.end"]
     assert again[0]["call"] != seen[0]["call"], "the call made again has an id of its own"
     assert len(llm_server.received) == 2
+
+
+@tool
+def get_weather(city: str) -> str:
+    """The weather in a city."""
+    return f"{city}: -3 C"
+
+
+def test_a_streamed_agent_turn_with_a_tool_call_reaches_async_followers_as_it_streams(
+    llm_server: FakeLLMServer, local: dflow.Runtime
+) -> None:
+    llm_server.stream(
+        [
+            chunk({"role": "assistant", "content": None}),
+            chunk(
+                {
+                    "tool_calls": [
+                        {"index": 0, "id": "call_w", "type": "function", "function": {"name": "get_weather"}}
+                    ]
+                }
+            ),
+            chunk({"tool_calls": [{"index": 0, "function": {"arguments": '{"city": "Oslo"}'}}]}),
+            chunk({}, "tool_calls"),
+        ]
+    )
+    llm_server.stream(text_stream("Oslo is", " cold today."))
+    model = OpenAIChatModel("qwen-plus", base_url=llm_server.base_url, api_key=KEY, stream=True)
+
+    agent = ToolCallAgent(f"streaming-agent-{next(_names)}", model, [get_weather])
+
+    async def follow(trace_id: str) -> list[Any]:
+        return [e async for e in Run(trace_id).aevents(live=True, timeout=20)]
+
+    try:
+        run = agent.run("weather in Oslo?")
+        seen = asyncio.run(follow(run.trace_id))
+        assert run.result(10).answer == "Oslo is cold today."
+    finally:
+        close_on_runtime(model)
+    live = [e.data for e in seen if isinstance(e, LiveEvent)]
+    calls = [d["call"] for d in live if d["kind"] == "model.start"]
+    assert len(calls) == 2, "one streamed model call per turn"
+    second = [d for d in live if d.get("call") == calls[1]]
+    assert "".join(d.get("text", "") for d in second) == "Oslo is cold today."
+    assert "Oslo: -3 C" in llm_server.received[1].body["messages"][-1]["content"], "the tool ran"
+    first_answer_delta = next(
+        i for i, e in enumerate(seen) if isinstance(e, LiveEvent) and e.data.get("text")
+    )
+    assert any(not isinstance(e, LiveEvent) for e in seen[:first_answer_delta]), (
+        "the tool step's record came before the answer streamed"
+    )
 
 
 # -- raw (completion) mode ----------------------------------------------------------------------
