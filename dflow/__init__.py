@@ -21,6 +21,7 @@ from .client import (
 )
 from .context import ContextStack, RunInfo, RunStatus, StepRecord, StepStatus
 from .errors import (
+    AlreadyRerunError,
     BuildError,
     CircuitOpenError,
     ConfigurationError,
@@ -71,6 +72,7 @@ from .wire.by_name import shared
 from .wire.values import register_model
 
 __all__ = [
+    "AlreadyRerunError",
     "BuildError",
     "Circuit",
     "CircuitOpenError",

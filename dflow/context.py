@@ -100,6 +100,8 @@ class RunInfo:
     parent: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     pipeline: str | None = None  #: the pipeline that started the run, if one did
+    #: the runs started as reruns of this one (``Run.rerun_from``), oldest first
+    reruns: tuple[str, ...] = ()
 
     @property
     def result(self) -> Any:

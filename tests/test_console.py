@@ -820,6 +820,35 @@ def test_cancel_and_rerun(browser: httpx.Client) -> None:
     assert "Rerun of" in page and f'href="/console/runs/{done.trace_id}"' in page
 
 
+def test_a_second_rerun_from_the_console_is_refused_naming_the_first_until_asked_again(
+    browser: httpx.Client,
+) -> None:
+    done = twice.call(7)
+    assert done.result(10) == 16
+    url = f"/console/api/runs/{done.trace_id}/rerun"
+    first = browser.post(url, json={"seq": 2})
+    assert first.status_code == 201, first.text
+    rerun = first.json()["trace_id"]
+    refused = browser.post(url, json={"seq": 2})
+    assert refused.status_code == 409, refused.text
+    assert refused.json()["rerun"] == rerun and refused.json()["url"] == f"/console/runs/{rerun}"
+    assert (
+        f"rerun already, as run '{rerun}'" in refused.json()["detail"] and "again" in refused.json()["detail"]
+    )
+    assert browser.post(url + "?again=maybe", json={"seq": 2}).status_code == 422
+    insisted = browser.post(url + "?again=true", json={"seq": 2})
+    assert insisted.status_code == 201, insisted.text
+    newer = insisted.json()["trace_id"]
+    assert Run(newer).result(10) == 16 and Run(rerun).result(10) == 16
+
+    parts = browser.get(f"/console/api/runs/{done.trace_id}/tree").json()
+    assert parts["reruns"] == [rerun, newer] and parts["rerun_of"] is None
+    assert "Rerun as" in parts["head"] and f'href="/console/runs/{newer}"' in parts["head"]
+    assert parts["head"].index(newer) < parts["head"].index(rerun), "the newest first"
+    of = browser.get(f"/console/api/runs/{newer}/tree").json()
+    assert of["rerun_of"] == {"trace_id": done.trace_id, "seq": 2} and of["reruns"] == []
+
+
 # -- the live stream ------------------------------------------------------------------------------------
 
 

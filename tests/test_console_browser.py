@@ -336,6 +336,32 @@ def test_a_step_panel_shows_values_and_reruns_a_finished_run(
     assert new_id != run.trace_id and Run(new_id).result(10) == 15
 
 
+def test_a_second_rerun_from_the_console_asks_first_naming_the_rerun_the_run_has(
+    page: Any, dialogs: Dialogs
+) -> None:
+    run = counted.call(6)
+    assert run.result(10) == 21
+    first = run.rerun_from(2)
+    assert first.result(10) == 21
+    page.goto(f"/console/runs/{run.trace_id}")
+    expect(page.locator("#head")).to_contain_text("Rerun as")
+    expect(page.locator("#head")).to_contain_text(first.trace_id)
+    page.click('#tree .node[data-seq="2"]')
+    button = page.locator("#detail button.rerun")
+    dialogs.accept("from step #2")
+    dialogs.dismiss(f"was rerun already, as run {first.trace_id}")
+    button.click()
+    expect(page.locator("#flash")).to_contain_text("rerun already")
+    assert run.info().reruns == (first.trace_id,), "dismissed: nothing was started"
+    dialogs.accept("from step #2")
+    dialogs.accept(f"was rerun already, as run {first.trace_id}")
+    button.click()
+    expect(page.locator("#head")).to_contain_text("Rerun of")
+    second = page.locator("#head h1").inner_text()
+    assert second not in (run.trace_id, first.trace_id) and Run(second).result(10) == 21
+    assert run.info().reruns == (first.trace_id, second)
+
+
 def test_hostile_stored_text_runs_no_script(page: Any, dialogs: Dialogs, tmp_path: Path) -> None:
     run = shouting.call(1)
     assert run.result(10) == HOSTILE

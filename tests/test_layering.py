@@ -35,7 +35,8 @@ LAYERS: list[set[str]] = [
         "parts",
         "live",
         "rate_limits",
-    },  # the seams: a run's context, Store, shared state, schedules, pages, the parts of a step, live events, token buckets
+        "run_notes",
+    },  # the seams: a run's context, Store, shared state, schedules, pages, the parts of a step, live events, token buckets, run notes
     {"model", "observe"},  # the flow model and its interpreter (and its port to the runtime); observers' seam
     {
         "memory",

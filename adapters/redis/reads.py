@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -455,4 +456,5 @@ def _info(trace_id: str, h: dict[bytes, bytes]) -> RunInfo:
         parent=_s(h.get(b"p_trace")),
         extra=extra,
         pipeline=_s(h.get(b"pipeline")),
+        reruns=tuple(json.loads(h[b"reruns"])) if b"reruns" in h else (),
     )

@@ -94,6 +94,7 @@ async def _run_tree(store: Store, trace_id: str, depth: int) -> dict[str, Any] |
     runs under its ``"branches"`` (``None`` when there is no such run)."""
     from ..ops.as_json import record_json, run_json
     from ..ops.tree import branch_runs
+    from ..patterns.rerun import RERUN_KEY, link_of
 
     info = await store.get_run(trace_id)
     if info is None:
@@ -109,7 +110,13 @@ async def _run_tree(store: Store, trace_id: str, depth: int) -> dict[str, Any] |
                 else [{"trace_id": child} for child in children]
             )
         steps.append(step)
-    return {**run_json(info), "steps": steps}
+    out = {**run_json(info), "steps": steps}
+    if depth == 0:  # (a rerun: the run it reruns, and from which step)
+        link = link_of((await store.get_data(trace_id)).get(RERUN_KEY))
+        out["rerun_of"] = (
+            {"trace_id": link.trace_id, "seq": link.seq} if link and link.run == trace_id else None
+        )
+    return out
 
 
 async def ls(args: argparse.Namespace) -> int:

@@ -57,6 +57,7 @@ from .endings import RunEnds
 from .followers import Followers
 from .listings import RunIndex, RunListing
 from .live import MemoryLiveFeed
+from .notes import MemoryRunNotes
 from .parts import PartTable
 from .rate_limits import MemoryTokenBucket
 from .runs import JoinState, Lease, RunState
@@ -112,6 +113,7 @@ class MemoryStore(RunEnds, RunDeadlines, RunListing, KeepsSchedules, Store, Step
         self._live: MemoryLiveFeed | None = None
         self._parts = PartTable()
         self._buckets: MemoryTokenBucket | None = None
+        self._notes = MemoryRunNotes(self._runs)
         self._init_deadlines()
 
     @property
@@ -134,6 +136,11 @@ class MemoryStore(RunEnds, RunDeadlines, RunListing, KeepsSchedules, Store, Step
         if self._buckets is None:
             self._buckets = MemoryTokenBucket(self.clock)
         return self._buckets
+
+    @property
+    def run_notes(self) -> MemoryRunNotes:
+        """The notes on this store's runs (their reruns), kept on each run's state."""
+        return self._notes
 
     # -- helpers ---------------------------------------------------------------------
 

@@ -204,6 +204,9 @@ def _facts(info: RunInfo, pipeline: str | None, rerun_of: tuple[str, int] | None
     if rerun_of is not None:
         link = f'<a class="mono" href="{esc(run_href(rerun_of[0]))}">{esc(rerun_of[0])}</a>'
         facts.append(("Rerun of", f"{link} from step #{rerun_of[1]}"))
+    if info.reruns:  # (newest first)
+        links = (f'<a class="mono" href="{esc(run_href(r))}">{esc(r)}</a>' for r in reversed(info.reruns))
+        facts.append(("Rerun as", ", ".join(links)))
     if info.parent:
         parent = f'<a class="mono" href="{esc(run_href(info.parent))}">{esc(info.parent)}</a>'
         facts.append(("Branch of", parent))

@@ -99,15 +99,15 @@ class Console:
         """A run page's parts (HTML) and state, as the page and its live updates show them."""
         info = tree.root.info
         raw = await self.on_store(self.store.get_data(tree.root.trace_id)) if info is not None else {}
+        rerun_of = _rerun_of(raw, tree.root.trace_id)
         return {
             "trace_id": tree.root.trace_id,
             "status": info.status.value if info is not None else None,
             "finished": info is None or (info.status.finished and not tree.live),
+            "rerun_of": None if rerun_of is None else {"trace_id": rerun_of[0], "seq": rerun_of[1]},
+            "reruns": list(info.reruns) if info is not None else [],
             "head": head_html(
-                info,
-                tree.root.trace_id,
-                info.pipeline if info is not None else None,
-                _rerun_of(raw, tree.root.trace_id),
+                info, tree.root.trace_id, info.pipeline if info is not None else None, rerun_of
             ),
             "waits": waits_html(tree.waits(), tree.root.trace_id),
             "tree": tree_html(tree),
