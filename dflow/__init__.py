@@ -62,6 +62,7 @@ from .mailbox import Mailbox
 from .memory import MemoryBroker, MemoryStore, MemoryTransport
 from .ops.conversations import RecordedMessages, declare_conversation
 from .policy import RetryPolicy
+from .run_notes import set_business_key
 from .run_pages import StartedWindow, page_in_window
 from .runtime import Runtime
 from .schedules import Schedule
@@ -144,6 +145,7 @@ __all__ = [
     "live",
     "page_in_window",
     "register_model",
+    "set_business_key",
     "shared",
     "shutdown",
 ]

@@ -331,6 +331,39 @@ def test_the_run_id_box_goes_to_the_one_run_whose_id_starts_so_or_lists_them_all
     assert bad.status_code == 400 and "does not start a run id" in bad.json()["detail"]
 
 
+def _keyed(order: dict[str, Any]) -> int:
+    dflow.set_business_key(order["key"])
+    return int(order["n"])
+
+
+keyed = DFlow.from_call("con-keyed").map(_keyed).id("keyed").init("con-keyed")
+
+
+def test_the_business_key_box_lists_the_runs_a_step_gave_that_key_newest_first(browser: httpx.Client) -> None:
+    key = f"order-{time.time_ns()}"
+    runs = []
+    for n, k in enumerate((key, f"{key}-other", key)):
+        run = keyed.call({"key": k, "n": n})
+        assert run.result(10) == n
+        runs.append(run)
+        while time.time() < run.info().created + 0.002:  # (the next run later)
+            time.sleep(0.001)
+    page = browser.get("/console/", params={"key": key})
+    assert page.status_code == 200
+    assert re.findall(r'data-trace="([^"]+)"', page.text) == [runs[2].trace_id, runs[0].trace_id]
+    assert f'name="key" value="{key}"' in page.text and "Business key" in page.text
+    assert f'<span class="key">{key}</span>' in page.text and 'class="reset"' in page.text
+    api = browser.get("/console/api/runs", params={"key": key}).json()
+    assert [r["trace_id"] for r in api["runs"]] == [runs[2].trace_id, runs[0].trace_id]
+    assert {r["business_key"] for r in api["runs"]} == {key} and api["cursor"] is None
+    assert browser.get("/console/api/runs", params={"key": key, "status": "failed"}).json()["runs"] == []
+    assert browser.get("/console/api/runs", params={"key": f"{key}-none"}).json()["runs"] == []
+    bad = browser.get("/console/api/runs", params={"key": "x" * 201})
+    assert bad.status_code in (400, 422) and "200" in bad.json()["detail"], bad.text
+    head = browser.get(f"/console/api/runs/{runs[1].trace_id}/tree").json()["head"]
+    assert "Business key" in head and f"/console/?key={key}-other" in head
+
+
 def test_the_runs_list_shows_the_schedules_with_their_next_fire_times(
     runtime: dflow.Runtime, browser: httpx.Client
 ) -> None:

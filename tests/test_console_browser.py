@@ -160,7 +160,7 @@ def test_the_runs_list_shows_a_run_started_by_the_test(page: Any, tmp_path: Path
     page.screenshot(path=str(tmp_path / "runs.png"), full_page=True)
     page.select_option("select[name=status]", "waiting")
     page.click(".filters button[type=submit]")
-    expect(page).to_have_url(f"{page.url.split('?')[0]}?pipeline=&status=waiting&after=&before=")
+    expect(page).to_have_url(f"{page.url.split('?')[0]}?key=&pipeline=&status=waiting&after=&before=")
     expect(row).to_be_visible()
     row.locator("a").click()
     expect(page.locator("#head h1")).to_have_text(run.trace_id)

@@ -95,6 +95,8 @@ _INFO_FIELDS = (
     "lease_until",
     "due",
     "mail",
+    "reruns",
+    "bkey",
 )
 _INFO_KEYS = tuple(f.encode() for f in _INFO_FIELDS)
 
@@ -457,4 +459,5 @@ def _info(trace_id: str, h: dict[bytes, bytes]) -> RunInfo:
         extra=extra,
         pipeline=_s(h.get(b"pipeline")),
         reruns=tuple(json.loads(h[b"reruns"])) if b"reruns" in h else (),
+        business_key=_s(h.get(b"bkey")),
     )

@@ -174,9 +174,10 @@ class RedisStore(RunReads, KeepsSchedules, Store, StepParts):
 
     @property
     def run_notes(self) -> RedisRunNotes:
-        """The notes on this store's runs (their reruns): fields of each run's hash."""
+        """The notes on this store's runs (their reruns, their business keys): fields of each
+        run's hash, and an index of business keys in each bucket."""
         if self._notes is None:
-            self._notes = RedisRunNotes(self.redis, lambda trace_id: f"{self._p(trace_id)}:r:{trace_id}")
+            self._notes = RedisRunNotes(self.redis, self._prefixes, self._p, self.get_run)
         return self._notes
 
     def _dispatch_via(self, transport: RedisStreamsTransport, keyspace: Keyspace) -> None:

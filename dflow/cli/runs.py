@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..context import RunInfo, RunStatus
 from ..ops.tree import safe
+from ..run_notes import check_business_key
 from ..run_pages import StartedWindow, check_find, page_in_window, parse_started
 from .circuits import circuit_notes
 from .options import add_store, count, store_url
@@ -62,6 +63,12 @@ def register_ls(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "--id",
         metavar="START",
         help="the runs whose trace id starts with START, in id order (the other filters apply to them)",
+    )
+    ls.add_argument(
+        "--key",
+        metavar="KEY",
+        help="the runs a step gave this business key (dflow.set_business_key), newest first "
+        "(the other filters apply to them)",
     )
     ls.add_argument(
         "--json", action="store_true", help="print a JSON list (times in seconds since the epoch)"
@@ -126,6 +133,8 @@ async def ls(args: argparse.Namespace) -> int:
         StartedWindow(args.after, args.before)
         if args.id is not None:
             check_find(args.id, 1)
+        if args.key is not None:
+            check_business_key(args.key)
     except ValueError as exc:
         print(f"dflow ls: {exc}", file=sys.stderr)
         return 2
@@ -189,14 +198,8 @@ async def _listed(store: Store, args: argparse.Namespace) -> list[RunInfo]:
     cursor: str | None = None
     status = RunStatus(args.status) if args.status else None
     window = StartedWindow(args.after, args.before)  # (checked by ``ls``)
-    if args.id is not None:
-        return [
-            r
-            for r in await store.find_runs(args.id, min(args.limit, 1000))
-            if (status is None or r.status is status)
-            and (not args.pipeline or r.pipeline == args.pipeline)
-            and window.holds(r.created)
-        ]
+    if args.id is not None or args.key is not None:
+        return _kept(await _found(store, args), status, args.pipeline, window)
     while len(runs) < args.limit:
         page = await page_in_window(
             store,
@@ -211,6 +214,29 @@ async def _listed(store: Store, args: argparse.Namespace) -> list[RunInfo]:
             break
         cursor = page.cursor
     return runs
+
+
+async def _found(store: Store, args: argparse.Namespace) -> list[RunInfo]:
+    """The runs ``--key`` names (the runs with that business key, newest first), or those whose
+    id starts with ``--id``, in id order (with both, those of the first that the second keeps)."""
+    limit = min(args.limit, 1000)
+    if args.key is None:
+        return await store.find_runs(args.id, limit)
+    runs = await store.run_notes.find_by_business_key(args.key, limit)
+    return [r for r in runs if args.id is None or r.trace_id.startswith(args.id)]
+
+
+def _kept(
+    runs: list[RunInfo], status: RunStatus | None, pipeline: str | None, window: StartedWindow
+) -> list[RunInfo]:
+    """The runs found by id or by key that the other filters keep."""
+    return [
+        r
+        for r in runs
+        if (status is None or r.status is status)
+        and (not pipeline or r.pipeline == pipeline)
+        and window.holds(r.created)
+    ]
 
 
 def _note(r: RunInfo) -> str:

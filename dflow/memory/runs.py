@@ -70,6 +70,7 @@ class RunState:
     compensations: Compensations = Compensations.NONE  #: what ``cancel`` does with it
     mailbox: list[MailboxEntry] | None = None  #: the calls that came before it waited for them
     reruns: list[str] = field(default_factory=list)  #: its reruns, oldest first (``dflow.run_notes``)
+    business_key: str | None = None  #: what it is about (``dflow.set_business_key``)
 
     def info(self) -> RunInfo:
         """The run's status record, as ``Store.get_run`` returns it."""
@@ -91,4 +92,5 @@ class RunState:
             },
             pipeline=self.pipeline,
             reruns=tuple(self.reruns),
+            business_key=self.business_key,
         )

@@ -139,7 +139,8 @@ class MemoryStore(RunEnds, RunDeadlines, RunListing, KeepsSchedules, Store, Step
 
     @property
     def run_notes(self) -> MemoryRunNotes:
-        """The notes on this store's runs (their reruns), kept on each run's state."""
+        """The notes on this store's runs (their reruns, their business keys), kept on each
+        run's state, and its index of business keys."""
         return self._notes
 
     # -- helpers ---------------------------------------------------------------------

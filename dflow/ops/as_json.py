@@ -55,7 +55,7 @@ def record_json(record: StepRecord, *, with_input: bool = False) -> dict[str, An
 
 def run_json(info: RunInfo) -> dict[str, Any]:
     """A run's state as JSON: its status, what it waits for or why it is parked, its
-    result or error once it ended, and its reruns (oldest first)."""
+    result or error once it ended, its reruns (oldest first) and its business key."""
     return {
         "trace_id": info.trace_id,
         "status": info.status.value,
@@ -70,4 +70,5 @@ def run_json(info: RunInfo) -> dict[str, Any]:
         "result": decoded(info.raw_result),
         "error": jsonable(info.error),
         "reruns": list(info.reruns),
+        "business_key": info.business_key,
     }

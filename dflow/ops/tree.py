@@ -8,7 +8,7 @@ from typing import Any
 
 from ..context import RunInfo, StepRecord, StepStatus
 from ..model.nodes import step_id
-from ..patterns.rerun_links import describe, replayed_until, reruns_line
+from ..patterns.rerun_links import describe, key_line, replayed_until, reruns_line
 from ..store import Store
 from ..wire.values import decode
 from .conversations import RunData, described, text_lines
@@ -87,9 +87,9 @@ def _head(info: RunInfo, indent: str) -> str:
 
 
 def _links(info: RunInfo, data: Mapping[str, bytes]) -> list[str]:
-    """The lines under a run's head that link it to other runs: the run it reruns (a run
-    made by ``Run.rerun_from``), and its own reruns."""
-    lines = [describe(data, info.trace_id), reruns_line(info.reruns)]
+    """The lines under a run's head that say what it is about (its business key) and link it
+    to other runs: the run it reruns (a run made by ``Run.rerun_from``), and its own reruns."""
+    lines = [key_line(info.business_key), describe(data, info.trace_id), reruns_line(info.reruns)]
     return [line for line in lines if line is not None]
 
 

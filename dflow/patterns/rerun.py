@@ -114,10 +114,13 @@ async def start_rerun(
     new = _rerun_at(chains, trace_id, own, first, data, info.pipeline)
     await noted(store, original, trace_id, again=again)  # (refused here: nothing was created)
     try:
-        return trace_id, await store.create_run(new)
+        publish = await store.create_run(new)
     except BaseException:
         await dropped(store, original, trace_id)  # (its creation failed: the run has no such rerun)
         raise
+    if info.business_key is not None:  # (the rerun is about what the original is about)
+        await store.run_notes.set_business_key(trace_id, info.business_key)
+    return trace_id, publish
 
 
 async def _ended_run(store: Store, original: str) -> RunInfo:

@@ -140,6 +140,11 @@ async def dropped(store: Store, original: str, rerun: str) -> None:
         await notes.drop_rerun(original, rerun)
 
 
+def key_line(key: str | None) -> str | None:
+    """The line ``dflow inspect`` shows for a run with a business key, or ``None``."""
+    return None if key is None else f"business key {key}"
+
+
 def reruns_line(reruns: tuple[str, ...]) -> str | None:
     """The line ``dflow inspect`` shows for a run that was rerun, or ``None``."""
     if not reruns:

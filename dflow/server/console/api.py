@@ -167,6 +167,7 @@ def _runs_json(listed: RunsList) -> dict[str, Any]:
                 "finished": i.status.finished,
                 "waiting_for": i.waiting_for,
                 "parked": i.extra.get("parked"),
+                "business_key": i.business_key,
             }
             for i in listed.found.runs
         ],

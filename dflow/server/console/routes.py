@@ -149,6 +149,7 @@ def _page_routes(router: APIRouter, console: Console) -> None:
                 logout=not console.auth.open,
                 parked=listed.parked,
                 window=listed.window,
+                key=listed.key,
                 notice=notice,
                 schedules="" if listed.cursor else schedules_table(await kept_schedules(console)),
             )
