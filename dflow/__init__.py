@@ -21,6 +21,7 @@ from .client import (
 )
 from .context import ContextStack, RunInfo, RunStatus, StepRecord, StepStatus
 from .errors import (
+    AlreadyRerunError,
     BuildError,
     CircuitOpenError,
     ConfigurationError,
@@ -61,6 +62,7 @@ from .mailbox import Mailbox
 from .memory import MemoryBroker, MemoryStore, MemoryTransport
 from .ops.conversations import RecordedMessages, declare_conversation
 from .policy import RetryPolicy
+from .run_notes import set_business_key
 from .run_pages import StartedWindow, page_in_window
 from .runtime import Runtime
 from .schedules import Schedule
@@ -71,6 +73,7 @@ from .wire.by_name import shared
 from .wire.values import register_model
 
 __all__ = [
+    "AlreadyRerunError",
     "BuildError",
     "Circuit",
     "CircuitOpenError",
@@ -142,6 +145,7 @@ __all__ = [
     "live",
     "page_in_window",
     "register_model",
+    "set_business_key",
     "shared",
     "shutdown",
 ]

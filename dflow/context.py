@@ -100,6 +100,10 @@ class RunInfo:
     parent: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     pipeline: str | None = None  #: the pipeline that started the run, if one did
+    #: the runs started as reruns of this one (``Run.rerun_from``), oldest first
+    reruns: tuple[str, ...] = ()
+    #: what the run is about in the user's world (``dflow.set_business_key``), if a step said
+    business_key: str | None = None
 
     @property
     def result(self) -> Any:
@@ -152,7 +156,18 @@ class ContextStack:
     it fails). ``idempotency_key`` is stable across re-executions of the same step.
     """
 
-    __slots__ = ("_changes", "_data", "_parts", "_readonly", "_steps", "_waits", "attempt", "seq", "trace_id")
+    __slots__ = (
+        "_business_key",
+        "_changes",
+        "_data",
+        "_parts",
+        "_readonly",
+        "_steps",
+        "_waits",
+        "attempt",
+        "seq",
+        "trace_id",
+    )
 
     def __init__(
         self,
@@ -173,6 +188,7 @@ class ContextStack:
         self._steps = steps
         self._readonly: str | None = None
         self._waits: list[str] | None = None  #: the runs declared with wait_for in this step
+        self._business_key: str | None = None  #: set in this step (``dflow.set_business_key``)
 
     @property
     def idempotency_key(self) -> str:

@@ -16,6 +16,7 @@
     ├── RunError                    about one run (carries ``trace_id``)
     │   ├── RunNotFoundError        no such run (never started, or expired)
     │   ├── RunExistsError          a run with that trace id already exists
+    │   ├── AlreadyRerunError       a rerun of a run that has one (insist with ``again=True``)
     │   ├── InvalidTraceIdError     a trace id with characters or a length not allowed
     │   ├── NotWaitingError         ``DFlow.call`` on a run not waiting for that call
     │   ├── MailboxFullError        an early call over the bounds of the run's mailbox
@@ -45,6 +46,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "AlreadyRerunError",
     "BuildError",
     "CircuitOpenError",
     "ConfigurationError",
@@ -160,6 +162,17 @@ class RunNotFoundError(RunError, LookupError):
 
 class RunExistsError(RunError):
     """A run with this trace id already exists; trace ids name runs uniquely."""
+
+
+class AlreadyRerunError(RunError):
+    """A rerun of a run that was rerun already (``Run.rerun_from``, ``dflow rerun``, the
+    console): ``rerun`` names its latest rerun. Nothing was started: a step that is not
+    idempotent would run twice. Follow that rerun, or insist on another one with
+    ``again=True`` (``dflow rerun --again``, ``?again=true`` on the console's API)."""
+
+    def __init__(self, message: str, *, trace_id: str, rerun: str) -> None:
+        super().__init__(message, trace_id=trace_id)
+        self.rerun = rerun
 
 
 class InvalidTraceIdError(RunError, ValueError):

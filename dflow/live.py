@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from .context import ContextStack
     from .store import Store
     from .wire.values import Message
 
@@ -106,10 +107,12 @@ class _NoLiveFeed(LiveFeed):
 NO_LIVE_FEED: LiveFeed = _NoLiveFeed()
 
 
-#: (for the runtime) the store and the message of the step running in this context: the
-#: runtime sets it around each step's function; ``publish`` sets it to ``None`` for the rest
-#: of the step when the store did not take an event
-running_step: ContextVar[tuple[Store, Message] | None] = ContextVar("dflow_live_step", default=None)
+#: (for the runtime) the store, the message and the context of the step running in this
+#: context: the runtime sets it around each step's function; ``publish`` drops the store
+#: (``None``) for the rest of the step when the store did not take an event
+running_step: ContextVar[tuple[Store | None, Message, ContextStack] | None] = ContextVar(
+    "dflow_live_step", default=None
+)
 
 
 def _checked(data: Mapping[str, Any]) -> dict[str, Any]:
@@ -139,12 +142,14 @@ async def publish(data: Mapping[str, Any]) -> bool:
     here = running_step.get()
     if here is None:
         return False
+    store, msg, ctx = here
+    if store is None:  # (dropped for the rest of the step: the store did not take one)
+        return False
     event = _checked(data)
-    store, msg = here
     try:
         await store.live.publish(LiveEvent(msg.trace_id, msg.seq, msg.attempt, event, time.time()))
     except Exception as exc:  # best effort: the step goes on, its result is what counts
-        running_step.set(None)
+        running_step.set((None, msg, ctx))
         log.warning(
             "live events of step %s of run %s are dropped: the store did not take one (%s: %s)",
             msg.seq,

@@ -39,9 +39,12 @@ Optional parts, each found by the runtime without a flag to set:
   workers page. Without it no worker is listed.
 - ``keeps_deadlines``: a store that honours the runs' deadlines (``NewRun.deadline``,
   ``DeadlineContract``) sets it. Without it a run with a deadline is refused.
+- ``run_notes``: a ``dflow.run_notes.RunNotes`` (4 methods, ``RunNotesContract``): the
+  reruns of each run, noted on it, and its business key, indexed. Without it a run is rerun
+  without the check that it has no rerun yet, and names none; a business key is refused.
 - ``ping`` and ``close``: no-ops by default.
 
-So a store is 15 methods; 27 with its shared state, 28 with its token buckets. ``MemoryStore`` is the reference.
+So a store is 15 methods; 27 with its shared state, 28 with its token buckets, 32 with its run notes. ``MemoryStore`` is the reference.
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ from .wire.values import Message
 
 if TYPE_CHECKING:
     from .rate_limits import TokenBucket
+    from .run_notes import RunNotes
     from .shared_state import StateBackend
     from .workers import WorkerBeats
 
@@ -609,6 +613,16 @@ class Store(RunWriter, RunReader):
         raise ConfigurationError(
             f"the store {type(self).__qualname__} keeps no token buckets (rate_limit): use the in-memory or "
             "the Redis store, or give the store class a token_bucket property returning a TokenBucket"
+        )
+
+    @property
+    def run_notes(self) -> RunNotes:
+        """The notes this store keeps on its runs (``dflow.run_notes``: their reruns, their
+        business keys).
+        ``ConfigurationError`` for a store that keeps none."""
+        raise ConfigurationError(
+            f"the store {type(self).__qualname__} keeps no run notes (the reruns of a run): use the in-memory or "
+            "the Redis store, or give the store class a run_notes property returning a RunNotes"
         )
 
     async def ping(self) -> None:

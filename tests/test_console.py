@@ -377,6 +377,39 @@ def test_the_run_id_box_goes_to_the_one_run_whose_id_starts_so_or_lists_them_all
     assert bad.status_code == 400 and "does not start a run id" in bad.json()["detail"]
 
 
+def _keyed(order: dict[str, Any]) -> int:
+    dflow.set_business_key(order["key"])
+    return int(order["n"])
+
+
+keyed = DFlow.from_call("con-keyed").map(_keyed).id("keyed").init("con-keyed")
+
+
+def test_the_business_key_box_lists_the_runs_a_step_gave_that_key_newest_first(browser: httpx.Client) -> None:
+    key = f"order-{time.time_ns()}"
+    runs = []
+    for n, k in enumerate((key, f"{key}-other", key)):
+        run = keyed.call({"key": k, "n": n})
+        assert run.result(10) == n
+        runs.append(run)
+        while time.time() < run.info().created + 0.002:  # (the next run later)
+            time.sleep(0.001)
+    page = browser.get("/console/", params={"key": key})
+    assert page.status_code == 200
+    assert re.findall(r'data-trace="([^"]+)"', page.text) == [runs[2].trace_id, runs[0].trace_id]
+    assert f'name="key" value="{key}"' in page.text and "Business key" in page.text
+    assert f'<span class="key">{key}</span>' in page.text and 'class="reset"' in page.text
+    api = browser.get("/console/api/runs", params={"key": key}).json()
+    assert [r["trace_id"] for r in api["runs"]] == [runs[2].trace_id, runs[0].trace_id]
+    assert {r["business_key"] for r in api["runs"]} == {key} and api["cursor"] is None
+    assert browser.get("/console/api/runs", params={"key": key, "status": "failed"}).json()["runs"] == []
+    assert browser.get("/console/api/runs", params={"key": f"{key}-none"}).json()["runs"] == []
+    bad = browser.get("/console/api/runs", params={"key": "x" * 201})
+    assert bad.status_code in (400, 422) and "200" in bad.json()["detail"], bad.text
+    head = browser.get(f"/console/api/runs/{runs[1].trace_id}/tree").json()["head"]
+    assert "Business key" in head and f"/console/?key={key}-other" in head
+
+
 def test_the_runs_list_shows_the_schedules_with_their_next_fire_times(
     runtime: dflow.Runtime, browser: httpx.Client
 ) -> None:
@@ -885,6 +918,35 @@ def test_cancel_and_rerun(browser: httpx.Client) -> None:
     assert r.json()["url"] == f"/console/runs/{again.trace_id}" and again.result(10) == 12
     page = browser.get(r.json()["url"]).text
     assert "Rerun of" in page and f'href="/console/runs/{done.trace_id}"' in page
+
+
+def test_a_second_rerun_from_the_console_is_refused_naming_the_first_until_asked_again(
+    browser: httpx.Client,
+) -> None:
+    done = twice.call(7)
+    assert done.result(10) == 16
+    url = f"/console/api/runs/{done.trace_id}/rerun"
+    first = browser.post(url, json={"seq": 2})
+    assert first.status_code == 201, first.text
+    rerun = first.json()["trace_id"]
+    refused = browser.post(url, json={"seq": 2})
+    assert refused.status_code == 409, refused.text
+    assert refused.json()["rerun"] == rerun and refused.json()["url"] == f"/console/runs/{rerun}"
+    assert (
+        f"rerun already, as run '{rerun}'" in refused.json()["detail"] and "again" in refused.json()["detail"]
+    )
+    assert browser.post(url + "?again=maybe", json={"seq": 2}).status_code == 422
+    insisted = browser.post(url + "?again=true", json={"seq": 2})
+    assert insisted.status_code == 201, insisted.text
+    newer = insisted.json()["trace_id"]
+    assert Run(newer).result(10) == 16 and Run(rerun).result(10) == 16
+
+    parts = browser.get(f"/console/api/runs/{done.trace_id}/tree").json()
+    assert parts["reruns"] == [rerun, newer] and parts["rerun_of"] is None
+    assert "Rerun as" in parts["head"] and f'href="/console/runs/{newer}"' in parts["head"]
+    assert parts["head"].index(newer) < parts["head"].index(rerun), "the newest first"
+    of = browser.get(f"/console/api/runs/{newer}/tree").json()
+    assert of["rerun_of"] == {"trace_id": done.trace_id, "seq": 2} and of["reruns"] == []
 
 
 # -- the live stream ------------------------------------------------------------------------------------

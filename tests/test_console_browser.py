@@ -173,7 +173,7 @@ def test_the_runs_list_shows_a_run_started_by_the_test(page: Any, tmp_path: Path
     page.screenshot(path=str(tmp_path / "runs.png"), full_page=True)
     page.select_option("select[name=status]", "waiting")
     page.click(".filters button[type=submit]")
-    expect(page).to_have_url(f"{page.url.split('?')[0]}?pipeline=&status=waiting&after=&before=")
+    expect(page).to_have_url(f"{page.url.split('?')[0]}?key=&pipeline=&status=waiting&after=&before=")
     expect(row).to_be_visible()
     row.locator("a").click()
     expect(page.locator("#head h1")).to_have_text(run.trace_id)
@@ -393,6 +393,32 @@ def test_a_step_panel_shows_values_and_reruns_a_finished_run(
     expect(page.locator("#head")).to_contain_text("Rerun of")
     new_id = page.locator("#head h1").inner_text()
     assert new_id != run.trace_id and Run(new_id).result(10) == 15
+
+
+def test_a_second_rerun_from_the_console_asks_first_naming_the_rerun_the_run_has(
+    page: Any, dialogs: Dialogs
+) -> None:
+    run = counted.call(6)
+    assert run.result(10) == 21
+    first = run.rerun_from(2)
+    assert first.result(10) == 21
+    page.goto(f"/console/runs/{run.trace_id}")
+    expect(page.locator("#head")).to_contain_text("Rerun as")
+    expect(page.locator("#head")).to_contain_text(first.trace_id)
+    page.click('#tree .node[data-seq="2"]')
+    button = page.locator("#detail button.rerun")
+    dialogs.accept("from step #2")
+    dialogs.dismiss(f"was rerun already, as run {first.trace_id}")
+    button.click()
+    expect(page.locator("#flash")).to_contain_text("rerun already")
+    assert run.info().reruns == (first.trace_id,), "dismissed: nothing was started"
+    dialogs.accept("from step #2")
+    dialogs.accept(f"was rerun already, as run {first.trace_id}")
+    button.click()
+    expect(page.locator("#head")).to_contain_text("Rerun of")
+    second = page.locator("#head h1").inner_text()
+    assert second not in (run.trace_id, first.trace_id) and Run(second).result(10) == 21
+    assert run.info().reruns == (first.trace_id, second)
 
 
 def test_hostile_stored_text_runs_no_script(page: Any, dialogs: Dialogs, tmp_path: Path) -> None:

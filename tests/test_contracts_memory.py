@@ -19,6 +19,7 @@ from dflow.testing import (
     FakeClock,
     FusedStoreContract,
     LiveFeedContract,
+    RunNotesContract,
     RunReaderContract,
     RunWriterContract,
     ScheduleBookContract,
@@ -42,7 +43,7 @@ class OnFakeClock:
         await store.clock.advance(seconds)
 
 
-class TestMemoryStore(OnFakeClock, StoreContract, StepPartsContract):
+class TestMemoryStore(OnFakeClock, StoreContract, StepPartsContract, RunNotesContract):
     """The in-memory store on a fake clock: leases, timers and expiry without sleeping."""
 
     @pytest.fixture

@@ -36,8 +36,9 @@ LAYERS: list[set[str]] = [
         "live",
         "rate_limits",
         "workers",
+        "run_notes",
     },  # the seams: a run's context, Store, shared state, schedules, pages, the parts of a step, live events,
-    # token buckets, workers' heartbeats
+    # token buckets, workers' heartbeats, run notes
     {"model", "observe"},  # the flow model and its interpreter (and its port to the runtime); observers' seam
     {
         "memory",

@@ -11,6 +11,7 @@ import pytest
 pytest.importorskip("redis")
 
 from dflow.adapters.redis import scripts
+from dflow.adapters.redis.notes import SCRIPTS as NOTE_SCRIPTS
 from dflow.adapters.redis.rate_limits import SCRIPTS as RATE_SCRIPTS
 from dflow.adapters.redis.schedules import SCRIPTS as SCHEDULE_SCRIPTS
 from dflow.adapters.redis.scripts import SCRIPTS, Script
@@ -40,7 +41,9 @@ def test_every_lua_file_is_used_and_every_script_is_assembled_from_its_files() -
     on_disk = {p.name[:-4] for p in lua.iterdir() if p.name.endswith(".lua")}
     used = {f for s in SCRIPTS.values() for f in s.files}
     # (shared State, circuits, token buckets and schedules load theirs one per file)
-    assert used | set(STATE_SCRIPTS) | set(RATE_SCRIPTS) | set(SCHEDULE_SCRIPTS) == on_disk
+    assert (
+        used | set(STATE_SCRIPTS) | set(RATE_SCRIPTS) | set(SCHEDULE_SCRIPTS) | set(NOTE_SCRIPTS) == on_disk
+    )
     assert set(SCRIPTS) == {
         "CREATE",
         "CLAIM",

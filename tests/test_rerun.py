@@ -146,7 +146,7 @@ def test_a_rerun_of_a_rerun(local: dflow.Runtime) -> None:
     assert second.result(5) == 5
     assert CALLS == {"one": 1, "two": 1, "three": 1, "four": 2, "five": 2}
     assert second.context().get("dflow/rerun")["trace_id"] == first.trace_id
-    earlier = first.rerun_from(2)  # from a step before the first rerun's own rerun point
+    earlier = first.rerun_from(2, again=True)  # from a step before the first rerun's own rerun point
     assert earlier.result(5) == 5
     assert CALLS == {"one": 1, "two": 2, "three": 2, "four": 3, "five": 3}
 
@@ -405,3 +405,56 @@ def test_a_rerun_whose_source_run_expired_is_refused() -> None:
         assert CALLS == {"one": 2, "two": 2, "three": 2, "four": 3, "five": 2}
     finally:
         dflow.shutdown()
+
+
+def test_the_original_names_its_rerun_and_a_second_rerun_is_refused_naming_it(local: dflow.Runtime) -> None:
+    run = FIVE.call(10)
+    failed(run)
+    TALLY.fixed["four"] = True
+    first = run.rerun_from(4)
+    assert first.result(5) == 15
+    assert run.info().reruns == (first.trace_id,)
+    assert f"rerun as run {first.trace_id}" in run.tree()
+    assert f"rerun of run {run.trace_id} from step 4" in first.tree()
+
+    with pytest.raises(
+        dflow.AlreadyRerunError, match=f"rerun already, as run '{first.trace_id}'.*again=True"
+    ) as e:
+        run.rerun_from(4)
+    assert e.value.rerun == first.trace_id and e.value.trace_id == run.trace_id
+    assert isinstance(e.value, dflow.RunError)
+    assert CALLS["four"] == 2 and CALLS["five"] == 1, "the refused rerun ran nothing"
+    assert run.info().reruns == (first.trace_id,)
+
+    second = run.rerun_from(4, again=True)
+    assert second.result(5) == 15
+    assert run.info().reruns == (first.trace_id, second.trace_id)
+    assert f"rerun as run {second.trace_id} (and before it {first.trace_id})" in run.tree()
+    assert first.info().reruns == (), "a rerun names the runs it was rerun as, not its siblings"
+
+
+def test_of_two_reruns_asked_at_once_one_starts(local: dflow.Runtime) -> None:
+    run = FIVE.call(1)
+    failed(run)
+    TALLY.fixed["four"] = True
+
+    async def both() -> list[Any]:
+        return await asyncio.gather(run.arerun_from(4), run.arerun_from(4), return_exceptions=True)
+
+    got = asyncio.run(both())
+    started = [r for r in got if isinstance(r, dflow.Run)]
+    refused = [r for r in got if isinstance(r, dflow.AlreadyRerunError)]
+    assert len(started) == 1 and len(refused) == 1, got
+    assert refused[0].rerun == started[0].trace_id
+    assert started[0].result(5) == 6
+    assert CALLS["five"] == 1, "one rerun ran"
+
+
+def test_a_refused_rerun_is_not_noted_on_the_original(local: dflow.Runtime) -> None:
+    run = FIVE.call(1)
+    failed(run)
+    with pytest.raises(dflow.RunError, match="no step 9"):
+        run.rerun_from(9)
+    assert run.info().reruns == ()
+    TALLY.fixed["four"] = True
+    assert run.rerun_from(4).result(5) == 6  # (the refused request left no rerun behind)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -95,6 +96,8 @@ _INFO_FIELDS = (
     "lease_until",
     "due",
     "mail",
+    "reruns",
+    "bkey",
 )
 _INFO_KEYS = tuple(f.encode() for f in _INFO_FIELDS)
 
@@ -468,4 +471,6 @@ def _info(trace_id: str, h: dict[bytes, bytes]) -> RunInfo:
         parent=_s(h.get(b"p_trace")),
         extra=extra,
         pipeline=_s(h.get(b"pipeline")),
+        reruns=tuple(json.loads(h[b"reruns"])) if b"reruns" in h else (),
+        business_key=_s(h.get(b"bkey")),
     )

@@ -54,6 +54,7 @@ from .finish_watch import FinishWatch
 from .fusable import same_cluster, same_server
 from .keyspace import Keyspace
 from .live import RedisLiveFeed
+from .notes import RedisRunNotes
 from .parts import RedisParts
 from .rate_limits import RedisTokenBucket
 from .reads import RunReads, _s
@@ -150,6 +151,7 @@ class RedisStore(RunReads, KeepsSchedules, Store, StepParts):
         self._beats: RedisWorkerBeats | None = None
         self._parts = RedisParts(self.redis, ttl, self._p)
         self._buckets: RedisTokenBucket | None = None
+        self._notes: RedisRunNotes | None = None
 
     @property
     def shared_state(self) -> RedisStateBackend:
@@ -178,6 +180,14 @@ class RedisStore(RunReads, KeepsSchedules, Store, StepParts):
         if self._buckets is None:
             self._buckets = RedisTokenBucket(self.redis, self.prefix)
         return self._buckets
+
+    @property
+    def run_notes(self) -> RedisRunNotes:
+        """The notes on this store's runs (their reruns, their business keys): fields of each
+        run's hash, and an index of business keys in each bucket."""
+        if self._notes is None:
+            self._notes = RedisRunNotes(self.redis, self._prefixes, self._p, self.get_run)
+        return self._notes
 
     def _dispatch_via(self, transport: RedisStreamsTransport, keyspace: Keyspace) -> None:
         """Write step messages to ``transport``'s streams, which must be on this store's own

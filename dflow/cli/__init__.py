@@ -5,7 +5,7 @@
     dflow ls --store URL [--limit N] [--status STATUS] [--pipeline NAME] [--json]
     dflow inspect TRACE_ID --store URL [--requests] [--json]
     dflow cancel TRACE_ID --store URL [--reason TEXT]
-    dflow rerun TRACE_ID --from SEQ --store URL [--transport URL]
+    dflow rerun TRACE_ID --from SEQ [--again] --store URL [--transport URL]
     dflow call TRACE_ID CALL_TYPE [JSON] --store URL [--transport URL]
     dflow circuits --store URL [--json]
     dflow schedule add NAME --pipeline P (--cron EXPR | --every SPAN) [--param JSON] --store URL

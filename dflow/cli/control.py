@@ -48,6 +48,11 @@ def register_rerun(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         metavar="SEQ",
         help="the step to rerun from (its number, #SEQ in dflow inspect)",
     )
+    rr.add_argument(
+        "--again",
+        action="store_true",
+        help="rerun a run that was rerun already (else refused, naming its rerun: its steps would run twice)",
+    )
     add_store(rr)
     add_transport(rr, _RELEASED)
 
@@ -141,7 +146,7 @@ async def rerun(args: argparse.Namespace) -> int:
     store = store_from_url(store_url(args))
     try:
         try:
-            trace_id, publish = await start_rerun(store, chains, args.trace_id, args.seq)
+            trace_id, publish = await start_rerun(store, chains, args.trace_id, args.seq, again=args.again)
         except RunError as exc:
             print(f"dflow rerun: {safe(exc)}", file=sys.stderr)
             return 1

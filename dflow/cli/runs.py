@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..context import RunInfo, RunStatus
 from ..ops.tree import safe
+from ..run_notes import check_business_key
 from ..run_pages import SORTS, StartedWindow, check_find, page_in_window, parse_sort, parse_started
 from .circuits import circuit_notes
 from .options import add_store, count, store_url
@@ -77,6 +78,12 @@ def register_ls(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         help="list the oldest runs first (as --sort oldest)",
     )
     ls.add_argument(
+        "--key",
+        metavar="KEY",
+        help="the runs a step gave this business key (dflow.set_business_key), newest first "
+        "(the other filters apply to them)",
+    )
+    ls.add_argument(
         "--json", action="store_true", help="print a JSON list (times in seconds since the epoch)"
     )
 
@@ -107,6 +114,7 @@ async def _run_tree(store: Store, trace_id: str, depth: int) -> dict[str, Any] |
     runs under its ``"branches"`` (``None`` when there is no such run)."""
     from ..ops.as_json import record_json, run_json
     from ..ops.tree import branch_runs
+    from ..patterns.rerun import RERUN_KEY, link_of
 
     info = await store.get_run(trace_id)
     if info is None:
@@ -122,7 +130,13 @@ async def _run_tree(store: Store, trace_id: str, depth: int) -> dict[str, Any] |
                 else [{"trace_id": child} for child in children]
             )
         steps.append(step)
-    return {**run_json(info), "steps": steps}
+    out = {**run_json(info), "steps": steps}
+    if depth == 0:  # (a rerun: the run it reruns, and from which step)
+        link = link_of((await store.get_data(trace_id)).get(RERUN_KEY))
+        out["rerun_of"] = (
+            {"trace_id": link.trace_id, "seq": link.seq} if link and link.run == trace_id else None
+        )
+    return out
 
 
 async def ls(args: argparse.Namespace) -> int:
@@ -132,6 +146,8 @@ async def ls(args: argparse.Namespace) -> int:
         StartedWindow(args.after, args.before)
         if args.id is not None:
             check_find(args.id, 1)
+        if args.key is not None:
+            check_business_key(args.key)
     except ValueError as exc:
         print(f"dflow ls: {exc}", file=sys.stderr)
         return 2
@@ -196,14 +212,8 @@ async def _listed(store: Store, args: argparse.Namespace) -> list[RunInfo]:
     cursor: str | None = None
     status = RunStatus(args.status) if args.status else None
     window = StartedWindow(args.after, args.before)  # (checked by ``ls``)
-    if args.id is not None:
-        return [
-            r
-            for r in await store.find_runs(args.id, min(args.limit, 1000))
-            if (status is None or r.status is status)
-            and (not args.pipeline or r.pipeline == args.pipeline)
-            and window.holds(r.created)
-        ]
+    if args.id is not None or args.key is not None:
+        return _kept(await _found(store, args), status, args.pipeline, window)
     while len(runs) < args.limit:
         page = await page_in_window(
             store,
@@ -219,6 +229,29 @@ async def _listed(store: Store, args: argparse.Namespace) -> list[RunInfo]:
             break
         cursor = page.cursor
     return runs
+
+
+async def _found(store: Store, args: argparse.Namespace) -> list[RunInfo]:
+    """The runs ``--key`` names (the runs with that business key, newest first), or those whose
+    id starts with ``--id``, in id order (with both, those of the first that the second keeps)."""
+    limit = min(args.limit, 1000)
+    if args.key is None:
+        return await store.find_runs(args.id, limit)
+    runs = await store.run_notes.find_by_business_key(args.key, limit)
+    return [r for r in runs if args.id is None or r.trace_id.startswith(args.id)]
+
+
+def _kept(
+    runs: list[RunInfo], status: RunStatus | None, pipeline: str | None, window: StartedWindow
+) -> list[RunInfo]:
+    """The runs found by id or by key that the other filters keep."""
+    return [
+        r
+        for r in runs
+        if (status is None or r.status is status)
+        and (not pipeline or r.pipeline == pipeline)
+        and window.holds(r.created)
+    ]
 
 
 def _note(r: RunInfo) -> str:

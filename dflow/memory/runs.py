@@ -69,6 +69,8 @@ class RunState:
     pipeline: str | None = None  #: the pipeline that started it (a root run is listed under it)
     compensations: Compensations = Compensations.NONE  #: what ``cancel`` does with it
     mailbox: list[MailboxEntry] | None = None  #: the calls that came before it waited for them
+    reruns: list[str] = field(default_factory=list)  #: its reruns, oldest first (``dflow.run_notes``)
+    business_key: str | None = None  #: what it is about (``dflow.set_business_key``)
 
     def info(self) -> RunInfo:
         """The run's status record, as ``Store.get_run`` returns it."""
@@ -89,4 +91,6 @@ class RunState:
                 **({"early_calls": len(self.mailbox)} if self.mailbox else {}),
             },
             pipeline=self.pipeline,
+            reruns=tuple(self.reruns),
+            business_key=self.business_key,
         )

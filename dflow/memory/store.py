@@ -57,6 +57,7 @@ from .endings import RunEnds
 from .followers import Followers
 from .listings import RunIndex, RunListing
 from .live import MemoryLiveFeed
+from .notes import MemoryRunNotes
 from .parts import PartTable
 from .rate_limits import MemoryTokenBucket
 from .runs import JoinState, Lease, RunState
@@ -114,6 +115,7 @@ class MemoryStore(RunEnds, RunDeadlines, RunListing, KeepsSchedules, Store, Step
         self._beats: MemoryWorkerBeats | None = None
         self._parts = PartTable()
         self._buckets: MemoryTokenBucket | None = None
+        self._notes = MemoryRunNotes(self._runs)
         self._init_deadlines()
 
     @property
@@ -143,6 +145,12 @@ class MemoryStore(RunEnds, RunDeadlines, RunListing, KeepsSchedules, Store, Step
         if self._buckets is None:
             self._buckets = MemoryTokenBucket(self.clock)
         return self._buckets
+
+    @property
+    def run_notes(self) -> MemoryRunNotes:
+        """The notes on this store's runs (their reruns, their business keys), kept on each
+        run's state, and its index of business keys."""
+        return self._notes
 
     # -- helpers ---------------------------------------------------------------------
 

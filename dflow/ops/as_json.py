@@ -54,8 +54,8 @@ def record_json(record: StepRecord, *, with_input: bool = False) -> dict[str, An
 
 
 def run_json(info: RunInfo) -> dict[str, Any]:
-    """A run's state as JSON: its status, what it waits for or why it is parked, and its
-    result or error once it ended."""
+    """A run's state as JSON: its status, what it waits for or why it is parked, its
+    result or error once it ended, its reruns (oldest first) and its business key."""
     return {
         "trace_id": info.trace_id,
         "status": info.status.value,
@@ -69,4 +69,6 @@ def run_json(info: RunInfo) -> dict[str, Any]:
         "parked": info.parked,
         "result": decoded(info.raw_result),
         "error": jsonable(info.error),
+        "reruns": list(info.reruns),
+        "business_key": info.business_key,
     }

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from ..context import RunInfo, StepRecord, StepStatus
 from ..model.nodes import step_id
-from ..patterns.rerun import describe, replayed_until
+from ..patterns.rerun_links import describe, key_line, replayed_until, reruns_line
 from ..store import Store
 from ..wire.values import decode
 from .conversations import RunData, described, text_lines
@@ -85,6 +86,13 @@ def _head(info: RunInfo, indent: str) -> str:
     return head
 
 
+def _links(info: RunInfo, data: Mapping[str, bytes]) -> list[str]:
+    """The lines under a run's head that say what it is about (its business key) and link it
+    to other runs: the run it reruns (a run made by ``Run.rerun_from``), and its own reruns."""
+    lines = [key_line(info.business_key), describe(data, info.trace_id), reruns_line(info.reruns)]
+    return [line for line in lines if line is not None]
+
+
 async def render(
     store: Store, trace_id: str, indent: str = "", depth: int = 0, *, requests: bool = False
 ) -> str:
@@ -96,9 +104,8 @@ async def render(
         return f"{indent}run {safe(trace_id)}: not found (never started, or expired)"
     lines = [_head(info, indent)]
     data = await store.get_data(trace_id) if depth == 0 else {}
-    rerun = describe(data, trace_id) if depth == 0 else None
-    if rerun is not None:  # (a run made by Run.rerun_from: which run it reruns)
-        lines.append(f"{indent}   {safe(rerun)}")
+    if depth == 0:
+        lines += [f"{indent}   {safe(line)}" for line in _links(info, data)]
     replayed_below = replayed_until(data, trace_id) if depth == 0 else 0
     steps = await store.get_steps(trace_id)
     for i, rec in enumerate(steps):

@@ -9,8 +9,8 @@ executes the rest with the code deployed now:
   original's first record, its parameter is the original's ENTRY record), with the
   original's data *as it is now* (see the caveat below), and under the reserved data key
   :data:`RERUN_KEY` the link ``{"trace_id": original, "seq": SEQ, ...}``, which
-  ``Run.tree()`` and ``dflow inspect`` show. (The store has no way to write to an ended run,
-  so the original does not name its reruns.)
+  ``Run.tree()`` and ``dflow inspect`` show; the original names its reruns in the
+  store's run notes, and is rerun once unless asked ``again`` (``rerun_links``).
 - Each step the rerun reaches with a sequence number below ``SEQ`` takes the original's
   recorded result (same seq, same key; done, or recovered by an ``on_error_return``)
   instead of calling its function: a ``map`` is not called, a ``zip``/``any`` starts no
@@ -39,12 +39,10 @@ they write again. The original's compensations (``DFlow.compensate``) do not car
 a rerun that fails compensates the steps it ran itself, not the replayed ones; a run whose
 compensations ran is rerun from its first step only (what it did was undone).
 
-Refused, with an error saying why: an unknown run, one still going (it would race its
-rerun: cancel it first), a ``zip``/``any`` branch run (rerun its parent from the zip's
-step), a ``direct_run`` (its flow was built at run time), ``SEQ`` outside the steps the
-run took, or the second half of a step (the join of a zip, the end of a delay or a wait):
-rerun from the step that started it.
-
+Refused, with an error saying why: an unknown run, one still going (cancel it first), a
+``zip``/``any`` branch run (rerun its parent from the zip's step), a ``direct_run`` (its
+flow was built at run time), ``SEQ`` outside the steps the run took, or the second half of
+a step (a zip's join, a delay's or a wait's end): rerun from the step that started it.
 Cost: an ordinary run pays one dict lookup per step (the link in the claimed data); a
 rerun's worker reads the records once per rerun (cached, a few runs at most).
 """
@@ -55,7 +53,6 @@ import concurrent.futures
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 
 import msgpack
 
@@ -67,11 +64,11 @@ from ..model.chains import ChainCodec
 from ..model.nodes import Frame, Kind, Node, compile_flow
 from ..model.registry import static_ref
 from ..store import COMPENSATING, SAGA_PREFIX, Claim, Fail, Finish, Frames, NewRun, Store
-from ..wire.values import NONE, Message, decode, encode
+from ..wire.values import NONE, Message, decode
+from .rerun_links import RERUN_KEY, RerunLink, describe, dropped, link_of, noted, replayed_until
 
 __all__ = ["RERUN_KEY", "RerunLink", "describe", "link_of", "replay", "replayed_until", "start_rerun"]
 
-RERUN_KEY = "dflow/rerun"  #: the data key of a rerun's link to the run it reruns
 _DIRECT_RUN_HEAD = "direct_run>direct_run.build"  # the head key of every DFlow.direct_run run (model/flow.py)
 _TWO_SEQ = (StepStatus.FORKED, StepStatus.SLEEPING, StepStatus.WAITING)  # completed at the next seq
 _HALF = {
@@ -84,86 +81,16 @@ _CACHE_RUNS = 8  # reruns whose replay records a worker keeps at once
 Index = dict[int, list[StepRecord]]  #: records by seq
 
 
-@dataclass(frozen=True, slots=True)
-class RerunLink:
-    """A rerun's link: ``run`` reruns ``trace_id`` from step ``seq``; ``sources`` say which
-    run executed the steps it replays: ``(trace id, created, until)`` each, from seq 0 on,
-    the last one up to ``seq``."""
-
-    trace_id: str
-    seq: int
-    run: str
-    sources: tuple[tuple[str, float, int], ...]
-
-    def encode(self) -> bytes:
-        return encode(
-            {
-                "trace_id": self.trace_id,
-                "seq": self.seq,
-                "run": self.run,
-                "sources": [list(s) for s in self.sources],
-            }
-        )
-
-
-_links: dict[bytes, RerunLink | None] = {}
-
-
-def link_of(raw: bytes | None) -> RerunLink | None:
-    """The link stored under :data:`RERUN_KEY`, or ``None`` (none, or not one dflow wrote)."""
-    if raw is None:
-        return None
-    if raw in _links:
-        return _links[raw]
-    link = None
-    try:
-        v = decode(raw)
-        sources = tuple(
-            (t, float(c), u)
-            for t, c, u in v["sources"]
-            if isinstance(t, str) and isinstance(c, (int, float)) and type(u) is int
-        )
-        if (
-            isinstance(v["trace_id"], str)
-            and type(v["seq"]) is int
-            and isinstance(v["run"], str)
-            and sources
-            and len(sources) == len(v["sources"])
-            and sources[-1][2] == v["seq"]
-        ):
-            link = RerunLink(v["trace_id"], v["seq"], v["run"], sources)
-    except Exception:
-        link = None
-    if len(_links) >= 1024:
-        _links.clear()
-    _links[raw] = link
-    return link
-
-
-def describe(data: Mapping[str, bytes], trace_id: str) -> str | None:
-    """The line ``dflow inspect`` shows for a rerun, or ``None`` for another run."""
-    link = link_of(data.get(RERUN_KEY))
-    if link is None or link.run != trace_id:
-        return None
-    return (
-        f"rerun of run {link.trace_id} from step {link.seq} (the steps before it replayed from its records)"
-    )
-
-
-def replayed_until(data: Mapping[str, bytes], trace_id: str) -> int:
-    """The rerun point of run ``trace_id`` if it is a rerun (its steps before it replayed), else 0."""
-    link = link_of(data.get(RERUN_KEY))
-    return link.seq if link is not None and link.run == trace_id else 0
-
-
 # -- starting a rerun ---------------------------------------------------------------------
 
 
-async def start_rerun(store: Store, chains: ChainCodec, original: str, seq: int) -> tuple[str, list[Message]]:
+async def start_rerun(
+    store: Store, chains: ChainCodec, original: str, seq: int, *, again: bool = False
+) -> tuple[str, list[Message]]:
     """Create the rerun of run ``original`` from step ``seq`` (see the module); return its
     trace id and the messages to publish. ``RunNotFoundError`` for no such run, ``RunError``
-    saying why for a run or a step that cannot be rerun, ``TypeError`` for a ``seq`` that is
-    no int."""
+    saying why for a run or a step that cannot be rerun, ``AlreadyRerunError`` for a run
+    rerun already (unless ``again``), ``TypeError`` for a ``seq`` that is no int."""
     if type(seq) is not int:
         raise TypeError(f"a rerun starts from a step's seq, an int; got {type(seq).__qualname__}")
     info = await _ended_run(store, original)
@@ -185,7 +112,15 @@ async def start_rerun(store: Store, chains: ChainCodec, original: str, seq: int)
     trace_id = uuid.uuid4().hex
     data[RERUN_KEY] = RerunLink(original, seq, trace_id, sources).encode()
     new = _rerun_at(chains, trace_id, own, first, data, info.pipeline)
-    return trace_id, await store.create_run(new)
+    await noted(store, original, trace_id, again=again)  # (refused here: nothing was created)
+    try:
+        publish = await store.create_run(new)
+    except BaseException:
+        await dropped(store, original, trace_id)  # (its creation failed: the run has no such rerun)
+        raise
+    if info.business_key is not None:  # (the rerun is about what the original is about)
+        await store.run_notes.set_business_key(trace_id, info.business_key)
+    return trace_id, publish
 
 
 async def _ended_run(store: Store, original: str) -> RunInfo:

@@ -205,7 +205,7 @@ class StepCycle:
             started = self.clock.time()
             t0 = time.perf_counter()
             try:
-                here = running_step.set((self.store, msg))  # (for dflow.live.publish in the step)
+                here = running_step.set((self.store, msg, ctx))  # (for dflow.live.publish in the step)
                 try:
                     outcome, status, out = await self.runner.execute(node, ctx, claim, frames, started)
                 finally:
@@ -218,6 +218,9 @@ class StepCycle:
                 transition, records, changes = await self.runner.failure(
                     node, claim, frames, exc, started, t0
                 )
+                ctx._business_key = None  # (dropped with what the failed step wrote)
+            if ctx._business_key is not None:  # set in the step: its own small write, before the commit
+                await self.store.run_notes.set_business_key(msg.trace_id.partition("/")[0], ctx._business_key)
             waits, init_pending, take_lease = self._before_commit(claim, transition, changes, take, obs, seen)
             try:
                 done = await self._commit(claim, records, changes, transition, receipt, take_lease)

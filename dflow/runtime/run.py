@@ -98,22 +98,24 @@ class Run(Generic[Out_co]):
         host = _current()
         return self._cancelled(await host.arun(host.runtime.cancel(self.trace_id, _reason(reason))))
 
-    def rerun_from(self, seq: int) -> Run[Out_co]:
+    def rerun_from(self, seq: int, *, again: bool = False) -> Run[Out_co]:
         """Start a new run that reruns this one from step ``seq``, once it has ended (a run
         that failed at step 40 of 50, after the bug is fixed): the steps before ``seq`` take
         this run's recorded results (a ``flat_map``'s function runs again: it builds the
         flow), the rest run with the code deployed now. The new run has its own trace id,
         this run's parameter and data, and is linked to this run (``tree()`` shows it; the
-        data key ``"dflow/rerun"``). ``RunNotFoundError`` when there is no such run;
+        data key ``"dflow/rerun"``), and this run names it (``info().reruns``). A run is rerun
+        once: ``AlreadyRerunError`` naming its rerun for another, unless ``again`` (two reruns
+        asked at once: one is refused). ``RunNotFoundError`` when there is no such run;
         ``RunError`` saying why for a run still going (cancel it first), a zip/any branch, a
         ``direct_run``, or a ``seq`` that names no step it can rerun from."""
         host = _current()
-        return Run(host.run(_rerun(host, self.trace_id, seq)))
+        return Run(host.run(_rerun(host, self.trace_id, seq, again)))
 
-    async def arerun_from(self, seq: int) -> Run[Out_co]:
+    async def arerun_from(self, seq: int, *, again: bool = False) -> Run[Out_co]:
         """``rerun_from`` for async code."""
         host = _current()
-        return Run(await host.arun(_rerun(host, self.trace_id, seq)))
+        return Run(await host.arun(_rerun(host, self.trace_id, seq, again)))
 
     def _cancelled(self, info: RunInfo | None) -> RunInfo:
         if info is None:
@@ -224,11 +226,11 @@ class Run(Generic[Out_co]):
         return ContextStack(self.trace_id, data, seq=info.seq, steps=tuple(steps))
 
 
-async def _rerun(host: _Host, trace_id: str, seq: int) -> str:
+async def _rerun(host: _Host, trace_id: str, seq: int, again: bool) -> str:
     """Create the rerun of ``trace_id`` from ``seq`` and dispatch its first step (on the
     runtime's loop); its trace id."""
     runtime = host.runtime
-    new, publish = await start_rerun(runtime.store, runtime.frames.chains, trace_id, seq)
+    new, publish = await start_rerun(runtime.store, runtime.frames.chains, trace_id, seq, again=again)
     await runtime.publish(publish)
     return new
 

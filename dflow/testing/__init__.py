@@ -4,7 +4,8 @@ of ``RunWriterContract`` (``writes``, ``joins``), ``RunReaderContract`` (``reads
 listings (``listing``), runs holding compensations (``saga``) and runs' deadlines
 (``DeadlineContract``, ``deadlines``); ``FusedStoreContract``
 (``fused``), ``StateBackendContract`` (``state``), ``LiveFeedContract`` (``live``),
-``ScheduleBookContract`` (``schedules``), ``StepPartsContract`` (``parts``: the parts of steps,
+``ScheduleBookContract`` (``schedules``), ``RunNotesContract`` (``notes``: the notes on
+runs, their reruns), ``StepPartsContract`` (``parts``: the parts of steps,
 for a store that keeps them), ``TokenBucketContract`` (``rate_limits``) and
 ``TransportContract`` (``transport``);
 and the table of malformed step messages every reader of step messages must refuse
@@ -30,6 +31,7 @@ from .conformance import (
     WorkerBeatsContract,
 )
 from .live import LiveFeedContract
+from .notes import RunNotesContract
 from .parts import StepPartsContract
 from .schedules import ScheduleBookContract
 
@@ -41,6 +43,7 @@ __all__ = [  # noqa: RUF022
     "LiveFeedContract",
     "MALFORMED_MESSAGES",
     "MailboxContract",
+    "RunNotesContract",
     "RunReaderContract",
     "RunWriterContract",
     "ScheduleBookContract",

@@ -303,3 +303,36 @@ def test_ls_finds_the_runs_whose_id_starts_so(redis_url: str, prefix: str) -> No
     assert none.returncode == 0 and json.loads(none.stdout) == []
     bad = dflow_cmd("ls", "--store", store_url, "--id", "order 7")
     assert bad.returncode == 2 and "'order 7' does not start a run id" in bad.stderr, bad.stderr
+
+
+def _keyed(order: dict[str, str]) -> str:
+    dflow.set_business_key(order["key"])
+    return order["key"]
+
+
+def test_ls_finds_the_runs_a_step_gave_a_business_key_newest_first(redis_url: str, prefix: str) -> None:
+    store_url = f"{redis_url}?prefix={prefix}"
+    dflow.configure(f"{redis_url}?stream={prefix}:steps", store_url, secret=SECRET)
+    try:
+        runs = []
+        for key in ("order-1042", "order-7", "order-1042"):
+            run = DFlow.direct_run({"key": key}, lambda x: DFlow.just(x).map(_keyed).id("keyed"))
+            assert run.result(10) == key
+            runs.append(run)
+            while time.time() < run.info().created + 0.01:  # the next run in a later millisecond
+                time.sleep(0.001)
+    finally:
+        dflow.shutdown()
+    found = dflow_cmd("ls", "--store", store_url, "--json", "--key", "order-1042")
+    assert found.returncode == 0, found.stderr
+    listed = json.loads(found.stdout)
+    assert [r["trace_id"] for r in listed] == [runs[2].trace_id, runs[0].trace_id]
+    assert {r["business_key"] for r in listed} == {"order-1042"}
+    text = dflow_cmd("ls", "--store", store_url, "--key", "order-7")
+    assert text.returncode == 0 and runs[1].trace_id in text.stdout and runs[0].trace_id not in text.stdout
+    shown = dflow_cmd("inspect", runs[1].trace_id, "--store", store_url)
+    assert "business key order-7" in shown.stdout, shown.stdout + shown.stderr
+    none = dflow_cmd("ls", "--store", store_url, "--json", "--key", "order-1042", "--status", "failed")
+    assert none.returncode == 0 and json.loads(none.stdout) == []
+    bad = dflow_cmd("ls", "--store", store_url, "--key", "x" * 201)
+    assert bad.returncode == 2 and "1 to 200 characters" in bad.stderr, bad.stderr

@@ -24,6 +24,7 @@ from dflow.shared_state import StateBackend
 from dflow.testing import (
     FusedStoreContract,
     LiveFeedContract,
+    RunNotesContract,
     ScheduleBookContract,
     StateBackendContract,
     StepPartsContract,
@@ -33,7 +34,7 @@ from dflow.testing import (
 )
 
 
-class TestRedisStore(StoreContract, StepPartsContract):
+class TestRedisStore(StoreContract, StepPartsContract, RunNotesContract):
     @pytest.fixture
     def make_store(self, redis_url: str, prefix: str) -> Callable[..., Store]:
         def make(**opts: Any) -> Store:
@@ -92,7 +93,7 @@ class TestRedisStreamsTransport(TransportContract):
         return make
 
 
-class TestRedisStoreInBuckets(StoreContract):
+class TestRedisStoreInBuckets(StoreContract, RunNotesContract):
     """Keys spread over 4 hash-tagged buckets on one server: the layout of a cluster."""
 
     @pytest.fixture

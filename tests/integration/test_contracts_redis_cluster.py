@@ -22,6 +22,7 @@ from dflow.shared_state import StateBackend
 from dflow.testing import (
     FusedStoreContract,
     LiveFeedContract,
+    RunNotesContract,
     ScheduleBookContract,
     StateBackendContract,
     StepPartsContract,
@@ -33,7 +34,7 @@ from dflow.testing import (
 from .test_contracts_redis import same_bucket_ids
 
 
-class TestClusterRedisStore(StoreContract, StepPartsContract):
+class TestClusterRedisStore(StoreContract, StepPartsContract, RunNotesContract):
     @pytest.fixture
     def make_store(self, redis_cluster_url: str, cluster_prefix: str) -> Callable[..., Store]:
         def make(**opts: Any) -> Store:

@@ -6,6 +6,7 @@ built by a flat_map before the rerun point is replayed across processes."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -99,6 +100,36 @@ def test_a_run_failed_by_buggy_code_reruns_from_step_4_on_a_fixed_worker(setup: 
     assert refused.returncode == 1 and "no step 9 to rerun from: its steps are 1 to 4" in refused.stderr
     unknown = setup.cli("rerun", "no-such-run", "--from", "1")
     assert unknown.returncode == 1 and "no run with trace id 'no-such-run'" in unknown.stderr
+
+
+def test_dflow_rerun_refuses_a_second_rerun_of_a_run_naming_the_first_until_told_again(setup: Setup) -> None:
+    setup.start(fixed=False)
+    run = rerun_flows.five.call(1)
+    with pytest.raises(dflow.RunFailedError, match="bug in step four"):
+        run.result(15)
+    setup.start(fixed=True)
+    transport = ("--transport", setup.transport_url)
+    out = setup.cli("rerun", run.trace_id, "--from", "4", *transport)
+    assert out.returncode == 0, out.stderr
+    first = dflow.Run(out.stdout.strip())
+    assert first.result(15) == 32
+
+    twice = setup.cli("rerun", run.trace_id, "--from", "4", *transport)
+    assert twice.returncode == 1 and f"rerun already, as run '{first.trace_id}'" in twice.stderr, twice.stderr
+    assert "dflow rerun --again" in twice.stderr
+    assert setup.calls()["five"] == 1, "the refused rerun started nothing"
+    shown = setup.cli("inspect", run.trace_id)
+    assert f"rerun as run {first.trace_id}" in shown.stdout, shown.stdout + shown.stderr
+    as_json = json.loads(setup.cli("inspect", run.trace_id, "--json").stdout)
+    assert as_json["reruns"] == [first.trace_id] and as_json["rerun_of"] is None
+    of = json.loads(setup.cli("inspect", first.trace_id, "--json").stdout)
+    assert of["rerun_of"] == {"trace_id": run.trace_id, "seq": 4} and of["reruns"] == []
+
+    insisted = setup.cli("rerun", run.trace_id, "--from", "4", "--again", *transport)
+    assert insisted.returncode == 0, insisted.stderr
+    second = dflow.Run(insisted.stdout.strip())
+    assert second.result(15) == 32 and setup.calls()["five"] == 2
+    assert run.info().reruns == (first.trace_id, second.trace_id)
 
 
 def test_a_zip_built_by_a_flat_map_is_replayed_across_processes(setup: Setup) -> None:

@@ -15,6 +15,7 @@ from fastapi.sse import EventSourceResponse, ServerSentEvent
 
 from ...client import Run
 from ...context import RunStatus, StepRecord
+from ...errors import AlreadyRerunError
 from ...flow import DFlow
 from ...ops.tree import node_id
 from ..errors import InvalidRequest, NotFound, TooManyRequests
@@ -166,6 +167,7 @@ def _runs_json(listed: RunsList) -> dict[str, Any]:
                 "finished": i.status.finished,
                 "waiting_for": i.waiting_for,
                 "parked": i.extra.get("parked"),
+                "business_key": i.business_key,
             }
             for i in listed.found.runs
         ],
@@ -294,6 +296,21 @@ def _action_routes(router: APIRouter, console: Console) -> None:
         auth.require_action(request)
         console.check_run_id(trace_id)
         body = parse(Rerun, await server.read_json(request))
+        again = _again(request.query_params.get("again"))
         await console.run_info(trace_id)
-        new = await Run(trace_id).arerun_from(body.seq)
+        try:
+            new = await Run(trace_id).arerun_from(body.seq, again=again)
+        except AlreadyRerunError as exc:  # (409, naming the rerun: the page offers to insist)
+            return _json({"detail": str(exc), "rerun": exc.rerun, "url": run_href(exc.rerun)}, 409)
         return _json({"trace_id": new.trace_id, "url": run_href(new.trace_id)}, 201)
+
+
+def _again(value: str | None) -> bool:
+    """``?again=true``: rerun a run that was rerun already."""
+    if value is None or value in ("", "0", "false"):
+        return False
+    if value not in ("1", "true"):
+        raise InvalidRequest(
+            f"again is true (rerun a run that was rerun already) or left out, got {value[:20]!r}"
+        )
+    return True

@@ -10,7 +10,7 @@ import json
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 from ...context import RunInfo, RunStatus
 from ...model.nodes import step_id
@@ -24,6 +24,7 @@ __all__ = [
     "cut",
     "decoded",
     "head_html",
+    "key_href",
     "login_page",
     "page",
     "preview",
@@ -169,6 +170,11 @@ def login_page(error: str = "", next_url: str = "") -> str:
 # -- a run -----------------------------------------------------------------------------------------
 
 
+def key_href(key: str) -> str:
+    """The runs list of the runs with business key ``key``."""
+    return f"{BASE}/?{urlencode({'key': key})}"
+
+
 def head_html(
     info: RunInfo | None, trace_id: str, pipeline: str | None, rerun_of: tuple[str, int] | None = None
 ) -> str:
@@ -192,6 +198,13 @@ def _facts(info: RunInfo, pipeline: str | None, rerun_of: tuple[str, int] | None
         ("Duration", esc(duration(info))),
         ("Step", str(info.seq)),
     ]
+    if info.business_key is not None:
+        facts.append(
+            (
+                "Business key",
+                f'<a class="mono" href="{esc(key_href(info.business_key))}">{esc(info.business_key)}</a>',
+            )
+        )
     if info.waiting_for and not info.status.finished:
         facts.append(("Waiting for", f"<code>{esc(info.waiting_for)}</code>"))
     due = info.extra.get("due")
@@ -204,6 +217,9 @@ def _facts(info: RunInfo, pipeline: str | None, rerun_of: tuple[str, int] | None
     if rerun_of is not None:
         link = f'<a class="mono" href="{esc(run_href(rerun_of[0]))}">{esc(rerun_of[0])}</a>'
         facts.append(("Rerun of", f"{link} from step #{rerun_of[1]}"))
+    if info.reruns:  # (newest first)
+        links = (f'<a class="mono" href="{esc(run_href(r))}">{esc(r)}</a>' for r in reversed(info.reruns))
+        facts.append(("Rerun as", ", ".join(links)))
     if info.parent:
         parent = f'<a class="mono" href="{esc(run_href(info.parent))}">{esc(info.parent)}</a>'
         facts.append(("Branch of", parent))

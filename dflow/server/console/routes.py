@@ -18,7 +18,8 @@ It is part of the app ``create_app`` builds, under ``/console``:
 ``GET  /console/api/runs/{id}/stream``    the run page's parts as server-sent events
 ``POST /console/api/runs/{id}/cancel``    cancel (``{"reason"}`` optional)
 ``POST /console/api/runs/{id}/answer``    ``{"call_type", "payload", "run"?}``
-``POST /console/api/runs/{id}/rerun``     ``{"seq"}``: a new run from that step
+``POST /console/api/runs/{id}/rerun``     ``{"seq"}``: a new run from that step; 409
+                                          for a run rerun already (``?again=true``)
 ========================================  =========================================
 
 Who may use it is in :mod:`dflow.server.console.auth`: the admin token logs in; without
@@ -153,6 +154,7 @@ def _page_routes(router: APIRouter, console: Console) -> None:
                 parked=listed.parked,
                 window=listed.window,
                 oldest_first=listed.oldest_first,
+                key=listed.key,
                 notice=notice,
                 schedules="" if listed.cursor else schedules_table(await kept_schedules(console)),
             )

@@ -11,6 +11,7 @@ from datetime import datetime, timezone
 from urllib.parse import urlencode
 
 from ...context import RunInfo, RunStatus
+from ...run_notes import MAX_KEY_LENGTH
 from ...run_pages import ANY_TIME, StartedWindow
 from .html import BASE, badge, duration, esc, page, preview, run_href, stamp, wakes
 
@@ -42,12 +43,15 @@ def runs_page(
     schedules: str = "",
     window: StartedWindow = ANY_TIME,
     oldest_first: bool = False,
+    key: str | None = None,
 ) -> str:
     """The runs list: counts by status, filters, the order (newest or ``oldest_first``), a
     page of runs (with ``parked``, those of them that are parked), the link to the next;
     ``notice`` above them (a run id searched for that is no run). The first page refreshes
     itself (``data-refresh``: the script)."""
-    query = _ListQuery(status, pipeline, parked, _field(window.after), _field(window.before), oldest_first)
+    query = _ListQuery(
+        status, pipeline, parked, _field(window.after), _field(window.before), oldest_first, key or ""
+    )
     refresh = "" if cursor else ' data-refresh="5"'
     note = f'<p class="flash bad">{esc(notice)}</p>' if notice else ""
     body = (
@@ -70,10 +74,11 @@ class _ListQuery:
     after: str = ""  #: the window of start times, as its form fields show it (UTC)
     before: str = ""
     oldest_first: bool = False  #: the order of the list (the filters keep it, a page of it drops it)
+    key: str = ""  #: the business key of the runs shown
 
     @property
     def filtered(self) -> bool:
-        return bool(self.status or self.pipeline or self.parked or self.after or self.before)
+        return bool(self.status or self.pipeline or self.parked or self.after or self.before or self.key)
 
     def link(self, **params: str | None) -> str:
         """The list with these filters and ``params`` (a ``None`` leaves one out)."""
@@ -86,6 +91,7 @@ class _ListQuery:
             "after": self.after,
             "before": self.before,
             "sort": "oldest" if self.oldest_first else None,
+            "key": self.key,
         }
         query = {k: v for k, v in {**mine, **params}.items() if v}
         return f"{BASE}/" + (f"?{urlencode(query)}" if query else "")
@@ -121,8 +127,8 @@ def _sort_control(query: _ListQuery) -> str:
 
 
 def _filters(query: _ListQuery, pipelines: Iterable[str]) -> str:
-    """The filter form: a pipeline (the served ones suggested), a status, the window of
-    start times (UTC)."""
+    """The filter form: a business key, a pipeline (the served ones suggested), a status, the
+    window of start times (UTC)."""
     options = "".join(f'<option value="{esc(p)}"></option>' for p in sorted(pipelines)[:500])
     statuses = "".join(
         f'<option value="{st.value}"{" selected" if query.status is st else ""}>{st.value}</option>'
@@ -133,6 +139,9 @@ def _filters(query: _ListQuery, pipelines: Iterable[str]) -> str:
         'placeholder="a trace id" maxlength="300" size="34" spellcheck="false"></label>'
         '<button type="submit">Go</button></form>'
         f'<form class="filters" method="get" action="{BASE}/">'
+        f'<label title="the runs a step gave this key (dflow.set_business_key)">Business key <input name="key" '
+        f'value="{esc(query.key)}" placeholder="e.g. order-1042" maxlength="{MAX_KEY_LENGTH}" size="18" '
+        'spellcheck="false"></label>'
         f'<label>Pipeline <input name="pipeline" list="pipelines" value="{esc(query.pipeline or "")}" '
         f'placeholder="any" maxlength="16384"></label><datalist id="pipelines">{options}</datalist>'
         f'<label>Status <select name="status"><option value="">any</option>{statuses}</select></label>'
@@ -164,9 +173,10 @@ def _runs_table(rows: Sequence[RunRow]) -> str:
         info = row.info
         note = _note(info, now)
         flag = ' <span class="badge st-failed">parked</span>' if info.parked else ""
+        keyed = f' <span class="key">{esc(info.business_key)}</span>' if info.business_key else ""
         body_rows.append(
             f'<tr class="run-row" data-trace="{esc(info.trace_id)}"><td>{badge(info.status.value)}{flag}</td>'
-            f'<td class="mono"><a href="{esc(run_href(info.trace_id))}">{esc(info.trace_id)}</a></td>'
+            f'<td class="mono"><a href="{esc(run_href(info.trace_id))}">{esc(info.trace_id)}</a>{keyed}</td>'
             f"<td>{esc(row.pipeline or '–')}</td>"
             f'<td class="when">{stamp(info.created)}</td><td class="num">{duration(info, now)}</td>'
             f'<td title="{esc(note)}">{esc(preview(note, 160)) if note else ""}</td></tr>'

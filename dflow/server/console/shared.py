@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from fastapi import Request
 
 from ...context import RunInfo, RunStatus
-from ...errors import RunNotFoundError
+from ...errors import ConfigurationError, RunNotFoundError
 from ...patterns.rerun import RERUN_KEY, link_of
+from ...run_notes import MAX_KEY_LENGTH, RunNotes, check_business_key
 from ...run_pages import ANY_TIME, StartedWindow, page_in_window, parse_sort, parse_started
 from ...store import RunPage, Store
 from ...wire.ids import is_run_id
@@ -38,7 +39,14 @@ T = TypeVar("T")
 STATIC = {"console.css": "text/css; charset=utf-8", "console.js": "text/javascript; charset=utf-8"}
 # characters: a pipeline's name has no limit of its own (by default it is its head key, which
 # can be long), so any name that fits in a request is taken
-_MAX_FILTER = {"pipeline": 16_384, "cursor": 2048, "after": 40, "before": 40, "id": 300}
+_MAX_FILTER = {
+    "pipeline": 16_384,
+    "cursor": 2048,
+    "after": 40,
+    "before": 40,
+    "id": 300,
+    "key": MAX_KEY_LENGTH,
+}
 
 
 class Console:
@@ -104,15 +112,16 @@ class Console:
         """A run page's parts (HTML) and state, as the page and its live updates show them."""
         info = tree.root.info
         raw = await self.on_store(self.store.get_data(tree.root.trace_id)) if info is not None else {}
+        rerun_of = _rerun_of(raw, tree.root.trace_id)
         return {
             "trace_id": tree.root.trace_id,
             "status": info.status.value if info is not None else None,
             "finished": info is None or (info.status.finished and not tree.live),
+            "rerun_of": None if rerun_of is None else {"trace_id": rerun_of[0], "seq": rerun_of[1]},
+            "reruns": list(info.reruns) if info is not None else [],
+            "business_key": info.business_key if info is not None else None,
             "head": head_html(
-                info,
-                tree.root.trace_id,
-                info.pipeline if info is not None else None,
-                _rerun_of(raw, tree.root.trace_id),
+                info, tree.root.trace_id, info.pipeline if info is not None else None, rerun_of
             ),
             "waits": waits_html(tree.waits(), tree.root.trace_id),
             "tree": tree_html(tree),
@@ -159,6 +168,7 @@ class RunsList:
     parked: bool = False  #: only the parked runs of the page
     window: StartedWindow = ANY_TIME  #: only the runs started in it
     oldest_first: bool = False  #: the page lists the runs oldest first (``sort=oldest``)
+    key: str | None = None  #: only the runs with this business key
 
 
 def _parked_filter(value: str | None) -> bool:
@@ -219,8 +229,9 @@ async def list_runs(console: Console, request: Request) -> RunsList:
     """The page of runs the query asks for: one ``page_runs`` and one ``count_runs`` call
     (with ``parked=1``, only the parked runs of that page; with ``after``/``before``, only
     the runs started in that window: see ``run_pages.StartedWindow``; with ``sort=oldest``,
-    oldest first, else newest first; with ``id``, the runs
-    whose id starts so, in id order, filtered: one ``find_runs`` call and no next page)."""
+    oldest first, else newest first; with ``id``, the runs whose id starts so, in id order,
+    filtered: one ``find_runs`` call and no next page; with ``key``, the runs with that
+    business key, newest first, filtered: one ``find_by_business_key`` call and no next page)."""
     q = request.query_params
     status = _status_filter(q.get("status"))
     pipeline = _text_filter("pipeline", q.get("pipeline"))
@@ -230,12 +241,15 @@ async def list_runs(console: Console, request: Request) -> RunsList:
     window = _window(_text_filter("after", q.get("after")), _text_filter("before", q.get("before")))
     id_start = _text_filter("id", q.get("id"))
     oldest_first = _sort(q.get("sort"))
+    key = _key_filter(q.get("key"))
     store = console.store
     try:
-        if id_start is not None:  # the runs whose id starts so, in id order: one page
+        if key is not None:  # the runs with this business key, newest first: one page
+            runs = await console.on_store(_notes(store).find_by_business_key(key, limit))
+            found = RunPage(_kept(runs, status, pipeline, window), None)
+        elif id_start is not None:  # the runs whose id starts so, in id order: one page
             runs = await console.on_store(store.find_runs(id_start, limit))
-            kept = [r for r in runs if (status is None or r.status is status) and window.holds(r.created)]
-            found = RunPage([r for r in kept if pipeline is None or r.pipeline == pipeline], None)
+            found = RunPage(_kept(runs, status, pipeline, window), None)
         else:
             found = await console.on_store(
                 page_in_window(
@@ -253,4 +267,35 @@ async def list_runs(console: Console, request: Request) -> RunsList:
     counts = await console.on_store(store.count_runs(pipeline=pipeline))
     if parked:  # (of this page: a parked run is running, its reason in its record)
         found = RunPage([r for r in found.runs if r.parked], found.cursor)
-    return RunsList(found, counts, status, pipeline, cursor, limit, parked, window, oldest_first)
+    return RunsList(found, counts, status, pipeline, cursor, limit, parked, window, oldest_first, key)
+
+
+def _kept(
+    runs: list[RunInfo], status: RunStatus | None, pipeline: str | None, window: StartedWindow
+) -> list[RunInfo]:
+    """The runs found by id or by business key that the other filters keep."""
+    return [
+        r
+        for r in runs
+        if (status is None or r.status is status)
+        and (pipeline is None or r.pipeline == pipeline)
+        and window.holds(r.created)
+    ]
+
+
+def _notes(store: Store) -> RunNotes:
+    """The store's run notes; 422 for a store that keeps none (so no business keys)."""
+    try:
+        return store.run_notes
+    except ConfigurationError as exc:
+        raise InvalidRequest(f"key: {exc}") from None
+
+
+def _key_filter(value: str | None) -> str | None:
+    """``?key=``: the runs with that business key (checked as a key is)."""
+    if not value:
+        return None
+    try:
+        return check_business_key(value.strip())
+    except ValueError as exc:
+        raise InvalidRequest(f"key: {exc}") from None

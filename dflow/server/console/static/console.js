@@ -90,7 +90,9 @@
     }
     if (!response.ok) {
       var detail = data && data.detail !== undefined ? data.detail : "HTTP " + response.status;
-      throw new Error(typeof detail === "string" ? detail : JSON.stringify(detail));
+      var failed = new Error(typeof detail === "string" ? detail : JSON.stringify(detail));
+      failed.data = data;
+      throw failed;
     }
     return data;
   }
@@ -406,8 +408,20 @@
     if (!window.confirm("Start a new run of " + stepRun + " from step #" + seq + " (" + name + ")?")) {
       return;
     }
+    var url = api + path(stepRun) + "/rerun";
     try {
-      var made = await post(api + path(stepRun) + "/rerun", { seq: seq });
+      var made;
+      try {
+        made = await post(url, { seq: seq });
+      } catch (err) {
+        var rerunAs = err.data && err.data.rerun;
+        if (!rerunAs || !window.confirm(
+          "Run " + stepRun + " was rerun already, as run " + rerunAs + ". Its steps from #" + seq +
+          " would run once more. Start another rerun anyway?")) {
+          throw err;
+        }
+        made = await post(url + "?again=true", { seq: seq });
+      }
       window.location.href = made.url;
     } catch (err) {
       flash("Re-run refused: " + err.message, true);

@@ -1,0 +1,74 @@
+"""The notes the in-memory store keeps on its runs (``dflow.run_notes``): on each run's
+state, so they go when it expires; and the index of business keys (each key's runs, in the
+order they were given it), whose entries of runs gone are dropped when it is read."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from ..context import RunInfo
+from ..errors import RunNotFoundError
+from ..run_notes import MAX_KEYED_RUNS, MAX_RERUNS, RunNotes, check_key_search
+from .runs import RunState
+
+__all__ = ["MemoryRunNotes"]
+
+
+class MemoryRunNotes(RunNotes):
+    """``RunNotes`` on the runs of a ``MemoryStore`` (``runs``: its table of them). A
+    method runs without awaiting anything, so each is atomic on the store's loop."""
+
+    def __init__(self, runs: Mapping[str, RunState]) -> None:
+        self._runs = runs
+        self._keyed: dict[str, dict[str, None]] = {}  # business key: its runs' ids, oldest first
+
+    def _run(self, trace_id: str) -> RunState:
+        run = self._runs.get(trace_id)
+        if run is None:
+            raise RunNotFoundError(
+                f"no run with trace id {trace_id!r} (never started, or expired)", trace_id=trace_id
+            )
+        return run
+
+    async def note_rerun(self, trace_id: str, rerun: str, *, again: bool = False) -> str | None:
+        run = self._run(trace_id)
+        if run.reruns and not again:
+            return run.reruns[-1]
+        run.reruns = [*run.reruns, rerun][-MAX_RERUNS:]
+        return None
+
+    async def drop_rerun(self, trace_id: str, rerun: str) -> None:
+        run = self._runs.get(trace_id)
+        if run is not None and rerun in run.reruns:
+            run.reruns = [r for r in run.reruns if r != rerun]
+
+    async def set_business_key(self, trace_id: str, key: str) -> None:
+        run = self._run(trace_id)
+        before = run.business_key
+        if before is not None and before != key:
+            self._unindex(before, trace_id)
+        run.business_key = key
+        runs = self._keyed.setdefault(key, {})
+        runs.pop(trace_id, None)
+        runs[trace_id] = None
+        while len(runs) > MAX_KEYED_RUNS:
+            del runs[next(iter(runs))]
+
+    async def find_by_business_key(self, key: str, limit: int = 50) -> list[RunInfo]:
+        check_key_search(key, limit)
+        found: list[RunState] = []
+        for trace_id in list(self._keyed.get(key, ())):
+            run = self._runs.get(trace_id)
+            if run is None or run.business_key != key:  # (expired, or its id taken by a new run)
+                self._unindex(key, trace_id)
+            else:
+                found.append(run)
+        found.sort(key=lambda r: (r.created, r.trace_id), reverse=True)
+        return [r.info() for r in found[:limit]]
+
+    def _unindex(self, key: str, trace_id: str) -> None:
+        runs = self._keyed.get(key)
+        if runs is not None:
+            runs.pop(trace_id, None)
+            if not runs:
+                del self._keyed[key]

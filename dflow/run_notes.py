@@ -1,0 +1,126 @@
+"""The ``RunNotes`` seam: small notes a store keeps on a run beside its state, written
+outside its steps, and kept (and expired) with it.
+
+- The reruns of a run (``Run.rerun_from``): the run a rerun reruns keeps the ids of its
+  reruns, which ``RunInfo.reruns`` shows. ``note_rerun`` checks that the run has none and
+  records the new one in one atomic write, so that of two reruns asked at once only one
+  goes on (a step that is not idempotent is not sent twice); ``again`` records one more.
+- A run's *business key* (``RunInfo.business_key``): the id of what the run is about in
+  the user's world (``order-1042``), which a step learns while it runs and gives with
+  :func:`set_business_key`. The store indexes it: ``find_by_business_key`` lists the runs
+  with a key, newest first, from that index (never a scan of every run).
+
+What a store adapter implements: a ``run_notes`` property returning a ``RunNotes`` (four
+methods, ``dflow.testing.RunNotesContract``). A store without one raises
+``ConfigurationError`` there: its runs are rerun without the check and name none of their
+reruns, and a step that sets a business key fails saying so.
+
+Cost: a step that sets no business key pays nothing in the store; one that sets it pays one
+small write (the key and its index entry, in the run's own bucket on Redis) before it commits.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING
+
+from .errors import DFlowError
+from .live import running_step
+
+if TYPE_CHECKING:
+    from .context import RunInfo
+
+__all__ = [
+    "MAX_KEYED_RUNS",
+    "MAX_KEY_LENGTH",
+    "MAX_RERUNS",
+    "RunNotes",
+    "check_business_key",
+    "check_key_search",
+    "set_business_key",
+]
+
+#: how many reruns a run names at most (the oldest go first)
+MAX_RERUNS = 100
+#: the longest business key, in characters
+MAX_KEY_LENGTH = 200
+#: how many runs a store's index keeps under one business key (the newest)
+MAX_KEYED_RUNS = 10_000
+
+
+def check_key_search(key: object, limit: object) -> str:
+    """The arguments of ``RunNotes.find_by_business_key`` checked: the key (as
+    ``check_business_key``); ``ValueError`` for a ``limit`` that is no int from 1 to 1000."""
+    if type(limit) is not int or not 1 <= limit <= 1000:
+        raise ValueError(
+            f"find_by_business_key returns 1 to 1000 runs: limit must be an int in that range, got {limit!r}"
+        )
+    return check_business_key(key)
+
+
+def check_business_key(key: object) -> str:
+    """``key`` if it may be a business key: a ``str`` of 1 to ``MAX_KEY_LENGTH`` printable
+    characters, not starting or ending with a space; ``TypeError`` or ``ValueError``
+    saying what is wrong with it otherwise."""
+    if not isinstance(key, str):
+        raise TypeError(f"a business key is a str, like 'order-1042'; got {type(key).__qualname__}")
+    if not key or len(key) > MAX_KEY_LENGTH:
+        raise ValueError(
+            f"a business key is 1 to {MAX_KEY_LENGTH} characters long, this one is {len(key)}: "
+            "give the id of what the run is about (an order's, a customer's), not its data"
+        )
+    if not key.isprintable() or key != key.strip():
+        raise ValueError(
+            f"a business key is printable text without control characters (tabs, newlines) and without "
+            f"spaces at its ends; got {key[:80]!r}"
+        )
+    return key
+
+
+def set_business_key(key: str) -> None:
+    """Give the run whose step runs here the business key ``key`` (see ``check_business_key``),
+    replacing the one it had: ``dflow ls --key``, the console's *Business key* box and its
+    JSON API's ``?key=`` find the run by it, and ``dflow inspect``, ``Run.info()`` and the
+    console show it. Kept once the step succeeds, as what it wrote with ``ctx.put`` (a step
+    that fails and is retried sets it again); in a zip/any branch, it is its root run's key.
+    ``DFlowError`` outside a step, ``ConfigurationError`` on a store that keeps no run notes."""
+    checked = check_business_key(key)
+    here = running_step.get()
+    if here is None:
+        raise DFlowError(
+            "dflow.set_business_key is called in a step's function, while the step runs (on_init and code "
+            "outside a flow have no step): set it in the step that learns the key"
+        )
+    store, _, ctx = here
+    if store is not None:  # (None once the step's live events were dropped: the commit then says)
+        store.run_notes  # noqa: B018 (ConfigurationError here, in the step, for a store without notes)
+    ctx._business_key = checked
+
+
+class RunNotes(ABC):
+    """What a store notes on its runs (see the module). Every method is atomic."""
+
+    @abstractmethod
+    async def note_rerun(self, trace_id: str, rerun: str, *, again: bool = False) -> str | None:
+        """Record ``rerun`` as the newest rerun of run ``trace_id``, unless the run has one
+        already and not ``again``: then nothing is written and its newest rerun is returned.
+        ``None`` once recorded (a run names its last ``MAX_RERUNS``). ``RunNotFoundError``
+        for no such run."""
+
+    @abstractmethod
+    async def drop_rerun(self, trace_id: str, rerun: str) -> None:
+        """Forget ``rerun`` among the reruns of run ``trace_id`` (a rerun whose creation
+        failed after it was noted); nothing for a run or a rerun not there."""
+
+    @abstractmethod
+    async def set_business_key(self, trace_id: str, key: str) -> None:
+        """Give run ``trace_id`` the business key ``key`` (checked by the caller), in place
+        of the one it had, and index it under it (out of the index of the one before).
+        ``RunNotFoundError`` for no such run."""
+
+    @abstractmethod
+    async def find_by_business_key(self, key: str, limit: int = 50) -> list[RunInfo]:
+        """At most ``limit`` (1 to 1000) runs whose business key is ``key`` now, newest first
+        (by creation time, then trace id), read from the index of keys: the newest
+        ``MAX_KEYED_RUNS`` of a key are found; a run leaves it when it expires.
+        ``ValueError`` for a bad ``limit``."""

@@ -1,0 +1,204 @@
+"""What a store's run notes (``dflow.run_notes.RunNotes``, a store's ``run_notes``) must do:
+a run names the reruns noted on it, oldest first; a second rerun is refused, naming the
+first, unless insisted on; of reruns noted at once only one passes; a dropped rerun frees
+the run; a run that is not there has no notes. A run's business key is on its record, and
+finds it (newest first, across the store's buckets), under its latest key only, until it
+expires.
+
+Time passes through ``pass_time`` and ``now`` (``cases.StoreTime``), as for ``StoreContract``."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from ..errors import RunNotFoundError
+from ..run_notes import MAX_RERUNS
+from ..store import Finish, Store
+from ..wire.values import encode
+from .cases import StoreTime, new_run, rec, sync
+
+__all__ = ["RunNotesContract"]
+
+
+class RunNotesContract(StoreTime):
+    """The notes on runs. Needs ``make_store(**options) -> Store`` (see ``StoreContract``)."""
+
+    @pytest.fixture
+    def make_store(self) -> Callable[..., Store]:  # pragma: no cover - provided by subclasses
+        raise NotImplementedError
+
+    @sync
+    async def test_a_run_names_the_reruns_noted_on_it_oldest_first(
+        self, make_store: Callable[..., Store]
+    ) -> None:
+        store = make_store()
+        trace = uuid.uuid4().hex
+        await store.create_run(new_run(trace))
+        info = await store.get_run(trace)
+        assert info is not None and info.reruns == (), "a run that was never rerun names none"
+        assert await store.run_notes.note_rerun(trace, "first") is None
+        assert await store.run_notes.note_rerun(trace, "second", again=True) is None
+        info = await store.get_run(trace)
+        assert info is not None and info.reruns == ("first", "second")
+        await store.close()
+
+    @sync
+    async def test_a_second_rerun_is_refused_naming_the_newest_unless_insisted_on(
+        self, make_store: Callable[..., Store]
+    ) -> None:
+        store = make_store()
+        trace = uuid.uuid4().hex
+        await store.create_run(new_run(trace))
+        notes = store.run_notes
+        await notes.note_rerun(trace, "first")
+        assert await notes.note_rerun(trace, "second") == "first", "refused, naming the rerun it has"
+        await notes.note_rerun(trace, "third", again=True)
+        assert await notes.note_rerun(trace, "fourth") == "third"
+        info = await store.get_run(trace)
+        assert info is not None and info.reruns == ("first", "third"), "a refused rerun is not noted"
+        await store.close()
+
+    @sync
+    async def test_of_reruns_noted_at_once_only_one_passes(self, make_store: Callable[..., Store]) -> None:
+        store = make_store()
+        trace = uuid.uuid4().hex
+        await store.create_run(new_run(trace))
+        asked = [f"rerun-{i}" for i in range(20)]  # (at once: on a connection each, for a pool)
+        got = await asyncio.gather(*(store.run_notes.note_rerun(trace, r) for r in asked))
+        passed = [r for r, g in zip(asked, got, strict=True) if g is None]
+        assert len(passed) == 1, f"{len(passed)} reruns asked at once passed: {passed}"
+        assert all(g == passed[0] for g in got if g is not None), "each refused one names the one that passed"
+        info = await store.get_run(trace)
+        assert info is not None and info.reruns == (passed[0],)
+        await store.close()
+
+    @sync
+    async def test_a_dropped_rerun_frees_the_run_and_the_others_stay(
+        self, make_store: Callable[..., Store]
+    ) -> None:
+        store = make_store()
+        trace = uuid.uuid4().hex
+        await store.create_run(new_run(trace))
+        notes = store.run_notes
+        await notes.note_rerun(trace, "first")
+        await notes.drop_rerun(trace, "first")
+        assert await notes.note_rerun(trace, "second") is None, "the run has no rerun again"
+        await notes.note_rerun(trace, "third", again=True)
+        await notes.drop_rerun(trace, "third")
+        await notes.drop_rerun(trace, "never-noted")
+        await notes.drop_rerun(uuid.uuid4().hex, "x")  # (no such run: nothing to do)
+        info = await store.get_run(trace)
+        assert info is not None and info.reruns == ("second",)
+        await store.close()
+
+    @sync
+    async def test_a_run_names_its_last_reruns_only(self, make_store: Callable[..., Store]) -> None:
+        store = make_store()
+        trace = uuid.uuid4().hex
+        await store.create_run(new_run(trace))
+        for i in range(MAX_RERUNS + 3):
+            await store.run_notes.note_rerun(trace, f"r{i}", again=True)
+        info = await store.get_run(trace)
+        assert info is not None and info.reruns == tuple(f"r{i}" for i in range(3, MAX_RERUNS + 3))
+        await store.close()
+
+    @sync
+    async def test_a_run_that_is_not_there_takes_no_notes(self, make_store: Callable[..., Store]) -> None:
+        store = make_store()
+        trace = uuid.uuid4().hex
+        with pytest.raises(RunNotFoundError, match=trace):
+            await store.run_notes.note_rerun(trace, "r")
+        assert await store.get_run(trace) is None, "nothing was made of it"
+        await store.close()
+
+    @sync
+    async def test_a_business_key_is_on_the_runs_record_and_finds_it_newest_first(
+        self, make_store: Callable[..., Store]
+    ) -> None:
+        store = make_store()
+        key = f"order-{uuid.uuid4().hex[:8]}"
+        keyed = [uuid.uuid4().hex for _ in range(6)]  # (random ids: spread over the store's buckets)
+        other = uuid.uuid4().hex
+        for trace in [*keyed, other]:
+            await store.create_run(new_run(trace))
+        for trace in keyed:
+            await store.run_notes.set_business_key(trace, key)
+        await store.run_notes.set_business_key(other, key + "-other")
+        info = await store.get_run(keyed[0])
+        assert info is not None and info.business_key == key
+        found = await store.run_notes.find_by_business_key(key)
+        assert {r.trace_id for r in found} == set(keyed)
+        assert [(r.created, r.trace_id) for r in found] == sorted(
+            ((r.created, r.trace_id) for r in found), reverse=True
+        ), "newest first, then by trace id"
+        assert all(r.business_key == key for r in found)
+        assert [r.trace_id for r in await store.run_notes.find_by_business_key(key, 2)] == [
+            r.trace_id for r in found[:2]
+        ]
+        assert [r.trace_id for r in await store.run_notes.find_by_business_key(key + "-other")] == [other]
+        assert await store.run_notes.find_by_business_key(key + "-none") == []
+        await store.close()
+
+    @sync
+    async def test_a_new_business_key_replaces_the_one_a_run_had(
+        self, make_store: Callable[..., Store]
+    ) -> None:
+        store = make_store()
+        trace, first, second = uuid.uuid4().hex, f"k-{uuid.uuid4().hex}", f"k-{uuid.uuid4().hex}"
+        await store.create_run(new_run(trace))
+        notes = store.run_notes
+        await notes.set_business_key(trace, first)
+        await notes.set_business_key(trace, first)  # (the same again: one entry)
+        assert [r.trace_id for r in await notes.find_by_business_key(first)] == [trace]
+        await notes.set_business_key(trace, second)
+        assert await notes.find_by_business_key(first) == [], "the key it had no longer finds it"
+        assert [r.trace_id for r in await notes.find_by_business_key(second)] == [trace]
+        info = await store.get_run(trace)
+        assert info is not None and info.business_key == second
+        await store.close()
+
+    @sync
+    async def test_an_expired_run_is_no_longer_found_by_its_business_key(
+        self, make_store: Callable[..., Store]
+    ) -> None:
+        store = make_store(ttl=0.1)
+        key = f"k-{uuid.uuid4().hex}"
+        new, kept = new_run(), new_run()
+        for run in (new, kept):
+            await store.create_run(run)
+            await store.run_notes.set_business_key(run.trace_id, key)
+        assert new.message is not None
+        claim = await store.claim(new.message, "w", 30)
+        assert claim is not None
+        await store.commit(claim, [rec(new.message)], {}, Finish(encode(1)))
+
+        async def gone() -> bool:
+            await store.due(self.now(store))
+            return await store.get_run(new.trace_id) is None
+
+        await self.until(store, gone, what="the finished run expires")
+        assert [r.trace_id for r in await store.run_notes.find_by_business_key(key)] == [kept.trace_id]
+        await store.create_run(new_run(new.trace_id))  # a new run with its id: without the key
+        assert [r.trace_id for r in await store.run_notes.find_by_business_key(key)] == [kept.trace_id]
+        await store.close()
+
+    @sync
+    async def test_a_business_key_for_a_run_that_is_not_there_and_a_bad_search_are_refused(
+        self, make_store: Callable[..., Store]
+    ) -> None:
+        store = make_store()
+        trace = uuid.uuid4().hex
+        with pytest.raises(RunNotFoundError, match=trace):
+            await store.run_notes.set_business_key(trace, "order-1")
+        bad: list[Any] = [0, 1001, "5"]
+        for limit in bad:
+            with pytest.raises(ValueError, match="1 to 1000 runs"):
+                await store.run_notes.find_by_business_key("order-1", limit)
+        with pytest.raises(ValueError, match="1 to 200 characters"):
+            await store.run_notes.find_by_business_key("x" * 201)
+        await store.close()
