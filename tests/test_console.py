@@ -483,6 +483,33 @@ def test_a_run_page_draws_its_steps_and_its_branches_steps_on_a_timeline(browser
     waiting.cancel()
 
 
+def _down(value: Any) -> Any:
+    raise ConnectionError(f"the mail server is down for {value}")
+
+
+backing_off = (
+    DFlow.from_call("con-backoff")
+    .map(_down)
+    .id("mail")
+    .retry(3, backoff=20, jitter=False)
+    .init("con-backoff")
+)
+
+
+def test_a_run_waiting_out_a_retrys_backoff_shows_when_it_tries_again(browser: httpx.Client) -> None:
+    run = backing_off.call(1)
+    wait_for(run, "sleeping")  # (its first attempt failed: the retry's timer is set)
+    page = browser.get("/console/", params={"status": "sleeping", "limit": 200}).text
+    row = re.search(rf'<tr class="run-row" data-trace="{run.trace_id}">(.*?)</tr>', page, re.S)
+    assert row is not None, page
+    note = re.findall(r"<td[^>]*>(.*?)</td>", row.group(1), re.S)[-1]
+    assert re.fullmatch(r"wakes in (19|20)s \(\d\d:\d\d:\d\d UTC\)", note), note
+    parts = browser.get(f"/console/api/runs/{run.trace_id}/tree").json()
+    assert "<dt>Wakes</dt><dd>in " in parts["head"]
+    assert "ConnectionError: the mail server is down for 1" in parts["tree"]
+    run.cancel()
+
+
 def test_the_runs_list_refuses_bad_filters(browser: httpx.Client) -> None:
     for params, status, words in (
         ({"status": "sleepy"}, 422, "not a run status"),
