@@ -629,6 +629,24 @@ def test_a_parked_run_says_why_in_its_header_and_its_tree() -> None:
     assert "running the next step… (parked 4×: no worker knows step" in tree_html(tree)
 
 
+def test_a_failed_or_compensated_runs_header_names_steps_by_their_ids_not_their_keys() -> None:
+    """(A step's key holds the ids of the rest of its path, ``send>archive``: the header shows
+    its id, ``send``, with the whole key on hover; so do the compensation lists.)"""
+    error = {
+        "type": "ValueError",
+        "message": "no mail",
+        "step": "send>archive",
+        "compensated": ["charge>send>archive"],
+        "undone": ["hotel>charge>send>archive"],
+    }
+    info = RunInfo("saga-run", RunStatus.COMPENSATED, 4, time.time() - 5, time.time(), error=error)
+    head = head_html(info, "saga-run", "p")
+    assert 'at step <code title="send&gt;archive">send</code>' in head, head
+    assert 'Compensated: <code title="charge&gt;send&gt;archive">charge</code>' in head, head
+    assert 'Left undone: <code title="hotel&gt;charge&gt;send&gt;archive">hotel</code>' in head, head
+    assert ">send&gt;archive<" not in head and ">charge&gt;send&gt;archive<" not in head
+
+
 def test_a_step_shows_its_input_output_and_error(browser: httpx.Client) -> None:
     run = twice.call(20)
     assert run.result(10) == 42
