@@ -235,14 +235,14 @@ def test_the_sdist_carries_the_licence_and_the_readme(source: Path, tmp_path: Pa
 
 
 # Run in a fresh interpreter where the packages of one extra cannot be imported (as if the
-# extra were not installed); prints what the user's line raised.
+# extra were not installed); prints what the user's line raised (a command prints its own).
 WITHOUT_EXTRA = r"""
 import sys
 
 class NotInstalled:
     def find_spec(self, name, path=None, target=None):
         if name.split(".")[0] in {missing!r}:
-            raise ModuleNotFoundError(f"No module named {{name!r}}")
+            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
 
 sys.meta_path.insert(0, NotInstalled())
 try:
@@ -265,8 +265,13 @@ else:
             "consume=False, secret='s' * 32)",
             "redis",
         ),
+        (
+            ["fastapi", "starlette", "uvicorn"],
+            "from dflow.cli import main; main(['serve', 'json', '--store', 'redis://127.0.0.1:1/0'])",
+            "server",
+        ),
     ],
-    ids=["metrics", "otel", "redis"],
+    ids=["metrics", "otel", "redis", "dflow serve"],
 )
 def test_an_optional_part_used_without_its_extra_names_the_extra_to_install(
     missing: list[str], line: str, extra: str
@@ -281,4 +286,4 @@ def test_an_optional_part_used_without_its_extra_names_the_extra_to_install(
         check=False,
     )
     assert r.returncode == 0, r.stderr
-    assert f"pip install 'dflow-runtime[{extra}]'" in r.stdout, r.stdout
+    assert f"pip install 'dflow-runtime[{extra}]'" in r.stdout + r.stderr, r.stdout + r.stderr
