@@ -9,6 +9,7 @@ stored text of any size shown cut (an error, an agent's message), an agent's con
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 import time
@@ -645,6 +646,36 @@ def test_a_failed_or_compensated_runs_header_names_steps_by_their_ids_not_their_
     assert 'Compensated: <code title="charge&gt;send&gt;archive">charge</code>' in head, head
     assert 'Left undone: <code title="hotel&gt;charge&gt;send&gt;archive">hotel</code>' in head, head
     assert ">send&gt;archive<" not in head and ">charge&gt;send&gt;archive<" not in head
+
+
+def _full(_: Any) -> None:
+    raise ValueError("the hotel is full")
+
+
+booking = (
+    DFlow.from_call("con-book")
+    .map(lambda v: {"id": "c1", "amount": v})
+    .id("charge")
+    .compensate(lambda charge: {"refunded": charge["amount"]})
+    .map(_full)
+    .id("hotel")
+    .init("con-book")
+)
+
+
+def test_a_compensation_step_shows_what_it_undid_as_its_input_and_what_it_returned_as_its_output(
+    browser: httpx.Client,
+) -> None:
+    run = booking.call(40)
+    with pytest.raises(dflow.RunCompensatedError):
+        run.result(10)
+    (undo,) = [s for s in run.context().steps if (s.name or "").startswith("compensate")]
+    step = browser.get(f"/console/api/runs/{run.trace_id}/steps/{undo.seq}").json()
+    assert step["name"] == "compensate charge", step
+    assert json.loads(step["input"]) == {"id": "c1", "amount": 40}, "what the undone step output"
+    assert json.loads(step["output"]) == {"refunded": 40}, "what the compensation returned"
+    tree = browser.get(f"/console/api/runs/{run.trace_id}/tree").json()["tree"]
+    assert ">compensate charge<" in tree and "charge&gt;hotel" not in tree
 
 
 def test_a_step_shows_its_input_output_and_error(browser: httpx.Client) -> None:
