@@ -13,7 +13,7 @@ $(VENV)/.core: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	@echo "make: upgrading pip in $(VENV)"
 	$(PIP) --quiet --upgrade pip
-	@echo "make: installing dflow and its core dependencies (msgpack, cloudpickle, pydantic) into $(VENV)"
+	@echo "make: installing dflow and its core dependencies (msgpack, cloudpickle, pydantic, croniter) into $(VENV)"
 	$(PIP) -e .
 	touch $@
 

@@ -9,6 +9,7 @@ stored text of any size shown cut (an error, an agent's message), an agent's con
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 import time
@@ -516,6 +517,33 @@ def test_a_run_page_draws_its_steps_and_its_branches_steps_on_a_timeline(browser
     waiting.cancel()
 
 
+def _down(value: Any) -> Any:
+    raise ConnectionError(f"the mail server is down for {value}")
+
+
+backing_off = (
+    DFlow.from_call("con-backoff")
+    .map(_down)
+    .id("mail")
+    .retry(3, backoff=20, jitter=False)
+    .init("con-backoff")
+)
+
+
+def test_a_run_waiting_out_a_retrys_backoff_shows_when_it_tries_again(browser: httpx.Client) -> None:
+    run = backing_off.call(1)
+    wait_for(run, "sleeping")  # (its first attempt failed: the retry's timer is set)
+    page = browser.get("/console/", params={"status": "sleeping", "limit": 200}).text
+    row = re.search(rf'<tr class="run-row" data-trace="{run.trace_id}">(.*?)</tr>', page, re.S)
+    assert row is not None, page
+    note = re.findall(r"<td[^>]*>(.*?)</td>", row.group(1), re.S)[-1]
+    assert re.fullmatch(r"wakes in (19|20)s \(\d\d:\d\d:\d\d UTC\)", note), note
+    parts = browser.get(f"/console/api/runs/{run.trace_id}/tree").json()
+    assert "<dt>Wakes</dt><dd>in " in parts["head"]
+    assert "ConnectionError: the mail server is down for 1" in parts["tree"]
+    run.cancel()
+
+
 def test_the_runs_list_refuses_bad_filters(browser: httpx.Client) -> None:
     for params, status, words in (
         ({"status": "sleepy"}, 422, "not a run status"),
@@ -633,6 +661,54 @@ def test_a_parked_run_says_why_in_its_header_and_its_tree() -> None:
     tree = RunTree(MemoryStore(), "parked-run")
     tree.root.info, tree.root.read = info, True
     assert "running the next step… (parked 4×: no worker knows step" in tree_html(tree)
+
+
+def test_a_failed_or_compensated_runs_header_names_steps_by_their_ids_not_their_keys() -> None:
+    """(A step's key holds the ids of the rest of its path, ``send>archive``: the header shows
+    its id, ``send``, with the whole key on hover; so do the compensation lists.)"""
+    error = {
+        "type": "ValueError",
+        "message": "no mail",
+        "step": "send>archive",
+        "compensated": ["charge>send>archive"],
+        "undone": ["hotel>charge>send>archive"],
+    }
+    info = RunInfo("saga-run", RunStatus.COMPENSATED, 4, time.time() - 5, time.time(), error=error)
+    head = head_html(info, "saga-run", "p")
+    assert 'at step <code title="send&gt;archive">send</code>' in head, head
+    assert 'Compensated: <code title="charge&gt;send&gt;archive">charge</code>' in head, head
+    assert 'Left undone: <code title="hotel&gt;charge&gt;send&gt;archive">hotel</code>' in head, head
+    assert ">send&gt;archive<" not in head and ">charge&gt;send&gt;archive<" not in head
+
+
+def _full(_: Any) -> None:
+    raise ValueError("the hotel is full")
+
+
+booking = (
+    DFlow.from_call("con-book")
+    .map(lambda v: {"id": "c1", "amount": v})
+    .id("charge")
+    .compensate(lambda charge: {"refunded": charge["amount"]})
+    .map(_full)
+    .id("hotel")
+    .init("con-book")
+)
+
+
+def test_a_compensation_step_shows_what_it_undid_as_its_input_and_what_it_returned_as_its_output(
+    browser: httpx.Client,
+) -> None:
+    run = booking.call(40)
+    with pytest.raises(dflow.RunCompensatedError):
+        run.result(10)
+    (undo,) = [s for s in run.context().steps if (s.name or "").startswith("compensate")]
+    step = browser.get(f"/console/api/runs/{run.trace_id}/steps/{undo.seq}").json()
+    assert step["name"] == "compensate charge", step
+    assert json.loads(step["input"]) == {"id": "c1", "amount": 40}, "what the undone step output"
+    assert json.loads(step["output"]) == {"refunded": 40}, "what the compensation returned"
+    tree = browser.get(f"/console/api/runs/{run.trace_id}/tree").json()["tree"]
+    assert ">compensate charge<" in tree and "charge&gt;hotel" not in tree
 
 
 def test_a_step_shows_its_input_output_and_error(browser: httpx.Client) -> None:

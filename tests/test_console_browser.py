@@ -299,8 +299,9 @@ def test_a_run_page_follows_the_run_live_and_answers_its_call(
 
 
 def test_pages_of_many_waiting_runs_leave_the_browser_room_for_more(session: Any, tmp_path: Path) -> None:
-    """A browser opens six connections to a host: the pages of waiting runs must not keep them."""
-    runs = [two_calls.call(f"tab {i}") for i in range(8)]
+    """A browser opens six connections to a host: the pages of waiting runs must not keep them
+    (ten live run pages open at once, and the runs list beside them)."""
+    runs = [two_calls.call(f"tab {i}") for i in range(10)]
     for run in runs:
         wait_status(run, "waiting")
     pages = []
@@ -317,7 +318,7 @@ def test_pages_of_many_waiting_runs_leave_the_browser_room_for_more(session: Any
         listing.set_default_timeout(8000)
         listing.goto("/console/")
         expect(listing.locator(f'tr[data-trace="{runs[-1].trace_id}"]')).to_contain_text("waiting")
-        listing.screenshot(path=str(tmp_path / "runs-beside-8-pages.png"), full_page=True)
+        listing.screenshot(path=str(tmp_path / "runs-beside-10-pages.png"), full_page=True)
         pages.append(listing)
         DFlow.call("cb-first", "moved", runs[0].trace_id)  # a page looking every 3 s sees it
         expect(pages[0].locator("form.answer h2")).to_contain_text("cb-second")

@@ -610,6 +610,26 @@ def test_tree_shows_steps_branches_and_errors() -> None:
     assert "[3, 0] → 3" in tree
 
 
+def test_tree_counts_a_steps_attempts_from_1_as_the_console_does() -> None:
+    tries = recorder()
+
+    def flaky(x: int) -> int:
+        tries.append(x)
+        if len(tries) < 3:
+            raise ConnectionError("try again")
+        return x
+
+    r = DFlow.direct_run(5, lambda x: DFlow.just(x).map(flaky).id("flaky").retry(3, backoff=0.01))
+    assert r.result(5) == 5
+    shown = [line for line in r.tree().splitlines() if " flaky " in line]
+    assert [("attempt" in line and line.split("attempt ")[1].split()[0]) for line in shown] == [
+        False,
+        "2",
+        "3",
+    ], shown
+    assert [line.split()[1] for line in shown] == [f"#{s.seq}" for s in r.context().steps if s.key == "flaky"]
+
+
 @pytest.mark.parametrize("tail", [True, False])
 def test_flat_map_handler_catches_errors_of_the_flow_it_returned(tail: bool) -> None:
     def inner(x: int) -> DFlow[int]:

@@ -232,3 +232,58 @@ def test_the_sdist_carries_the_licence_and_the_readme(source: Path, tmp_path: Pa
     with tarfile.open(tmp_path / r.stdout.strip().splitlines()[-1]) as sdist:
         names = {n.split("/", 1)[1] for n in sdist.getnames() if "/" in n}
     assert {"LICENSE", "README.md", "pyproject.toml", "dflow_agents/py.typed", "dflow/py.typed"} <= names
+
+
+# Run in a fresh interpreter where the packages of one extra cannot be imported (as if the
+# extra were not installed); prints what the user's line raised (a command prints its own).
+WITHOUT_EXTRA = r"""
+import sys
+
+class NotInstalled:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {missing!r}:
+            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+
+sys.meta_path.insert(0, NotInstalled())
+try:
+    {line}
+except Exception as exc:
+    print(f"{{type(exc).__name__}}: {{exc}}")
+else:
+    print("no error")
+"""
+
+
+@pytest.mark.parametrize(
+    ("missing", "line", "extra"),
+    [
+        (["prometheus_client"], "import dflow.metrics", "metrics"),
+        (["opentelemetry"], "import dflow.otel", "otel"),
+        (
+            ["redis"],
+            "import dflow; dflow.configure('redis://127.0.0.1:1/0', 'redis://127.0.0.1:1/0', "
+            "consume=False, secret='s' * 32)",
+            "redis",
+        ),
+        (
+            ["fastapi", "starlette", "uvicorn"],
+            "from dflow.cli import main; main(['serve', 'json', '--store', 'redis://127.0.0.1:1/0'])",
+            "server",
+        ),
+    ],
+    ids=["metrics", "otel", "redis", "dflow serve"],
+)
+def test_an_optional_part_used_without_its_extra_names_the_extra_to_install(
+    missing: list[str], line: str, extra: str
+) -> None:
+    r = subprocess.run(
+        [sys.executable, "-c", WITHOUT_EXTRA.format(missing=set(missing), line=line)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert r.returncode == 0, r.stderr
+    assert f"pip install 'dflow-runtime[{extra}]'" in r.stdout + r.stderr, r.stdout + r.stderr

@@ -45,6 +45,19 @@ def test_demo_runs_and_prints_its_step_tree() -> None:
     assert any("recovered" in line for line in lines)
 
 
+def test_make_demo_says_what_it_installs_naming_each_core_dependency() -> None:
+    block = re.search(r"^dependencies = \[(.*?)^\]", (ROOT / "pyproject.toml").read_text(), re.S | re.M)
+    assert block is not None
+    core = re.findall(r'^\s*"([A-Za-z0-9_.-]+)', block.group(1), re.M)
+    out = subprocess.run(["make", "-n", "-B", "demo"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    (said,) = [line for line in lines if line.startswith("echo") and "core dependencies" in line]
+    assert core and [d for d in core if d not in said] == [], f"{said} does not name all of {core}"
+    installs = [line for line in lines if "pip install" in line and "-e ." in line]
+    assert installs and all("--quiet" not in line for line in installs), "the install shows what it installs"
+
+
 def test_agent_example_runs_with_its_scripted_model() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
     out = subprocess.run(

@@ -1,11 +1,13 @@
 """``dflow worker`` checks what it starts with: a module name not found is told apart from a
 module that fails inside (whose traceback is shown), modules that build no pipeline and
-pipelines of one name built twice are warned about, a bad log level is one line, and
-``--version`` says the version. The real command line, in a process of its own."""
+pipelines of one name built twice are warned about, a bad log level is one line,
+``--version`` says the version, and ``--help`` names every environment variable read. The real
+command line, in a process of its own (``--help``: in this one)."""
 
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -14,6 +16,7 @@ from pathlib import Path
 import pytest
 
 import dflow
+from dflow.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRET = "test-secret-of-the-startup-tests-0123456789"
@@ -135,3 +138,21 @@ def test_an_empty_or_odd_queues_list_stops_the_worker_in_one_line_naming_it(
     done = _worker(app, "empty_app", "--queues", queues)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [f"dflow worker: {said}"]
+
+
+@pytest.mark.parametrize(
+    ("command", "sources"),
+    [("worker", ["worker.py", "options.py"]), ("serve", ["serve.py", "options.py"])],
+)
+def test_the_help_of_a_command_names_every_environment_variable_it_reads(
+    command: str, sources: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    read = {
+        v for name in sources for v in re.findall(r"DFLOW_[A-Z_]+", (ROOT / "dflow/cli" / name).read_text())
+    }
+    with pytest.raises(SystemExit) as done:
+        main([command, "--help"])
+    assert done.value.code == 0
+    shown = " ".join(capsys.readouterr().out.split())  # (argparse wraps its lines)
+    assert len(read) > 3, read
+    assert [v for v in sorted(read) if v not in shown] == [], f"dflow {command} --help does not name them"

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 
+from ..errors import ConfigurationError
 from .options import add_log_level, add_otel, add_store, add_transport, store_url, transport_url
+
+_SERVER_EXTRA = {"fastapi", "starlette", "uvicorn"}  #: what the server extra installs for dflow serve
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -52,7 +55,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 async def run(args: argparse.Namespace) -> int:
-    from ..server import serve
+    try:
+        from ..server import serve
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] not in _SERVER_EXTRA:
+            raise
+        raise ConfigurationError(
+            f"dflow serve needs the server extra: pip install 'dflow-runtime[server]' ({exc})"
+        ) from exc
 
     return await serve(
         args.modules,
