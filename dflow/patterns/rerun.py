@@ -69,9 +69,8 @@ from .rerun_links import RERUN_KEY, RerunLink, describe, dropped, link_of, noted
 
 __all__ = ["RERUN_KEY", "RerunLink", "describe", "link_of", "replay", "replayed_until", "start_rerun"]
 
-_DIRECT_RUN_HEAD = (
-    "direct_run>direct_run.build"  # the head key of every DFlow.direct_run run (model/direct_run.py)
-)
+# the head key of every DFlow.direct_run run (model/direct_run.py)
+_DIRECT_RUN_HEAD = "direct_run>direct_run.build"
 _TWO_SEQ = (StepStatus.FORKED, StepStatus.SLEEPING, StepStatus.WAITING)  # completed at the next seq
 _HALF = {
     StepStatus.FORKED: "the join of the zip/any",
