@@ -5,7 +5,7 @@ A route never chooses a status: it raises what went wrong, an error of dflow's
 below (``NotAuthenticated``, ``NotFound``...), and :data:`TABLE` says how that kind of
 error answers: its status, how its ``detail`` reads, and its headers. :func:`install`
 makes an app answer each with ``{"detail": ...}`` as JSON, as FastAPI answers its own
-``HTTPException``; :func:`error_response` is the same answer for code outside the app's
+``HTTPException`` (a browser asking for a page of the console gets the same as a short page); :func:`error_response` is the same answer for code outside the app's
 handlers (an ASGI middleware). An error's most specific class in the table decides
 (``ValueTooLargeError`` is a ``SerializationError``: 413, not 422); an error no row covers
 is the server's own failure (500, logged with its traceback).
@@ -16,6 +16,8 @@ failure: what the store said (its address, say) goes to the server's log, not to
 
 from __future__ import annotations
 
+import html
+import json
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -23,7 +25,7 @@ from typing import Any
 
 import pydantic
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse
 
 from ..errors import (
     DFlowError,
@@ -188,8 +190,30 @@ def error_response(exc: BaseException) -> JSONResponse:
     return JSONResponse({"detail": rule.detail(exc)}, status_code=rule.status, headers=dict(rule.headers))
 
 
-async def _answer(request: Request, exc: Exception) -> JSONResponse:
-    return error_response(exc)
+_PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>{status}: dflow</title></head>
+<body><h1>{status}</h1><p>{detail}</p>{retry}</body></html>
+"""
+
+
+def _wants_a_page(request: Request) -> bool:
+    """A browser asking for a page (``Accept: text/html``), not a client of a JSON API."""
+    return "text/html" in request.headers.get("accept", "") and "/api/" not in request.url.path
+
+
+def _as_page(answer: JSONResponse) -> HTMLResponse:
+    """``answer`` as a page a person reads: its status, its detail, a link to try again."""
+    detail = json.loads(answer.body)["detail"]
+    text = detail if isinstance(detail, str) else json.dumps(detail)
+    retry = '<p><a href="">Try again</a></p>' if "retry-after" in answer.headers else ""
+    page = _PAGE.format(status=answer.status_code, detail=html.escape(text), retry=retry)
+    headers = {k: v for k, v in answer.headers.items() if k.lower() not in ("content-type", "content-length")}
+    return HTMLResponse(page, status_code=answer.status_code, headers=headers)
+
+
+async def _answer(request: Request, exc: Exception) -> JSONResponse | HTMLResponse:
+    answer = error_response(exc)
+    return _as_page(answer) if _wants_a_page(request) else answer
 
 
 def install(app: FastAPI) -> None:

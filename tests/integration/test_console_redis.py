@@ -170,11 +170,16 @@ def test_dflow_serve_answers_503_with_retry_after_when_its_store_is_gone() -> No
                     "detail": "the store is unavailable (StoreUnavailableError): retry in a few seconds"
                 }
                 assert time.monotonic() - t0 < 15, what  # an answer, not a hang
+            page = api.get("/console/", headers={**bearer(ADMIN), "Accept": "text/html"})
+            assert page.status_code == 503 and page.headers["content-type"].startswith("text/html")
+            assert page.headers["retry-after"] == "2"
+            assert "the store is unavailable (StoreUnavailableError): retry in a few seconds" in page.text
+            assert "Try again" in page.text, "a page for the operator's browser, not JSON"
         serve.stop()
         answered = [
             line for line in serve.output().splitlines() if "answered 503: StoreUnavailableError" in line
         ]
-        assert len(answered) == len(asked), serve.output()[-3000:]  # the cause, in the server's log
+        assert len(answered) == len(asked) + 1, serve.output()[-3000:]  # the cause, in the server's log
         assert all("cannot reach Redis" in line for line in answered)
     finally:
         if serve is not None:
