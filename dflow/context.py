@@ -8,7 +8,7 @@ from enum import Enum
 from typing import Any, TypeVar
 
 from .errors import DFlowError
-from .parts import PartsOfStep, check_part_name
+from .parts import PartsOfStep, StepParts, check_part_name
 from .wire.ids import check_trace_id, is_run_id
 from .wire.values import decode, encode
 
@@ -152,7 +152,19 @@ class ContextStack:
     it fails). ``idempotency_key`` is stable across re-executions of the same step.
     """
 
-    __slots__ = ("_changes", "_data", "_parts", "_readonly", "_steps", "_waits", "attempt", "seq", "trace_id")
+    __slots__ = (
+        "_changes",
+        "_data",
+        "_kept",
+        "_key",
+        "_parts",
+        "_readonly",
+        "_steps",
+        "_waits",
+        "attempt",
+        "seq",
+        "trace_id",
+    )
 
     def __init__(
         self,
@@ -162,10 +174,13 @@ class ContextStack:
         seq: int = 0,
         attempt: int = 0,
         steps: tuple[StepRecord, ...] | None = None,
-        parts: PartsOfStep | None = None,
+        parts: StepParts | None = None,
+        key: str = "",
     ) -> None:
         self.trace_id = trace_id
-        self._parts = parts
+        self._parts = parts  #: the store that keeps the parts of this step (``once``), if any
+        self._key = key  #: the step's key (``seq``'s node), named in errors
+        self._kept: PartsOfStep | None = None  #: made by the first ``once`` on a store that keeps parts
         self.seq = seq
         self.attempt = attempt
         self._data: Mapping[str, bytes] = data if data is not None else {}
@@ -187,9 +202,12 @@ class ContextStack:
         (up to 200 characters). See ``dflow.parts``: with a store that keeps no parts, or
         outside a worker, this is ``await fn()``."""
         check_part_name(part)
-        if self._parts is None:
-            return await fn()
-        return await self._parts.once(part, fn)
+        kept = self._kept
+        if kept is None:
+            if self._parts is None:
+                return await fn()
+            kept = self._kept = PartsOfStep(self._parts, self.trace_id, self.seq, self._key)
+        return await kept.once(part, fn)
 
     def get(self, key: str, default: Any = None) -> Any:
         """The value stored under ``key`` (a fresh copy), or ``default``."""

@@ -7,6 +7,9 @@ step runs again, ``once`` returns the kept result instead of calling ``fn``. The
 step are dropped once the step has committed: a later step of the same run with the same
 part name runs its own ``fn``.
 
+A step pays for parts only when it calls ``once``: its ``PartsOfStep`` is made then, and
+the store is asked to drop the step's parts at its commit only when one was kept.
+
 Several parts may run at once (``asyncio.gather`` of ``ctx.once`` calls): each is kept when
 it returns, so a crash redoes only those that had not. When two executions of one step race
 (a worker thought dead, still running), the first result kept wins and both return it.
@@ -60,26 +63,29 @@ def check_part_name(part: object) -> str:
 
 
 class PartsOfStep:
-    """The parts of one execution of one step, on a store that keeps them."""
+    """The parts of one execution of one step, on a store that keeps them (made by the
+    step's first ``ctx.once``)."""
 
-    __slots__ = ("key", "seq", "store", "trace_id", "used")
+    __slots__ = ("key", "seq", "some_kept", "store", "trace_id")
 
     def __init__(self, store: StepParts, trace_id: str, seq: int, key: str) -> None:
         self.store = store
         self.trace_id = trace_id
         self.seq = seq
         self.key = key
-        self.used = False  #: whether a part was saved or read: the step's parts are dropped after it commits
+        #: whether a part of the step is kept (found, or saved here): its parts are then dropped once it commits
+        self.some_kept = False
 
     async def once(self, part: str, fn: Callable[[], Awaitable[T]]) -> T:
         """The kept result of ``part``, or ``fn()``'s, kept before it is returned."""
-        self.used = True
         kept = await self.store.saved_part(self.trace_id, self.seq, part)
         if kept is not None:
+            self.some_kept = True
             result: Any = decode(kept)
             return result  # type: ignore[no-any-return]
         value = await fn()
         blob = encode(value, f"the result of part {part!r} of step", self.key)
+        self.some_kept = True  # (before the save: one that failed half way may have kept it)
         kept = await self.store.save_part(self.trace_id, self.seq, part, blob)
         if kept == blob:
             return value

@@ -100,3 +100,32 @@ def test_outside_a_worker_once_just_calls_the_function() -> None:
 
     assert asyncio.run(ctx.once("p", part)) == "done"
     assert asyncio.run(ctx.once("p", part)) == "done"
+
+
+def test_only_a_step_that_kept_a_part_asks_the_store_to_drop_its_parts() -> None:
+    store = dflow.client._current().runtime.store
+    assert isinstance(store, dflow.MemoryStore)
+    dropped = recorder()
+    drop = store.drop_parts
+
+    async def counted(trace_id: str, seq: int) -> None:
+        dropped.append(seq)
+        await drop(trace_id, seq)
+
+    store.drop_parts = counted  # type: ignore[method-assign]
+
+    async def keeps(ctx: ContextStack, x: int) -> int:
+        async def add() -> int:
+            return x + 1
+
+        return await ctx.once("add", add)
+
+    def plain(x: int) -> int:
+        return x + 1
+
+    run = DFlow.direct_run(
+        0, lambda x: DFlow.just(x).map(plain).id("a").map(keeps).id("b").map(plain).id("c")
+    )
+    assert run.result(10) == 3
+    kept_by = [s.seq for s in run.context().steps if s.key.startswith("b")]
+    assert list(dropped) == kept_by, "the steps that called no ctx.once cost the store nothing"
