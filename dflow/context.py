@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 from .errors import DFlowError
-from .parts import PartsOfStep, StepParts, check_part_name
+from .parts import PartsOfStep, StepParts, call_part, check_part_fn, check_part_name
 from .wire.ids import check_trace_id, is_run_id
 from .wire.values import decode, encode
 
@@ -194,20 +194,27 @@ class ContextStack:
         """``trace_id:seq``: the same for every execution of this step, unique otherwise."""
         return f"{self.trace_id}:{self.seq}"
 
-    async def once(self, part: str, fn: Callable[[], Awaitable[T]]) -> T:
-        """``await fn()``, once for this step: its result is kept in the store when it returns,
+    @overload
+    async def once(self, part: str, fn: Callable[..., Awaitable[T]], *args: Any) -> T: ...
+    @overload
+    async def once(self, part: str, fn: Callable[..., T], *args: Any) -> T: ...
+    async def once(self, part: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)``, once for this step: its result is kept in the store when it returns,
         and when this step runs again (its worker died, or it is retried) the kept result
-        is returned instead of calling ``fn`` again. Parts may run at once
-        (``asyncio.gather``); each is kept as it ends. ``part`` names it within the step
-        (up to 200 characters). See ``dflow.parts``: with a store that keeps no parts, or
-        outside a worker, this is ``await fn()``."""
+        is returned instead of calling ``fn`` again. ``fn`` is an async function, or a plain
+        one, called directly on the event loop like a plain step function (keep it quick:
+        ``asyncio.to_thread`` for blocking work); an awaitable it returns is awaited. Parts
+        may run at once (``asyncio.gather``); each is kept as it ends. ``part`` names it
+        within the step (up to 200 characters). See ``dflow.parts``: with a store that keeps
+        no parts, or outside a worker, this is ``fn(*args)``, awaited."""
         check_part_name(part)
+        check_part_fn(part, fn)
         kept = self._kept
         if kept is None:
             if self._parts is None:
-                return await fn()
+                return await call_part(fn, args)
             kept = self._kept = PartsOfStep(self._parts, self.trace_id, self.seq, self._key)
-        return await kept.once(part, fn)
+        return await kept.once(part, fn, args)
 
     def get(self, key: str, default: Any = None) -> Any:
         """The value stored under ``key`` (a fresh copy), or ``default``."""

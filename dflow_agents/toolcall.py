@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic_core import to_jsonable_python
@@ -403,11 +403,8 @@ class ToolCallAgent(Agent):
         (``ctx.once``), so a step run again (its worker died) makes only the calls that had
         not ended."""
         calls: list[dict[str, Any]] = state["calls"]
-
-        def once(i: int, call: dict[str, Any]) -> Awaitable[dict[str, Any]]:
-            return ctx.once(f"call-{i}", lambda: self._call_tool(call))
-
-        return list(await asyncio.gather(*(once(i, call) for i, call in enumerate(calls))))
+        parts = (ctx.once(f"call-{i}", self._call_tool, call) for i, call in enumerate(calls))
+        return list(await asyncio.gather(*parts))
 
     async def _call_tool(self, call: dict[str, Any]) -> dict[str, Any]:
         """One tool call; every failure is a result the model reads."""
