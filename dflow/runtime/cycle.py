@@ -98,6 +98,8 @@ class StepCycle:
         #: every queue's, as in local mode)
         self.queued = self.transport if isinstance(self.transport, QueueTransport) else None
         self.queues = None if self.queued is None else self.queued.queues
+        #: whether a step of the default queue runs here (one whose node names no queue: its
+        #: queue is not looked at)
         self.serves_default = self.queues is None or DEFAULT_QUEUE in self.queues
 
     async def dead_letter(self, d: Delivery, reason: str) -> None:
@@ -142,7 +144,7 @@ class StepCycle:
                 return await self._unloadable(claim, exc, receipt)
             top = frames[-1]
             node: Node = top.chain.nodes[top.pos]
-            if self.queues is not None:
+            if self.queues is not None and (node._queue is not None or not self.serves_default):
                 elsewhere = self._queue_elsewhere(claim, node)
                 if elsewhere is not None:
                     assert self.queued is not None
@@ -155,11 +157,7 @@ class StepCycle:
     def _queue_elsewhere(self, claim: Claim, node: Node) -> str | None:
         """The task queue of the claimed step at ``node`` when this runtime does not serve
         it (the step is then handed to that queue's workers: ``runtime.queues``), else ``None``."""
-        queue = node._queue
-        if queue is None:  # (the most common: a step of the default queue, which a worker serves)
-            if self.serves_default:
-                return None
-            queue = DEFAULT_QUEUE
+        queue = node._queue or DEFAULT_QUEUE
         if claim.init_only or (self.queues is not None and queue in self.queues):
             return None  # (an on_init runs where its wait was claimed)
         return queue
