@@ -1,5 +1,6 @@
 """What live events (``dflow.live``) cost a step that publishes none: the runtime sets a
-context variable around each step's function, for ``dflow.live.publish``. In one process,
+context variable around the function of each ``map`` and ``flat_map`` step
+(``runtime.step``), for ``dflow.live.publish``. In one process,
 in local mode, interleaved rounds of the same flows with the real hook and with it replaced
 by one that does nothing; the median gap between step starts of each, and their ratio.
 
@@ -24,7 +25,7 @@ sys.path.insert(0, str(HERE.parent))
 from _step_flows import agent_turn, chain200  # beside this file
 
 import dflow
-import dflow.runtime.cycle as cycle
+import dflow.runtime.step as step
 from dflow import DFlow
 
 
@@ -59,7 +60,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=16)
     args = ap.parse_args()
-    hook = cycle.running_step
+    hook = step.running_step
     dflow.global_init_for_test()
     try:
         chain_gap(), loop_gap()  # (warm)
@@ -67,11 +68,11 @@ def main() -> None:
         for i in range(args.rounds):
             order = [("with the hook", hook), ("without", _NoHook())]
             for name, obj in order if i % 2 else order[::-1]:
-                cycle.running_step = obj  # type: ignore[assignment]
+                step.running_step = obj  # type: ignore[assignment]
                 found.setdefault(("chain", name), []).append(chain_gap())
                 found.setdefault(("loop", name), []).append(loop_gap())
     finally:
-        cycle.running_step = hook
+        step.running_step = hook
         dflow.shutdown()
     rows = []
     for flow, what in (("chain", "200-step map chain"), ("loop", "flat_map loop (agent-like), 100 turns")):

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 from .errors import DFlowError
-from .parts import PartsOfStep, check_part_name
+from .parts import PartsOfStep, StepParts, call_part, check_part_fn, check_part_name
 from .wire.ids import check_trace_id, is_run_id
 from .wire.values import decode, encode
 
@@ -160,6 +160,8 @@ class ContextStack:
         "_business_key",
         "_changes",
         "_data",
+        "_kept",
+        "_key",
         "_parts",
         "_readonly",
         "_steps",
@@ -177,10 +179,13 @@ class ContextStack:
         seq: int = 0,
         attempt: int = 0,
         steps: tuple[StepRecord, ...] | None = None,
-        parts: PartsOfStep | None = None,
+        parts: StepParts | None = None,
+        key: str = "",
     ) -> None:
         self.trace_id = trace_id
-        self._parts = parts
+        self._parts = parts  #: the store that keeps the parts of this step (``once``), if any
+        self._key = key  #: the step's key (``seq``'s node), named in errors
+        self._kept: PartsOfStep | None = None  #: made by the first ``once`` on a store that keeps parts
         self.seq = seq
         self.attempt = attempt
         self._data: Mapping[str, bytes] = data if data is not None else {}
@@ -195,17 +200,27 @@ class ContextStack:
         """``trace_id:seq``: the same for every execution of this step, unique otherwise."""
         return f"{self.trace_id}:{self.seq}"
 
-    async def once(self, part: str, fn: Callable[[], Awaitable[T]]) -> T:
-        """``await fn()``, once for this step: its result is kept in the store when it returns,
+    @overload
+    async def once(self, part: str, fn: Callable[..., Awaitable[T]], *args: Any) -> T: ...
+    @overload
+    async def once(self, part: str, fn: Callable[..., T], *args: Any) -> T: ...
+    async def once(self, part: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)``, once for this step: its result is kept in the store when it returns,
         and when this step runs again (its worker died, or it is retried) the kept result
-        is returned instead of calling ``fn`` again. Parts may run at once
-        (``asyncio.gather``); each is kept as it ends. ``part`` names it within the step
-        (up to 200 characters). See ``dflow.parts``: with a store that keeps no parts, or
-        outside a worker, this is ``await fn()``."""
+        is returned instead of calling ``fn`` again. ``fn`` is an async function, or a plain
+        one, called directly on the event loop like a plain step function (keep it quick:
+        ``asyncio.to_thread`` for blocking work); an awaitable it returns is awaited. Parts
+        may run at once (``asyncio.gather``); each is kept as it ends. ``part`` names it
+        within the step (up to 200 characters). See ``dflow.parts``: with a store that keeps
+        no parts, or outside a worker, this is ``fn(*args)``, awaited."""
         check_part_name(part)
-        if self._parts is None:
-            return await fn()
-        return await self._parts.once(part, fn)
+        check_part_fn(part, fn)
+        kept = self._kept
+        if kept is None:
+            if self._parts is None:
+                return await call_part(fn, args)
+            kept = self._kept = PartsOfStep(self._parts, self.trace_id, self.seq, self._key)
+        return await kept.once(part, fn, args)
 
     def get(self, key: str, default: Any = None) -> Any:
         """The value stored under ``key`` (a fresh copy), or ``default``."""

@@ -1,11 +1,18 @@
 """Parts of a step: results a step keeps as it goes, so that a step run again (its worker
 died, or it failed and is retried) does not redo the parts it had finished.
 
-``await ctx.once("charge", fn)`` runs ``fn`` and keeps its result in the store as soon as it
-returns, under the step (its run and sequence number) and the part's name. When the same
-step runs again, ``once`` returns the kept result instead of calling ``fn``. The parts of a
-step are dropped once the step has committed: a later step of the same run with the same
-part name runs its own ``fn``.
+``await ctx.once("charge", fn, *args)`` runs ``fn(*args)`` and keeps its result in the store
+as soon as it returns, under the step (its run and sequence number) and the part's name. When
+the same step runs again, ``once`` returns the kept result instead of calling ``fn``. The
+parts of a step are dropped once the step has committed: a later step of the same run with
+the same part name runs its own ``fn``.
+
+``fn`` is an async function, or a plain one: a plain function is called directly on the
+event loop, as a plain step function is (keep it quick: give blocking work to a thread with
+``asyncio.to_thread``, or make it async); when it returns an awaitable, that is awaited.
+
+A step pays for parts only when it calls ``once``: its ``PartsOfStep`` is made then, and
+the store is asked to drop the step's parts at its commit only when one was kept.
 
 Several parts may run at once (``asyncio.gather`` of ``ctx.once`` calls): each is kept when
 it returns, so a crash redoes only those that had not. When two executions of one step race
@@ -17,15 +24,14 @@ With another store, or outside a worker, ``once`` simply calls ``fn``.
 
 from __future__ import annotations
 
+import inspect
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import Callable
+from typing import Any
 
 from .wire.values import decode, encode
 
-__all__ = ["MAX_PART_NAME", "PartsOfStep", "StepParts", "check_part_name"]
-
-T = TypeVar("T")
+__all__ = ["MAX_PART_NAME", "PartsOfStep", "StepParts", "call_part", "check_part_fn", "check_part_name"]
 
 #: The longest name a part may have, in characters.
 MAX_PART_NAME = 200
@@ -59,29 +65,54 @@ def check_part_name(part: object) -> str:
     return part
 
 
-class PartsOfStep:
-    """The parts of one execution of one step, on a store that keeps them."""
+def check_part_fn(part: str, fn: object) -> None:
+    """Nothing when ``fn`` can be a part's function; a ``TypeError`` saying what to pass."""
+    if inspect.isawaitable(fn):
+        if inspect.iscoroutine(fn):
+            fn.close()  # (never to run: no "was never awaited" warning)
+        raise TypeError(
+            f"ctx.once({part!r}, fn, *args) takes the function, not what calling it returned "
+            f"(got {type(fn).__qualname__}): write ctx.once({part!r}, fn, arg) rather than ctx.once({part!r}, fn(arg))"
+        )
+    if not callable(fn):
+        raise TypeError(
+            f"ctx.once({part!r}, fn, *args) takes a function (async or plain) to call with args, "
+            f"got {type(fn).__qualname__}: {fn!r:.80}"
+        )
 
-    __slots__ = ("key", "seq", "store", "trace_id", "used")
+
+async def call_part(fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+    """``fn(*args)``, awaited when it returns an awaitable (an async function's coroutine)."""
+    result = fn(*args)
+    if inspect.isawaitable(result):
+        result = await result
+    return result
+
+
+class PartsOfStep:
+    """The parts of one execution of one step, on a store that keeps them (made by the
+    step's first ``ctx.once``)."""
+
+    __slots__ = ("key", "seq", "some_kept", "store", "trace_id")
 
     def __init__(self, store: StepParts, trace_id: str, seq: int, key: str) -> None:
         self.store = store
         self.trace_id = trace_id
         self.seq = seq
         self.key = key
-        self.used = False  #: whether a part was saved or read: the step's parts are dropped after it commits
+        #: whether a part of the step is kept (found, or saved here): its parts are then dropped once it commits
+        self.some_kept = False
 
-    async def once(self, part: str, fn: Callable[[], Awaitable[T]]) -> T:
-        """The kept result of ``part``, or ``fn()``'s, kept before it is returned."""
-        self.used = True
+    async def once(self, part: str, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+        """The kept result of ``part``, or ``fn(*args)``'s, kept before it is returned."""
         kept = await self.store.saved_part(self.trace_id, self.seq, part)
         if kept is not None:
-            result: Any = decode(kept)
-            return result  # type: ignore[no-any-return]
-        value = await fn()
+            self.some_kept = True
+            return decode(kept)
+        value = await call_part(fn, args)
         blob = encode(value, f"the result of part {part!r} of step", self.key)
+        self.some_kept = True  # (before the save: one that failed half way may have kept it)
         kept = await self.store.save_part(self.trace_id, self.seq, part, blob)
         if kept == blob:
             return value
-        again: Any = decode(kept)  # another execution of this step kept its result first
-        return again  # type: ignore[no-any-return]
+        return decode(kept)  # another execution of this step kept its result first

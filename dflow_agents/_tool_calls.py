@@ -108,7 +108,7 @@ class ToolCallsAgent(ToolResultsAgent):
         async def once(i: int, call: dict[str, Any]) -> dict[str, Any]:
             if allowed is not None and call["name"] not in allowed:
                 return self._not_allowed(call, allowed)
-            return await ctx.once(f"call-{i}", lambda: self._call_tool(call))
+            return await ctx.once(f"call-{i}", self._call_tool, call)
 
         return list(await asyncio.gather(*(once(i, call) for i, call in enumerate(calls))))
 

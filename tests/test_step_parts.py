@@ -100,3 +100,68 @@ def test_outside_a_worker_once_just_calls_the_function() -> None:
 
     assert asyncio.run(ctx.once("p", part)) == "done"
     assert asyncio.run(ctx.once("p", part)) == "done"
+
+
+def test_a_plain_function_with_arguments_is_a_part_kept_like_an_async_one() -> None:
+    calls = recorder()
+
+    def charge(order: int, cents: int) -> str:  # a plain function: called on the loop, no thread
+        calls.append("charge")
+        return f"charged {order} {cents}c"
+
+    def ship(order: int) -> str:
+        calls.append("ship")
+        if calls.items.count("ship") < 2:
+            raise ConnectionError("the carrier did not answer")
+        return f"shipped {order}"
+
+    async def step(ctx: ContextStack, order: int) -> list[str]:
+        return [await ctx.once("charge", charge, order, 250), await ctx.once("ship", ship, order)]
+
+    run = DFlow.direct_run(5, lambda x: DFlow.just(x).map(step).id("order").retry(3, backoff=0.01))
+    assert run.result(10) == ["charged 5 250c", "shipped 5"]
+    assert Counter(calls) == {"charge": 1, "ship": 2}, "the plain part was kept and not called again"
+
+
+def test_a_part_that_is_not_a_function_is_refused_saying_what_to_pass() -> None:
+    ctx = ContextStack("t" * 32)
+
+    async def charge(order: int) -> str:
+        return f"charged {order}"
+
+    with pytest.raises(
+        TypeError, match=r"takes the function, not what calling it returned.*ctx.once\('charge', fn, arg\)"
+    ):
+        asyncio.run(ctx.once("charge", charge(1)))  # type: ignore[call-overload]
+    with pytest.raises(TypeError, match="takes a function .async or plain. to call with args, got int"):
+        asyncio.run(ctx.once("charge", 42))  # type: ignore[call-overload]
+    assert asyncio.run(ctx.once("charge", charge, 1)) == "charged 1"
+
+
+def test_only_a_step_that_kept_a_part_asks_the_store_to_drop_its_parts() -> None:
+    store = dflow.client._current().runtime.store
+    assert isinstance(store, dflow.MemoryStore)
+    dropped = recorder()
+    drop = store.drop_parts
+
+    async def counted(trace_id: str, seq: int) -> None:
+        dropped.append(seq)
+        await drop(trace_id, seq)
+
+    store.drop_parts = counted  # type: ignore[method-assign]
+
+    async def keeps(ctx: ContextStack, x: int) -> int:
+        async def add() -> int:
+            return x + 1
+
+        return await ctx.once("add", add)
+
+    def plain(x: int) -> int:
+        return x + 1
+
+    run = DFlow.direct_run(
+        0, lambda x: DFlow.just(x).map(plain).id("a").map(keeps).id("b").map(plain).id("c")
+    )
+    assert run.result(10) == 3
+    kept_by = [s.seq for s in run.context().steps if s.key.startswith("b")]
+    assert list(dropped) == kept_by, "the steps that called no ctx.once cost the store nothing"

@@ -23,7 +23,6 @@ from ..errors import (
     UnknownStepError,
     ValueTooLargeError,
 )
-from ..live import running_step
 from ..model import interpret as interp
 from ..model.calls import contained_call, error_info, is_async, unwrap
 from ..model.nodes import Frame, Node
@@ -102,6 +101,9 @@ class StepCycle:
         #: how many claimed steps this cycle has been through (the heartbeat's rate: counted
         #: here, in memory, never written per step)
         self.steps_done = 0
+        #: whether a step of the default queue runs here (one whose node names no queue: its
+        #: queue is not looked at)
+        self.serves_default = self.queues is None or DEFAULT_QUEUE in self.queues
 
     async def dead_letter(self, d: Delivery, reason: str) -> None:
         """Set an undecodable message aside; if even that fails, acknowledge it anyway: a
@@ -143,22 +145,23 @@ class StepCycle:
                 raise  # the store is unreachable: the message is handed back, the lease lapses
             except DFlowError as exc:
                 return await self._unloadable(claim, exc, receipt)
-            if self.queues is not None:
-                elsewhere = self._queue_elsewhere(claim, frames)
+            top = frames[-1]
+            node: Node = top.chain.nodes[top.pos]
+            if self.queues is not None and (node._queue is not None or not self.serves_default):
+                elsewhere = self._queue_elsewhere(claim, node)
                 if elsewhere is not None:
                     assert self.queued is not None
                     await hand_to_queue(self.store, self.queued, claim, elsewhere)
                     return False, None
-            return await self._run_claimed(claim, frames, receipt, take)
+            return await self._run_claimed(claim, node, frames, receipt, take)
         finally:
             del self.running[claim.token]
             self.steps_done += 1
 
-    def _queue_elsewhere(self, claim: Claim, frames: tuple[Frame, ...]) -> str | None:
-        """The task queue of the claimed step when this runtime does not serve it (the step
-        is then handed to that queue's workers: ``runtime.queues``), else ``None``."""
-        top = frames[-1]
-        queue = top.chain.nodes[top.pos]._queue or DEFAULT_QUEUE
+    def _queue_elsewhere(self, claim: Claim, node: Node) -> str | None:
+        """The task queue of the claimed step at ``node`` when this runtime does not serve
+        it (the step is then handed to that queue's workers: ``runtime.queues``), else ``None``."""
+        queue = node._queue or DEFAULT_QUEUE
         if claim.init_only or (self.queues is not None and queue in self.queues):
             return None  # (an on_init runs where its wait was claimed)
         return queue
@@ -187,15 +190,14 @@ class StepCycle:
         return frames
 
     async def _run_claimed(
-        self, claim: Claim, frames: tuple[Frame, ...], receipt: Any, take: bool
+        self, claim: Claim, node: Node, frames: tuple[Frame, ...], receipt: Any, take: bool
     ) -> tuple[bool, Taken | None]:
-        """Execute, seal and commit the claimed step at ``frames``, then what follows the
-        commit; the observer sees it start, then finish or be aborted."""
+        """Execute, seal and commit the claimed step at ``node`` of ``frames``, then what
+        follows the commit; the observer sees it start, then finish or be aborted."""
         msg = claim.message
-        top = frames[-1]
-        node: Node = top.chain.nodes[top.pos]
-        parts = self._parts_of(msg)
-        ctx = ContextStack(msg.trace_id, claim.data, seq=msg.seq, attempt=msg.attempt, parts=parts)
+        ctx = ContextStack(
+            msg.trace_id, claim.data, seq=msg.seq, attempt=msg.attempt, parts=self.parts, key=msg.key
+        )
         if claim.init_only:
             await self._on_init(node, ctx, msg)
             return False, None
@@ -205,11 +207,7 @@ class StepCycle:
             started = self.clock.time()
             t0 = time.perf_counter()
             try:
-                here = running_step.set((self.store, msg, ctx))  # (for dflow.live.publish in the step)
-                try:
-                    outcome, status, out = await self.runner.execute(node, ctx, claim, frames, started)
-                finally:
-                    running_step.reset(here)
+                outcome, status, out = await self.runner.execute(node, ctx, claim, frames, started)
                 transition, records = self._seal(claim, node, ctx, frames, outcome, status, out, started, t0)
                 changes = ctx._changes
             except BaseException as exc:
@@ -231,29 +229,21 @@ class StepCycle:
             if obs is not None:
                 obs.aborted(seen, exc)
             raise
-        await self._settle(claim, done, parts, transition)
+        if not done.applied:  # (after-commit phase: a commit not applied is a lost claim)
+            self._lost(claim)
+        elif ctx._kept is not None:  # (a step that called no ctx.once pays nothing here)
+            await self._drop_parts(ctx._kept, transition)
         if obs is not None:  # (after-commit phase: the observer learns how the step ended)
             obs.finished(seen, records, done.applied)
         if done.publish or init_pending or waits is not None:
             await self._after_commit(claim, node, ctx, transition, done, init_pending, waits)
         return done.acknowledged, done.taken
 
-    def _parts_of(self, msg: Message) -> PartsOfStep | None:
-        """The parts of this execution of the step (``ctx.once``), on a store that keeps them."""
-        return None if self.parts is None else PartsOfStep(self.parts, msg.trace_id, msg.seq, msg.key)
-
-    async def _settle(
-        self, claim: Claim, done: Committed, parts: PartsOfStep | None, transition: Transition
-    ) -> None:
-        """After the commit: a commit not applied is a lost claim; the parts of a step that
-        committed are forgotten, unless it runs again (a retry). When the store fails to
-        forget them, they expire."""
-        if not done.applied:
-            self._lost(claim)
-            return
-        if parts is None or not parts.used:
-            return
-        if type(transition) is Advance and transition.message.seq == parts.seq:
+    async def _drop_parts(self, parts: PartsOfStep, transition: Transition) -> None:
+        """After the commit of a step that called ``ctx.once``: the parts it kept are
+        forgotten, unless it runs again (a retry, whose ``once`` returns them). When the
+        store fails to forget them, they expire."""
+        if not parts.some_kept or (type(transition) is Advance and transition.message.seq == parts.seq):
             return
         try:
             await parts.store.drop_parts(parts.trace_id, parts.seq)

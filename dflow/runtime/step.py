@@ -14,6 +14,7 @@ from typing import Any
 from ..clock import SYSTEM_CLOCK, Clock
 from ..context import ContextStack, StepRecord, StepStatus
 from ..errors import DeadlockError, DFlowError, StepFailedError
+from ..live import running_step
 from ..model import interpret as interp
 from ..model.calls import call_step, error_info
 from ..model.frames import FrameCodec
@@ -84,7 +85,13 @@ class StepRunner:
                     return waiting
             nk = node._kind
             if nk == _MAP:  # (here, not in a function of its own: the most common step pays no call)
-                result = await call_step(node, node._fn, node._ctx_arg, ctx, decode(claim.value), self.pool)
+                here = running_step.set((self.store, msg, ctx))  # (for dflow.live.publish in the step's code)
+                try:
+                    result = await call_step(
+                        node, node._fn, node._ctx_arg, ctx, decode(claim.value), self.pool
+                    )
+                finally:
+                    running_step.reset(here)
                 out = encode(result, "the result of step", msg.key)
                 if node._compensate is not None:  # its saga entry, committed with its result
                     field = saga.entry_field(msg.trace_id, msg.seq)
@@ -125,7 +132,11 @@ class StepRunner:
         """A ``flat_map`` step: the user's function returns a flow, which the run enters (a
         zip/any at its head starts its branches in this same step)."""
         msg = claim.message
-        inner = await call_step(node, node._fn, node._ctx_arg, ctx, decode(claim.value), self.pool)
+        here = running_step.set((self.store, msg, ctx))  # (for dflow.live.publish in the step's code)
+        try:
+            inner = await call_step(node, node._fn, node._ctx_arg, ctx, decode(claim.value), self.pool)
+        finally:
+            running_step.reset(here)
         chain = compile_flow(inner, f"the flow returned by flat_map step {msg.key!r}")
         outcome = interp.enter(msg, frames, chain)
         head = chain.nodes[0]._kind
