@@ -202,7 +202,7 @@ class StepCycle:
             await self._on_init(node, ctx, msg)
             return False, None
         obs = self.observers.current
-        seen = None if obs is None else obs.started(claim, *step_labels(frames, msg.key, claim.data))
+        seen = _seen_start(obs, claim, frames)
         try:
             started = self.clock.time()
             t0 = time.perf_counter()
@@ -495,3 +495,8 @@ class StepCycle:
             except Exception as exc2:  # the call may have arrived already
                 log.info("dflow: could not deliver the on_init error of run %s: %s", msg.trace_id, exc2)
         await self.store.init_done(msg.trace_id, msg.seq)
+
+
+def _seen_start(obs: StepObserver | None, claim: Claim, frames: tuple[Frame, ...]) -> Any:
+    """What the observer (``None``: none) returns when it sees the claimed step start."""
+    return None if obs is None else obs.started(claim, *step_labels(frames, claim.message.key, claim.data))
