@@ -54,21 +54,19 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import Enum
-from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
+from typing import Any, Literal
 
+from .compensations import COMPENSATING as COMPENSATING
+from .compensations import SAGA_PREFIX as SAGA_PREFIX
+from .compensations import Compensations, compensations_in
+from .compensations import raised as raised
+from .compensations import saga_prefix as saga_prefix
 from .context import RunInfo, RunStatus, StepRecord
-from .errors import ConfigurationError, DFlowError, RunNotFoundError, RunTimeoutError
-from .live import NO_LIVE_FEED, LiveFeed
+from .errors import DFlowError, RunNotFoundError, RunTimeoutError
 from .mailbox import Mailbox
 from .run_pages import check_find
+from .store_capabilities import FusedDispatch, OptionalParts, deadline_text, fused_variant, timed_out_error
 from .wire.values import Message
-
-if TYPE_CHECKING:
-    from .rate_limits import TokenBucket
-    from .run_notes import RunNotes
-    from .shared_state import StateBackend
-    from .workers import WorkerBeats
 
 __all__ = [
     "Advance",
@@ -96,76 +94,6 @@ __all__ = [
     "fused_variant",
     "timed_out_error",
 ]
-
-S = TypeVar("S", bound="Store")
-
-
-#: Data fields of the saga layout (``dflow.patterns.saga``): a run's compensations are kept
-#: under ``SAGA_PREFIX``, and the field ``COMPENSATING`` marks a run running them. A store
-#: reads neither: ``compensations_in`` turns what a commit writes into the run's flag.
-SAGA_PREFIX = "dflow/saga/"
-COMPENSATING = "dflow/compensating"
-
-
-def saga_prefix(trace_id: str) -> str:
-    """The prefix of the saga fields that are run ``trace_id``'s own: a zip/any branch's
-    data starts as a copy of its parent's, whose entries are the parent's to run. Each
-    level of branches (``/fork-index`` in the id) adds ``<fork, 12 digits>.<index, 4>/``."""
-    prefix = SAGA_PREFIX
-    for level in trace_id.split("/")[1:]:
-        fork, _, index = level.partition("-")
-        prefix += f"{int(fork):012d}.{int(index):04d}/"
-    return prefix
-
-
-class Compensations(str, Enum):
-    """A run's compensations flag, which ``cancel`` reads: ``NONE``, it holds none of its
-    own (it ends CANCELLED); ``HELD``, a step of it with a compensation committed (it is
-    sent a FAIL message, on which it runs them); ``RUNNING``, it runs them (it is left as
-    it is). It only moves up: NONE, HELD, RUNNING. A store keeps it as its ``value``."""
-
-    NONE = "none"
-    HELD = "held"
-    RUNNING = "running"
-
-
-def compensations_in(trace_id: str, changes: Mapping[str, bytes | None]) -> Compensations | None:
-    """What a commit (or a new run's data) of run ``trace_id`` that writes ``changes`` sets
-    its compensations flag to: ``RUNNING`` when it marks the run compensating, ``HELD``
-    when it writes a compensation of the run's own (a branch's, delivered at a join,
-    included), ``None`` when it leaves the flag as it is."""
-    if changes.get(COMPENSATING) is not None:
-        return Compensations.RUNNING
-    own = saga_prefix(trace_id)
-    for k, v in changes.items():
-        if v is not None and k.startswith(own):
-            return Compensations.HELD
-    return None
-
-
-def deadline_text(seconds: float) -> str:
-    """``seconds`` as a deadline is written in the error of a run that timed out (and
-    kept by a store that writes that error itself): ``5``, ``0.25``."""
-    short = f"{seconds:g}"
-    return short if float(short) == seconds else repr(seconds)
-
-
-def timed_out_error(text: str, step: str) -> dict[str, Any]:
-    """The error a store records on a run whose deadline (``text``: ``deadline_text``)
-    passed while it was at ``step`` (the key of its current step), and on the branches
-    its join waited for."""
-    return {
-        "type": "dflow.RunTimedOut",
-        "message": f"its deadline of {text} s passed at step '{step}'",
-        "step": step,
-        "deadline": float(text),
-    }
-
-
-def raised(flag: Compensations, to: Compensations | None) -> Compensations:
-    """The flag ``flag`` after a write that sets it ``to`` (it never goes down)."""
-    order = (Compensations.NONE, Compensations.HELD, Compensations.RUNNING)
-    return flag if to is None or order.index(to) <= order.index(flag) else to
 
 
 @dataclass(slots=True)
@@ -528,108 +456,10 @@ class RunReader(ABC):
             pause = min(pause * 2, 0.25)
 
 
-class FusedDispatch(ABC):  # noqa: B024 (a capability: what it adds is behaviour, not methods)
-    """The capability of a store that writes step messages to its transport itself, in its
-    own atomic writes: ``create_run``, ``resume``, ``cancel`` and ``due`` put them there
-    (and return none to publish); ``commit`` does too, acknowledges the delivery
-    ``receipt`` it finishes and, with ``take_lease``, claims the worker's next step in the
-    same write (``Committed.taken``). The runtime checks ``isinstance(store,
-    FusedDispatch)``. A store class that is fused only when built with a transport makes
-    the instances that are with ``fused_variant`` (see ``MemoryStore``)."""
-
-
-_FUSED: dict[type, type] = {}
-
-
-def fused_variant(cls: type[S]) -> type[S]:
-    """The subclass of store class ``cls`` that is also ``FusedDispatch``, with the same
-    name (one per class): a constructor that is given a transport builds one of these,
-    from ``__new__``."""
-    if issubclass(cls, FusedDispatch):
-        return cls
-    made = _FUSED.get(cls)
-    if made is None:
-        made = _FUSED[cls] = type(
-            cls.__name__,
-            (cls, FusedDispatch),
-            {"__module__": cls.__module__, "__qualname__": cls.__qualname__},
-        )
-    return cast("type[S]", made)
-
-
-class Store(RunWriter, RunReader):
+class Store(RunWriter, RunReader, OptionalParts):
     """Runs, their data and records, timers, leases and joins: the write side
     (``RunWriter``) and the read side (``RunReader``), with the optional parts the module
-    describes. Every method is atomic."""
-
-    _registered_state: StateBackend | None = None  # (made by a factory of register_backend)
-    #: whether the store honours ``NewRun.deadline`` (``DeadlineContract``): then ``due``
-    #: ends a run whose deadline passed ``timed_out``, like ``cancel`` with the error
-    #: ``{"type": "dflow.RunTimedOut", "message": ..., "step": its current step's key}``,
-    #: and a run that ends first leaves no timer behind. Without it, a run with a deadline
-    #: is refused (``ConfigurationError``).
-    keeps_deadlines: bool = False
-
-    @property
-    def fused(self) -> bool:
-        """Whether the store is ``FusedDispatch`` (read only; kept for callers of earlier
-        releases: check ``isinstance(store, FusedDispatch)``)."""
-        return isinstance(self, FusedDispatch)
-
-    @property
-    def shared_state(self) -> StateBackend:
-        """The shared-state backend beside this store (one per store object): for
-        ``dflow.State``, ``dflow.Circuit`` and the deadlock detector. ``ConfigurationError``
-        for a store that keeps none."""
-        factory = getattr(type(self), "_state_factory", None)  # (dflow.shared_state.register_backend)
-        if factory is None:
-            raise ConfigurationError(
-                f"the store {type(self).__qualname__} keeps no shared state (State, Circuit): use the in-memory "
-                "or the Redis store, or give the store class a shared_state property returning a StateBackend"
-            )
-        backend = self._registered_state
-        if backend is None:
-            backend = self._registered_state = factory(self)
-        return backend
-
-    @property
-    def live(self) -> LiveFeed:
-        """Where this store keeps its runs' live events (``dflow.live``); a store that
-        keeps none has ``NO_LIVE_FEED``: followers see the committed steps only."""
-        return NO_LIVE_FEED
-
-    @property
-    def worker_beats(self) -> WorkerBeats:
-        """Where this store keeps its workers' beats (``dflow.workers``); a store that keeps
-        none has ``NO_WORKER_BEATS``: no worker is listed."""
-        from .workers import NO_WORKER_BEATS
-
-        return NO_WORKER_BEATS
-
-    @property
-    def token_bucket(self) -> TokenBucket:
-        """The token buckets of the steps' rate limits (``dflow.rate_limits``) beside this
-        store. ``ConfigurationError`` for a store that keeps none."""
-        raise ConfigurationError(
-            f"the store {type(self).__qualname__} keeps no token buckets (rate_limit): use the in-memory or "
-            "the Redis store, or give the store class a token_bucket property returning a TokenBucket"
-        )
-
-    @property
-    def run_notes(self) -> RunNotes:
-        """The notes this store keeps on its runs (``dflow.run_notes``: their reruns, their
-        business keys).
-        ``ConfigurationError`` for a store that keeps none."""
-        raise ConfigurationError(
-            f"the store {type(self).__qualname__} keeps no run notes (the reruns of a run): use the in-memory or "
-            "the Redis store, or give the store class a run_notes property returning a RunNotes"
-        )
-
-    async def ping(self) -> None:
-        """Raise ``StoreError`` when the store cannot be reached."""
-
-    async def close(self) -> None:
-        """Release connections."""
+    describes (``OptionalParts``). Every method is atomic."""
 
 
 async def wait_finished(store: RunReader, trace_id: str, timeout: float | None) -> RunInfo:

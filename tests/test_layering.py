@@ -28,6 +28,8 @@ LAYERS: list[set[str]] = [
     {
         "context",
         "store",
+        "store_capabilities",
+        "compensations",
         "mailbox",
         "shared_state",
         "schedules",
@@ -37,7 +39,8 @@ LAYERS: list[set[str]] = [
         "rate_limits",
         "workers",
         "run_notes",
-    },  # the seams: a run's context, Store, shared state, schedules, pages, the parts of a step, live events,
+    },  # the seams: a run's context, Store (its optional parts, its runs' compensations flag), shared state,
+    # schedules, pages, the parts of a step, live events,
     # token buckets, workers' heartbeats, run notes
     {"model", "observe"},  # the flow model and its interpreter (and its port to the runtime); observers' seam
     {

@@ -8,6 +8,7 @@ through a plain client of the owning node: the blobs, the script and the ``WAIT`
 pipeline on one connection. A redirect (MOVED, ASK, TRYAGAIN, CLUSTERDOWN) means the script
 did not run: the whole round is sent again to the node the cluster names. A connection lost
 mid-round is not retried here (the script may have run): the caller sees ``StoreError``.
+``check_wait`` checks a store's ``wait`` and ``wait_timeout``.
 """
 
 from __future__ import annotations
@@ -19,9 +20,11 @@ import redis.asyncio as aioredis
 import redis.exceptions as rex
 from redis.asyncio.cluster import ClusterNode
 
+from dflow.errors import ConfigurationError
+
 from .client import GatedCluster
 
-__all__ = ["NodeWrites"]
+__all__ = ["NodeWrites", "check_wait"]
 
 _PATIENCE = 30.0  # seconds of redirects and CLUSTERDOWN followed before giving up (a failover)
 
@@ -136,3 +139,13 @@ class NodeWrites:
 
 def _kwargs(node: ClusterNode) -> dict[str, Any]:
     return {k: v for k, v in node.connection_kwargs.items() if k not in ("host", "port")}
+
+
+def check_wait(wait: int, wait_timeout: float) -> None:
+    """``ConfigurationError`` unless ``wait`` is a number of replicas (0 for none) and
+    ``wait_timeout`` a positive number of seconds."""
+    if isinstance(wait, bool) or not isinstance(wait, int) or wait < 0 or not wait_timeout > 0:
+        raise ConfigurationError(
+            f"wait is a number of replicas (0 for none) and wait_timeout a positive number "
+            f"of seconds; got wait={wait!r}, wait_timeout={wait_timeout!r}"
+        )

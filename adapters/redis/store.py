@@ -1,4 +1,8 @@
-"""``RedisStore``: runs, data, step records, timers, leases and joins in Redis."""
+"""``RedisStore``: runs, data, step records, timers, leases and joins in Redis.
+
+Here are its writes, one script call each; what a commit sends and reads back is in
+``commits``, its reads in ``reads``, its script calls in ``calls``.
+"""
 
 from __future__ import annotations
 
@@ -6,20 +10,17 @@ import logging
 import os
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import msgpack
-from redis.asyncio.cluster import RedisCluster
 
 from dflow.context import RunInfo, RunStatus, StepRecord
 from dflow.errors import (
-    ConfigurationError,
     MailboxFullError,
     NotWaitingError,
     RefusedMessageError,
     RunExistsError,
     RunNotFoundError,
-    StoreError,
 )
 from dflow.mailbox import Mailbox, mailbox_full
 from dflow.memory.store import not_waiting
@@ -32,32 +33,31 @@ from dflow.store import (
     Fork,
     NewRun,
     Store,
-    Taken,
     Transition,
     compensations_in,
     deadline_text,
     fused_variant,
 )
-from dflow.wire.urls import redact_url
 from dflow.wire.values import Message
 
-from . import scripts
+from . import commits, scripts
 from .calls import ScriptCalls
 from .client import (
     connect,
     disconnect,
     is_cluster,
 )
-from .codec import Encoded, claimed, encode_transition, first_step, parent_link, record
+from .codec import claimed, encode_transition, first_step, parent_link, record
 from .errors import store_errors
 from .finish_watch import FinishWatch
-from .fusable import same_cluster, same_server
+from .fusable import fused_streams
 from .keyspace import Keyspace
 from .live import RedisLiveFeed
 from .notes import RedisRunNotes
 from .parts import RedisParts
 from .rate_limits import RedisTokenBucket
 from .reads import RunReads, _s
+from .replica_writes import check_wait
 from .schedules import KeepsSchedules
 from .state import RedisStateBackend
 from .workers import RedisWorkerBeats
@@ -115,7 +115,7 @@ class RedisStore(RunReads, KeepsSchedules, Store, StepParts):
         self.ttl = ttl
         self.redispatch_after = redispatch_after
         self.blob_ttl = blob_ttl
-        _check_wait(wait, wait_timeout)
+        check_wait(wait, wait_timeout)
         self.wait, self.wait_timeout = wait, wait_timeout
         self.redis = connect(url, **options)
         self.cluster = is_cluster(self.redis)
@@ -127,7 +127,7 @@ class RedisStore(RunReads, KeepsSchedules, Store, StepParts):
         self._group = self._consumer = ""
         self._streams: tuple[str, ...] = ("",) * keyspace.n
         if transport is not None:
-            self._dispatch_via(transport, keyspace)
+            self._streams, self._group, self._consumer = fused_streams(self.redis, url, transport, keyspace)
         #: how the keys are spread over buckets (and a cluster's slots)
         self.keyspace = keyspace
         self._prefixes = keyspace.names(prefix, "prefix")
@@ -188,26 +188,6 @@ class RedisStore(RunReads, KeepsSchedules, Store, StepParts):
         if self._notes is None:
             self._notes = RedisRunNotes(self.redis, self._prefixes, self._p, self.get_run)
         return self._notes
-
-    def _dispatch_via(self, transport: RedisStreamsTransport, keyspace: Keyspace) -> None:
-        """Write step messages to ``transport``'s streams, which must be on this store's own
-        server and database (or cluster), over the same buckets."""
-        mine, theirs = self.redis, transport.redis
-        if isinstance(mine, RedisCluster) or isinstance(theirs, RedisCluster):
-            same = same_cluster(self.url, transport.url)
-        else:
-            same = same_server(mine, theirs)
-        if not same:
-            raise ConfigurationError(
-                "a Redis store writes step messages itself only to a stream on its own server and database "
-                f"as its own user; {redact_url(transport.url)!r} is not on {redact_url(self.url)!r}"
-            )
-        if transport.keyspace != keyspace:  # (the same URL must name the same keys, transport or not)
-            raise ConfigurationError(
-                f"the store spreads its keys over streams={keyspace.n} buckets and its transport over "
-                f"{transport.keyspace.n}: give the store URL and the transport URL the same streams="
-            )
-        self._streams, self._group, self._consumer = transport.streams, transport.group, transport.consumer
 
     def _at(self, trace_id: str) -> int:
         """The bucket of a run."""
@@ -319,18 +299,18 @@ class RedisStore(RunReads, KeepsSchedules, Store, StepParts):
     ) -> Committed:
         at = self._at(claim.message.trace_id)
         fused = bool(self._streams[at])
-        ack = self._receipt_here(at, receipt) if fused else ""
+        ack = commits.receipt_here(self, at, receipt) if fused else ""
         take_token = self._token() if fused and take_lease is not None else ""
         encoded = encode_transition(transition, claim)
         if isinstance(transition, Fork):
-            await self._same_bucket(at, claim.message.trace_id, transition.children)
-        args = self._commit_args(at, claim, records, changes, encoded, ack, take_token, take_lease)
+            await commits.same_bucket(self, at, claim.message.trace_id, transition.children)
+        args = commits.commit_args(self, at, claim, records, changes, encoded, ack, take_token, take_lease)
         reply = await self._run_script(
-            "COMMIT", args, encoded.blobs, at=at, keys=self._commit_keys(at, claim, encoded)
+            "COMMIT", args, encoded.blobs, at=at, keys=commits.commit_keys(self, at, claim, encoded)
         )
         if reply is None:
             if fused:
-                await self._orphaned(at, claim.message)
+                await commits.orphaned(self, at, claim.message)
             return Committed(False, acknowledged=bool(ack))
         if reply[0] == b"exists":
             child = reply[1].decode()
@@ -341,124 +321,8 @@ class RedisStore(RunReads, KeepsSchedules, Store, StepParts):
             )
         _, out, taken = reply
         return Committed(
-            True, [Message.decode(m) for m in out], bool(ack), self._taken(at, taken, take_token)
+            True, [Message.decode(m) for m in out], bool(ack), commits.read_taken(self, at, taken, take_token)
         )
-
-    def _receipt_here(self, at: int, receipt: Any) -> Any:
-        """The entry to acknowledge on bucket ``at``'s stream: with buckets a receipt is
-        (bucket, entry id), acknowledged here only when it is this bucket's."""
-        if receipt is None:
-            return ""
-        if self.keyspace.n > 1:
-            return receipt[1] if isinstance(receipt, tuple) and receipt[0] == at else ""
-        return receipt
-
-    def _commit_args(
-        self,
-        at: int,
-        claim: Claim,
-        records: list[StepRecord],
-        changes: Mapping[str, bytes | None],
-        encoded: Encoded,
-        ack: Any,
-        take_token: str,
-        take_lease: float | None,
-    ) -> list[Any]:
-        flag = compensations_in(claim.message.trace_id, changes)
-        return scripts.COMMIT.args(
-            prefix=self._prefixes[at],
-            trace=claim.message.trace_id,
-            token=claim.token,
-            now=time.time(),
-            ttl_ms=int(self.ttl * 1000),
-            redispatch=self.redispatch_after,
-            claim_kind=claim.message.kind,
-            stream=self._streams[at],
-            group=self._group,
-            receipt=ack,
-            taker=self._consumer if take_token else "",
-            take_token=take_token,
-            take_lease=take_lease or 0,
-            blob_grace_ms=int(self.blob_ttl * 1000),
-            blob_refs=" ".join(sorted(encoded.refs)),
-            children=" ".join(encoded.children),
-            transition=encoded.kind,
-            compensations=flag.value if flag is not None else "",
-            records=[record(r) for r in records],
-            sets=[x for k, v in changes.items() if v is not None for x in (k, v)],
-            dels=[k for k, v in changes.items() if v is None],
-            fields=encoded.fields,
-        )
-
-    def _commit_keys(self, at: int, claim: Claim, encoded: Encoded) -> list[str]:
-        """The keys a commit declares on a cluster: the run's, the blobs', the branches'."""
-        if not self.cluster:
-            return []
-        keys = self._keys(at, claim.message.trace_id, encoded.refs.union(claim.blobs))
-        for child in encoded.children:
-            keys += [f"{self._prefixes[at]}:{k}:{child}" for k in ("r", "d", "s", "c", "w", "e")]
-        return keys
-
-    def _taken(self, at: int, taken: Any, take_token: str) -> Taken | None:
-        """The next message the commit read for this worker: its claim, or none when it is
-        no step message (the worker sets it aside)."""
-        if not taken:
-            return None
-        if self.keyspace.n > 1:
-            taken = [(at, taken[0]), *taken[1:]]
-        if len(taken) < 3:
-            return Taken(taken[1], taken[0], None)
-        try:
-            claim = claimed(Message.decode(taken[1]), take_token, taken[2])
-        except Exception as exc:  # the step stays leased: it runs again when its lease expires
-            log.warning("dflow: could not read the next step %r after a commit: %s", taken[1], exc)
-            return None
-        return Taken(taken[1], taken[0], claim)
-
-    async def _orphaned(self, at: int, m: Message) -> None:
-        """After a refused commit: if the run is still at this very step and no lease is held
-        on it, the claim was lost (it had not reached a replica when its primary failed): the
-        step's message goes onto the stream again. The refused commit took the delivery off
-        the stream, and a fused store keeps no outbox for the timer scan to send again. A
-        message that turns out to be a duplicate is dropped at claim."""
-        P = self._prefixes[at]
-        with store_errors():
-            seq, attempt, key, token, status, init = cast(
-                "list[bytes | None]",
-                await self.redis.hmget(
-                    f"{P}:r:{m.trace_id}", ["seq", "attempt", "key", "lease_token", "status", "init_pending"]
-                ),
-            )
-            if token is not None or (seq, attempt, key) != (
-                str(m.seq).encode(),
-                str(m.attempt).encode(),
-                m.key.encode(),
-            ):
-                return
-            if status in (b"running", b"sleeping") or (status == b"waiting" and init == b"1"):
-                log.warning(
-                    "dflow: the lease of step %s of run %s was lost with its Redis primary; "
-                    "sending the step again",
-                    m.key,
-                    m.trace_id,
-                )
-                await self.redis.xadd(self._streams[at], {b"m": m.encode()})
-
-    async def _same_bucket(self, at: int, trace_id: str, children: list[NewRun]) -> None:
-        """A fork writes its branches in its own bucket: each must belong there (a branch
-        id, ``<parent>/<seq>-<index>``, always does)."""
-        for child in children:
-            if self._at(child.trace_id) != at:
-                if await self.get_run(child.trace_id) is not None:
-                    raise RunExistsError(
-                        f"a zip/any branch of run {trace_id!r} would overwrite the existing run "
-                        f"{child.trace_id!r}; nothing was changed",
-                        trace_id=child.trace_id,
-                    )
-                raise StoreError(
-                    f"a zip/any branch of run {trace_id!r} is named {child.trace_id!r}, not "
-                    f"'{trace_id}/<seq>-<index>': its keys would be in another bucket; nothing was changed"
-                )
 
     async def extend(self, claims: list[Claim], lease: float) -> None:
         by: dict[int, list[str]] = {}
@@ -630,11 +494,3 @@ class RedisStore(RunReads, KeepsSchedules, Store, StepParts):
             self._watch = None
         await self._calls.close()
         await disconnect(self.redis)
-
-
-def _check_wait(wait: int, wait_timeout: float) -> None:
-    if isinstance(wait, bool) or not isinstance(wait, int) or wait < 0 or not wait_timeout > 0:
-        raise ConfigurationError(
-            f"wait is a number of replicas (0 for none) and wait_timeout a positive number "
-            f"of seconds; got wait={wait!r}, wait_timeout={wait_timeout!r}"
-        )

@@ -8,7 +8,8 @@ store is with a stream on its server: a commit puts the next step's message on t
 delivery it finishes and may take the worker's next step, in one call; local mode runs
 that path. It belongs to one event loop and is not thread-safe.
 
-Here are its steps' transitions and what falls due; how its runs end (finishing, joins,
+Here are its steps' claims and commits and what falls due; how a commit's transition is
+applied is in ``memory.transitions``, how its runs end (finishing, joins,
 cancelling) is in ``memory.endings``, what it keeps of a run in ``memory.runs``, its blobs in
 ``memory.blobs``, and the callers waiting for its runs in ``memory.followers``.
 """
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from ..clock import SYSTEM_CLOCK, Clock
@@ -29,22 +30,17 @@ from ..errors import (
     RunNotFoundError,
     SerializationError,
 )
-from ..mailbox import Mailbox, keep_mail, take_mail
+from ..mailbox import Mailbox, keep_mail
 from ..parts import StepParts
 from ..store import (
     Advance,
     Claim,
     Committed,
     Compensations,
-    Fail,
-    Finish,
-    Fork,
-    Frames,
     NewRun,
     Store,
     Taken,
     Transition,
-    Wait,
     compensations_in,
     fused_variant,
     raised,
@@ -60,10 +56,11 @@ from .live import MemoryLiveFeed
 from .notes import MemoryRunNotes
 from .parts import PartTable
 from .rate_limits import MemoryTokenBucket
-from .runs import JoinState, Lease, RunState
+from .runs import Lease, RunState
 from .schedule import Outbox, Timers
 from .schedules import KeepsSchedules
 from .state import MemoryStateBackend
+from .transitions import apply, check_writes
 from .transport import MemoryBroker, MemoryTransport
 from .workers import MemoryWorkerBeats
 
@@ -282,12 +279,12 @@ class MemoryStore(RunEnds, RunDeadlines, RunListing, KeepsSchedules, Store, Step
         if run is None:
             return Committed(False, acknowledged=acked)
         if type(transition) is not Advance or (transition.frames is not None and transition.frames.blobs):
-            self._check_writes(run, transition)  # before anything changes
+            check_writes(self, run, transition)  # before anything changes
         # Messages emitted from here on are queued quietly: this worker may take one itself
         # at the end, and wakes another consumer only for what is left.
         self._quiet = take_lease is not None and self.transport is not None
         try:
-            out = self._apply(run, claim, records, changes, transition)
+            out = apply(self, run, claim, records, changes, transition)
             taken = self._take(take_lease) if self._quiet and take_lease is not None else None
         finally:
             if self._quiet:
@@ -296,118 +293,6 @@ class MemoryStore(RunEnds, RunDeadlines, RunListing, KeepsSchedules, Store, Step
                 if self.transport is not None and self.transport.broker.queue:
                     self.transport.broker.wake()  # what the take left, for the other consumers
         return Committed(True, out, acked, taken)
-
-    def _check_writes(self, run: RunState, transition: Transition) -> None:
-        """Refuse a transition that names blobs the store lacks, or a fork that would
-        overwrite a run, changing nothing."""
-        if isinstance(transition, Advance):
-            if transition.frames is not None and transition.frames.blobs:
-                self._blobs.check([transition.frames])
-        elif isinstance(transition, Fork):
-            self._blobs.check([transition.frames, *(c.frames for c in transition.children)])
-            for child in transition.children:
-                if child.trace_id in self._runs:
-                    raise RunExistsError(
-                        f"a zip/any branch of run {run.trace_id!r} would overwrite the existing run "
-                        f"{child.trace_id!r}; nothing was changed",
-                        trace_id=child.trace_id,
-                    )
-
-    def _apply(
-        self,
-        run: RunState,
-        claim: Claim,
-        records: list[StepRecord],
-        changes: Mapping[str, bytes | None],
-        transition: Transition,
-    ) -> list[Message]:
-        now = self.clock.time()
-        lease = run.lease
-        assert lease is not None
-        # What every commit does: the lease goes, the records and data changes go in.
-        run.lease = None
-        self._leased.pop(run.trace_id, None)
-        run.parked = None
-        run.due = None
-        run.updated = now
-        run.records.extend(records)
-        if run.trace_id in self._followers.watchers:
-            self._followers.wake_watchers(run.trace_id)
-        if changes:
-            data = run.data
-            for k, v in changes.items():
-                if v is None:
-                    data.pop(k, None)
-                else:
-                    data[k] = v
-            if run.changed is not None:
-                run.changed.update(changes)
-            run.compensations = raised(run.compensations, compensations_in(run.trace_id, changes))
-        if claim.message.kind == JOIN:
-            run.join = None
-        out: list[Message] = []
-        if type(transition) is Advance:  # (most steps: no lookup)
-            self._advance(run, transition, lease, now, out)
-            return out
-        apply = _TRANSITIONS.get(type(transition))
-        if apply is None:  # pragma: no cover
-            raise TypeError(f"unknown transition {transition!r}")
-        apply(self, run, transition, lease, now, out)
-        return out
-
-    def _moved(self, run: RunState, frames: Frames | None, msg: Message, now: float) -> None:
-        """``run``'s current step is now ``msg``'s (at ``frames``, when it moves on)."""
-        if frames is not None:
-            run.frames = frames.record
-            self._blobs.hold(run, frames.blobs, now, self.blob_ttl)
-        run.seq, run.attempt, run.key, run.kind = msg.seq, msg.attempt, msg.key, msg.kind
-
-    def _advance(self, run: RunState, t: Advance, lease: Lease, now: float, out: list[Message]) -> None:
-        msg = t.message  # (what _moved does, inline: once per step)
-        if t.frames is not None:
-            run.frames = t.frames.record
-            self._blobs.hold(run, t.frames.blobs, now, self.blob_ttl)
-        run.seq, run.attempt, run.key, run.kind = msg.seq, msg.attempt, msg.key, msg.kind
-        run.value = t.value
-        if t.at is not None and t.at > now:
-            self._status(run, RunStatus.SLEEPING)
-            run.due = t.at
-            self._timers.arm(t.at, t.message)
-        else:
-            if run.status is not RunStatus.RUNNING:  # (a step that moves on changes nothing listed)
-                self._status(run, RunStatus.RUNNING)
-            self._emit(msg, now, out)
-
-    def _wait(self, run: RunState, t: Wait, lease: Lease, now: float, out: list[Message]) -> None:
-        early = take_mail(run.mailbox, t.call_type)
-        if early is not None:  # the call came first: the run goes on with it
-            self._next_step(run, FAIL if early[2] else CONTINUE, early[1], now, out)
-            return
-        self._status(run, RunStatus.WAITING)
-        run.waiting_for = t.call_type
-        run.init_pending = t.init_pending
-        if t.init_pending:  # keep a lease so a crash before on_init re-runs it
-            run.lease = Lease(lease.token, now + lease.length, lease.length, lease.message)
-            self._leased[run.trace_id] = run
-
-    def _fork(self, run: RunState, t: Fork, lease: Lease, now: float, out: list[Message]) -> None:
-        self._moved(run, t.frames, t.join, now)
-        self._status(run, RunStatus.WAITING)
-        run.join = JoinState(t.kind, len(t.children), t.join, [c.trace_id for c in t.children])
-        for child in t.children:
-            self._new(child, now)
-            assert child.message is not None
-            self._emit(child.message, now, out)
-
-    def _finish(self, run: RunState, t: Finish, lease: Lease, now: float, out: list[Message]) -> None:
-        self._status(run, RunStatus.DONE)
-        run.result = t.result
-        self._finished(run, now, out)
-
-    def _fail(self, run: RunState, t: Fail, lease: Lease, now: float, out: list[Message]) -> None:
-        self._status(run, RunStatus.COMPENSATED if t.compensated else RunStatus.FAILED)
-        run.error = t.error
-        self._finished(run, now, out)
 
     def _take(self, lease: float) -> Taken | None:
         """Read and claim the worker's next step, as the Redis store's commit script does:
@@ -584,16 +469,6 @@ class MemoryStore(RunEnds, RunDeadlines, RunListing, KeepsSchedules, Store, Step
     async def close(self) -> None:
         """Wake every waiter: the store is going away."""
         self._followers.close()
-
-
-#: How ``MemoryStore`` applies each transition a commit names.
-_TRANSITIONS: dict[type, Callable[[MemoryStore, RunState, Any, Lease, float, list[Message]], None]] = {
-    Advance: MemoryStore._advance,
-    Wait: MemoryStore._wait,
-    Fork: MemoryStore._fork,
-    Finish: MemoryStore._finish,
-    Fail: MemoryStore._fail,
-}
 
 
 def not_waiting(info: RunInfo, call_type: str) -> str:

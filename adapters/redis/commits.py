@@ -1,0 +1,151 @@
+"""A commit of ``RedisStore``, around its COMMIT script: the arguments and keys it sends,
+the delivery it acknowledges and the next step it read back (fused), and what comes before
+and after the script: a fork's branches are checked to be in the run's bucket, and after a
+refused commit a claim lost with its primary sends its step again. Plain functions taking
+the store (``RedisStore.commit`` calls them).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, cast
+
+from dflow.context import StepRecord
+from dflow.errors import RunExistsError, StoreError
+from dflow.store import Claim, NewRun, Taken, compensations_in
+from dflow.wire.values import Message
+
+from . import scripts
+from .codec import Encoded, claimed, record
+from .errors import store_errors
+
+if TYPE_CHECKING:
+    from .store import RedisStore
+
+__all__ = ["commit_args", "commit_keys", "orphaned", "read_taken", "receipt_here", "same_bucket"]
+
+log = logging.getLogger("dflow.redis")
+
+
+def receipt_here(store: RedisStore, at: int, receipt: Any) -> Any:
+    """The entry to acknowledge on bucket ``at``'s stream: with buckets a receipt is
+    (bucket, entry id), acknowledged here only when it is this bucket's."""
+    if receipt is None:
+        return ""
+    if store.keyspace.n > 1:
+        return receipt[1] if isinstance(receipt, tuple) and receipt[0] == at else ""
+    return receipt
+
+
+def commit_args(
+    store: RedisStore,
+    at: int,
+    claim: Claim,
+    records: list[StepRecord],
+    changes: Mapping[str, bytes | None],
+    encoded: Encoded,
+    ack: Any,
+    take_token: str,
+    take_lease: float | None,
+) -> list[Any]:
+    flag = compensations_in(claim.message.trace_id, changes)
+    return scripts.COMMIT.args(
+        prefix=store._prefixes[at],
+        trace=claim.message.trace_id,
+        token=claim.token,
+        now=time.time(),
+        ttl_ms=int(store.ttl * 1000),
+        redispatch=store.redispatch_after,
+        claim_kind=claim.message.kind,
+        stream=store._streams[at],
+        group=store._group,
+        receipt=ack,
+        taker=store._consumer if take_token else "",
+        take_token=take_token,
+        take_lease=take_lease or 0,
+        blob_grace_ms=int(store.blob_ttl * 1000),
+        blob_refs=" ".join(sorted(encoded.refs)),
+        children=" ".join(encoded.children),
+        transition=encoded.kind,
+        compensations=flag.value if flag is not None else "",
+        records=[record(r) for r in records],
+        sets=[x for k, v in changes.items() if v is not None for x in (k, v)],
+        dels=[k for k, v in changes.items() if v is None],
+        fields=encoded.fields,
+    )
+
+
+def commit_keys(store: RedisStore, at: int, claim: Claim, encoded: Encoded) -> list[str]:
+    """The keys a commit declares on a cluster: the run's, the blobs', the branches'."""
+    if not store.cluster:
+        return []
+    keys = store._keys(at, claim.message.trace_id, encoded.refs.union(claim.blobs))
+    for child in encoded.children:
+        keys += [f"{store._prefixes[at]}:{k}:{child}" for k in ("r", "d", "s", "c", "w", "e")]
+    return keys
+
+
+def read_taken(store: RedisStore, at: int, taken: Any, take_token: str) -> Taken | None:
+    """The next message the commit read for this worker: its claim, or none when it is
+    no step message (the worker sets it aside)."""
+    if not taken:
+        return None
+    if store.keyspace.n > 1:
+        taken = [(at, taken[0]), *taken[1:]]
+    if len(taken) < 3:
+        return Taken(taken[1], taken[0], None)
+    try:
+        claim = claimed(Message.decode(taken[1]), take_token, taken[2])
+    except Exception as exc:  # the step stays leased: it runs again when its lease expires
+        log.warning("dflow: could not read the next step %r after a commit: %s", taken[1], exc)
+        return None
+    return Taken(taken[1], taken[0], claim)
+
+
+async def orphaned(store: RedisStore, at: int, m: Message) -> None:
+    """After a refused commit: if the run is still at this very step and no lease is held
+    on it, the claim was lost (it had not reached a replica when its primary failed): the
+    step's message goes onto the stream again. The refused commit took the delivery off
+    the stream, and a fused store keeps no outbox for the timer scan to send again. A
+    message that turns out to be a duplicate is dropped at claim."""
+    P = store._prefixes[at]
+    with store_errors():
+        seq, attempt, key, token, status, init = cast(
+            "list[bytes | None]",
+            await store.redis.hmget(
+                f"{P}:r:{m.trace_id}", ["seq", "attempt", "key", "lease_token", "status", "init_pending"]
+            ),
+        )
+        if token is not None or (seq, attempt, key) != (
+            str(m.seq).encode(),
+            str(m.attempt).encode(),
+            m.key.encode(),
+        ):
+            return
+        if status in (b"running", b"sleeping") or (status == b"waiting" and init == b"1"):
+            log.warning(
+                "dflow: the lease of step %s of run %s was lost with its Redis primary; "
+                "sending the step again",
+                m.key,
+                m.trace_id,
+            )
+            await store.redis.xadd(store._streams[at], {b"m": m.encode()})
+
+
+async def same_bucket(store: RedisStore, at: int, trace_id: str, children: list[NewRun]) -> None:
+    """A fork writes its branches in its own bucket: each must belong there (a branch
+    id, ``<parent>/<seq>-<index>``, always does)."""
+    for child in children:
+        if store._at(child.trace_id) != at:
+            if await store.get_run(child.trace_id) is not None:
+                raise RunExistsError(
+                    f"a zip/any branch of run {trace_id!r} would overwrite the existing run "
+                    f"{child.trace_id!r}; nothing was changed",
+                    trace_id=child.trace_id,
+                )
+            raise StoreError(
+                f"a zip/any branch of run {trace_id!r} is named {child.trace_id!r}, not "
+                f"'{trace_id}/<seq>-<index>': its keys would be in another bucket; nothing was changed"
+            )
