@@ -184,23 +184,25 @@ def test_a_labelled_step_is_counted_under_its_label_chosen_when_built_or_at_run_
 ) -> None:
     _, registry = metered
     name = f"m-label-{uuid.uuid4().hex[:6]}"
+    # (the steps of the flow the tail flat_map builds are labelled with the pipeline that the
+    # outer level of their key names alone: an id of this test's own, as another test's
+    # pipeline of this process may end with "fan" too)
+    fan = f"fan-{uuid.uuid4().hex[:6]}"
     pipeline = (
         DFlow.from_call("go")
         .map(lambda x: x + 1)
         .id("inc")
         .label("add one")
         .flat_map(_labelled)
-        .id("fan")
+        .id(fan)
         .init(name)
     )
     run = pipeline.call(3)
     assert run.result(10) == [0, 2, 4, 6]
-    _wait_for_counts(
-        registry, name, {"add one": 1.0, "fan": 1.0, "mul even": 2.0, "mul odd": 2.0, "zip": 1.0}
-    )
+    _wait_for_counts(registry, name, {"add one": 1.0, fan: 1.0, "mul even": 2.0, "mul odd": 2.0, "zip": 1.0})
     # the key stays the id's, and the label is the record's name when the step has none
     assert [(r.key, r.name) for r in run.context().steps if r.key.startswith("inc")] == [
-        ("inc>fan", "add one")
+        (f"inc>{fan}", "add one")
     ]
     named = DFlow.just(1).map(_double).id("d").name("double it").label("double")
     assert (named._name, named._label) == ("double it", "double")

@@ -201,9 +201,8 @@ def _wants_a_page(request: Request) -> bool:
     return "text/html" in request.headers.get("accept", "") and "/api/" not in request.url.path
 
 
-def _as_page(answer: JSONResponse) -> HTMLResponse:
-    """``answer`` as a page a person reads: its status, its detail, a link to try again."""
-    detail = json.loads(answer.body)["detail"]
+def _as_page(answer: JSONResponse, detail: object) -> HTMLResponse:
+    """``answer`` as a page a person reads: its status, its ``detail``, a link to try again."""
     text = detail if isinstance(detail, str) else json.dumps(detail)
     retry = '<p><a href="">Try again</a></p>' if "retry-after" in answer.headers else ""
     page = _PAGE.format(status=answer.status_code, detail=html.escape(text), retry=retry)
@@ -213,7 +212,10 @@ def _as_page(answer: JSONResponse) -> HTMLResponse:
 
 async def _answer(request: Request, exc: Exception) -> JSONResponse | HTMLResponse:
     answer = error_response(exc)
-    return _as_page(answer) if _wants_a_page(request) else answer
+    rule = rule_of(exc)
+    if rule is None or not _wants_a_page(request):
+        return answer
+    return _as_page(answer, rule.detail(exc))
 
 
 def install(app: FastAPI) -> None:
