@@ -28,6 +28,7 @@ Test doubles live in :mod:`dflow_agents.testing`.
 
 from __future__ import annotations
 
+from . import _extra_installed  # noqa: F401 - first: names the extra when its packages are missing
 from .agent import Agent, AgentResult, AgentStatus
 from .agent_definitions import (
     AgentDefinition,

@@ -270,8 +270,10 @@ else:
             "from dflow.cli import main; main(['serve', 'json', '--store', 'redis://127.0.0.1:1/0'])",
             "server",
         ),
+        (["httpx"], "import dflow_agents", "agents"),
+        (["w3lib"], "from dflow_agents.fetch import Fetcher", "agents"),
     ],
-    ids=["metrics", "otel", "redis", "dflow serve"],
+    ids=["metrics", "otel", "redis", "dflow serve", "dflow_agents", "dflow_agents.fetch"],
 )
 def test_an_optional_part_used_without_its_extra_names_the_extra_to_install(
     missing: list[str], line: str, extra: str
