@@ -1025,6 +1025,31 @@ def test_a_second_rerun_from_the_console_is_refused_naming_the_first_until_asked
     assert of["rerun_of"] == {"trace_id": done.trace_id, "seq": 2} and of["reruns"] == []
 
 
+def test_a_reruns_page_marks_the_steps_it_replayed_in_its_tree_and_timeline(browser: httpx.Client) -> None:
+    done = twice.call(8)
+    assert done.result(10) == 18
+    r = browser.post(f"/console/api/runs/{done.trace_id}/rerun", json={"seq": 2})
+    assert r.status_code == 201, r.text
+    again = Run(r.json()["trace_id"])
+    assert again.result(10) == 18
+    parts = browser.get(f"/console/api/runs/{again.trace_id}/tree").json()
+    steps = dict(re.findall(r'data-seq="(\d+)" data-index="\d+">(.*?)</button>', parts["tree"]))
+    assert set(steps) == {"0", "1", "2"}, parts["tree"]
+    marked = {seq for seq, label in steps.items() if 'class="badge replayed"' in label}
+    assert marked == {"0", "1"}, parts["tree"]  # the entry and inc: before the rerun point, as inspect says
+    assert 'title="replayed: this rerun took the original run' in steps["1"]
+    bars = {
+        seq: classes
+        for classes, seq in re.findall(
+            r'<g class="bar ([^"]*)" data-run="[^"]*" data-seq="(\d+)"', parts["timeline"]
+        )
+    }
+    assert "replayed" in bars["1"] and "replayed" not in bars["2"], parts["timeline"]
+    assert parts["timeline"].count(">replayed</text>") == sum("replayed" in c for c in bars.values())
+    original = browser.get(f"/console/api/runs/{done.trace_id}/tree").json()
+    assert "replayed" not in original["tree"] and "replayed" not in original["timeline"]
+
+
 # -- the live stream ------------------------------------------------------------------------------------
 
 

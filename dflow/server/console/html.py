@@ -121,6 +121,14 @@ def badge(status: str) -> str:
     return f'<span class="badge st-{esc(status)}">{esc(status)}</span>'
 
 
+#: what a rerun's step before its rerun point is (``dflow inspect`` marks it "replayed" too)
+REPLAYED = "replayed: this rerun took the original run's result for this step, without running it again"
+
+
+def replayed_badge() -> str:
+    return f'<span class="badge replayed" title="{esc(REPLAYED)}">replayed</span>'
+
+
 # -- the page frame ---------------------------------------------------------------------------
 
 

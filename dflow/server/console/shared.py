@@ -13,7 +13,7 @@ from fastapi import Request
 
 from ...context import RunInfo, RunStatus
 from ...errors import ConfigurationError, RunNotFoundError
-from ...patterns.rerun import RERUN_KEY, link_of
+from ...patterns.rerun import RERUN_KEY, link_of, replayed_until
 from ...run_notes import MAX_KEY_LENGTH, RunNotes, check_business_key
 from ...run_pages import ANY_TIME, StartedWindow, page_in_window, parse_sort, parse_started
 from ...store import RunPage, Store
@@ -113,6 +113,7 @@ class Console:
         info = tree.root.info
         raw = await self.on_store(self.store.get_data(tree.root.trace_id)) if info is not None else {}
         rerun_of = _rerun_of(raw, tree.root.trace_id)
+        replayed_below = replayed_until(raw, tree.root.trace_id)  # (as ``dflow inspect`` marks them)
         return {
             "trace_id": tree.root.trace_id,
             "status": info.status.value if info is not None else None,
@@ -124,8 +125,8 @@ class Console:
                 info, tree.root.trace_id, info.pipeline if info is not None else None, rerun_of
             ),
             "waits": waits_html(tree.waits(), tree.root.trace_id),
-            "tree": tree_html(tree),
-            "timeline": timeline_html(tree),
+            "tree": tree_html(tree, replayed_below),
+            "timeline": timeline_html(tree, replayed_below),
             "conversation": conversation_html(conversations(raw)),
         }
 

@@ -7,19 +7,20 @@ from __future__ import annotations
 
 from ...context import RunStatus, StepRecord, StepStatus
 from ...ops.tree import node_id
-from .html import badge, decoded, esc, preview, run_href, span
+from .html import badge, decoded, esc, preview, replayed_badge, run_href, span
 from .tree import RunNode, RunTree
 
 __all__ = ["tree_html"]
 
 
-def tree_html(tree: RunTree) -> str:
-    """The run's step tree (see ``_flow``)."""
+def tree_html(tree: RunTree, replayed_below: int = 0) -> str:
+    """The run's step tree (see ``_flow``); its steps before ``replayed_below`` (a rerun's
+    rerun point: ``dflow.patterns.rerun.replayed_until``) marked replayed."""
     note = '<p class="note">Some branches are not drawn here: open them.</p>' if tree.truncated else ""
-    return f'<div class="graph">{_flow(tree, tree.root)}</div>{note}'
+    return f'<div class="graph">{_flow(tree, tree.root, replayed_below)}</div>{note}'
 
 
-def _node_label(rec: StepRecord) -> str:
+def _node_label(rec: StepRecord, replayed: bool) -> str:
     name = rec.name or node_id(rec.key)
     meta = [f"#{rec.seq}"]
     if rec.attempt:
@@ -36,7 +37,8 @@ def _node_label(rec: StepRecord) -> str:
         detail = "→ " + preview(decoded(rec.raw_output)) if rec.raw_output is not None else ""
     return (
         f'<span class="nm">{esc(name)}</span>{badge(rec.status.value)}'
-        f'<span class="meta">{esc(" · ".join(meta))}</span>'
+        + (replayed_badge() if replayed else "")
+        + f'<span class="meta">{esc(" · ".join(meta))}</span>'
         + (f'<span class="val">{esc(preview(detail, 90))}</span>' if detail else "")
     )
 
@@ -71,9 +73,10 @@ def _end(kind: str, text: str) -> str:
     return f'<li class="step {kind}"><div class="node ghost">{esc(text)}</div></li>'
 
 
-def _flow(tree: RunTree, node: RunNode) -> str:
+def _flow(tree: RunTree, node: RunNode, replayed_below: int = 0) -> str:
     """A run's records as nested lists: a step inside a ``flat_map``'s flow (one more ``/``
-    in its key) sits under that flat_map's step; a fork's branches side by side."""
+    in its key) sits under that flat_map's step; a fork's branches side by side. (Only the
+    root run is a rerun: its branch runs are drawn with no ``replayed_below``.)"""
     levels: list[tuple[int, list[str]]] = []  # open lists: (key depth, items)
     out: list[str] = []
     if node.first:
@@ -97,7 +100,7 @@ def _flow(tree: RunTree, node: RunNode) -> str:
         levels[-1][1].append(
             f'<li class="step st-{rec.status.value}"><button type="button" class="node" '
             f'data-run="{esc(node.trace_id)}" data-seq="{rec.seq}" data-index="{at}">'
-            f"{_node_label(rec)}</button>"
+            f"{_node_label(rec, rec.seq < replayed_below)}</button>"
             f"{branches}</li>"
         )
     while len(levels) > 1:
