@@ -3,7 +3,9 @@
 ``<prefix>:{workers}:w:<worker id>`` holds a worker's last beat as JSON and expires
 ``ttl`` after it (``SET ... PX``); ``<prefix>:{workers}`` is the sorted set of the workers
 that beat, scored by their last beat, so that the alive ones are read without a scan. A
-member whose key expired is taken out when the workers are next read. Both keys share the
+member whose key expired is taken out when the workers are next read, and by every beat once
+its last beat is ``FORGOTTEN_AFTER`` old (a worker's clock may be off: not at once), so the set
+does not grow with every worker a deployment ever ran when nobody reads it. Both keys share the
 hash tag ``{workers}``: on a cluster they live in one slot.
 """
 
@@ -18,7 +20,9 @@ from dflow.workers import BEAT_TTL, WorkerBeat, WorkerBeats
 from .client import execute
 from .errors import store_errors
 
-__all__ = ["RedisWorkerBeats"]
+__all__ = ["FORGOTTEN_AFTER", "RedisWorkerBeats"]
+
+FORGOTTEN_AFTER = 3600.0  #: seconds after its last beat that a worker leaves the set at any beat
 
 log = logging.getLogger("dflow.redis")
 
@@ -40,6 +44,7 @@ class RedisWorkerBeats(WorkerBeats):
             async with self.redis.pipeline(transaction=False) as pipe:
                 pipe.set(self.key(beat.worker_id), body, px=max(1, int(ttl * 1000)))
                 pipe.zadd(self.index, {beat.worker_id: beat.beat})
+                pipe.zremrangebyscore(self.index, "-inf", beat.beat - FORGOTTEN_AFTER)
                 await execute(self.redis, pipe)
 
     async def alive(self) -> list[WorkerBeat]:

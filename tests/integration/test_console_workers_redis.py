@@ -5,6 +5,7 @@ with SIGTERM is gone at once, one killed with -9 is gone within its beat's time 
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 from collections.abc import Callable
@@ -82,3 +83,37 @@ def test_the_workers_page_of_dflow_serve_shows_the_worker_processes_on_redis(
                 assert re.search(r"No worker is alive", c.get("/console/workers").text)
         finally:
             dflow.shutdown()
+
+
+def test_workers_gone_long_ago_leave_the_redis_index_at_the_next_beat_though_nobody_lists_them(
+    redis_url: str, prefix: str
+) -> None:
+    import redis
+
+    from dflow.adapters.redis import RedisStore
+    from dflow.adapters.redis.workers import FORGOTTEN_AFTER, RedisWorkerBeats
+    from dflow.workers import WorkerBeat
+
+    store = RedisStore(redis_url, prefix=prefix)
+    beats = store.worker_beats
+    assert isinstance(beats, RedisWorkerBeats)
+    now = time.time()
+
+    def beat(worker_id: str, at: float) -> WorkerBeat:
+        return WorkerBeat(worker_id, "host", 1, ("default",), at, at)
+
+    async def go() -> None:
+        try:
+            await beats.beat(beat("old", now - FORGOTTEN_AFTER - 60), ttl=5)
+            await beats.beat(beat("recent", now - 120), ttl=5)
+            await beats.beat(beat("now", now), ttl=5)
+        finally:
+            await store.close()
+
+    asyncio.run(go())
+    r = redis.Redis.from_url(redis_url)
+    try:
+        kept = sorted(m.decode() for m in r.zrange(beats.index, 0, -1))
+    finally:
+        r.close()
+    assert kept == ["now", "recent"], "an hour after its last beat a worker leaves the set"
