@@ -1,8 +1,8 @@
 """A Redis outage is ridden out quietly: workers and a ``consume=False`` client back off,
 log one line when it starts (with its cause) and one when it ends (with its duration), and
 the runs in flight finish once Redis is back. Real ``dflow worker`` processes on a
-redis-server of the test's own, stopped for ``OUTAGE`` seconds (10 here, not the 15 of the
-report: the backoff reaches its cap of 5 s well within it, so the point holds)."""
+redis-server of the test's own, stopped for ``OUTAGE`` seconds, as long as the outage an
+operator reported (the backoff reaches its cap of 5 s well within it)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from .apps import flows, shutdown_app
 from .conftest import SECRET
 from .own_redis import OwnRedis, own_redis  # noqa: F401 (a fixture)
 
-OUTAGE = 10.0
+OUTAGE = 15.0
 
 
 @pytest.fixture
