@@ -5,7 +5,8 @@
 that beat, scored by their last beat, so that the alive ones are read without a scan. A
 member whose key expired is taken out when the workers are next read, and by every beat once
 its last beat is ``FORGOTTEN_AFTER`` old (a worker's clock may be off: not at once), so the set
-does not grow with every worker a deployment ever ran when nobody reads it. Both keys share the
+does not grow with every worker a deployment ever ran when nobody reads it; the set itself
+expires ``FORGOTTEN_AFTER`` after the last beat of any worker. Both keys share the
 hash tag ``{workers}``: on a cluster they live in one slot.
 """
 
@@ -45,6 +46,7 @@ class RedisWorkerBeats(WorkerBeats):
                 pipe.set(self.key(beat.worker_id), body, px=max(1, int(ttl * 1000)))
                 pipe.zadd(self.index, {beat.worker_id: beat.beat})
                 pipe.zremrangebyscore(self.index, "-inf", beat.beat - FORGOTTEN_AFTER)
+                pipe.expire(self.index, int(FORGOTTEN_AFTER))  # (gone an hour after the last beat)
                 await execute(self.redis, pipe)
 
     async def alive(self) -> list[WorkerBeat]:

@@ -71,8 +71,15 @@ def own_redis_url(tmp_path: Path) -> Iterator[str]:
 
 
 def _run_keys(r: redis.Redis, prefix: str) -> list[bytes]:
-    """Every key of the store that is not the step stream itself (which stays, empty)."""
-    return sorted(k for k in r.scan_iter(f"{prefix}:*", count=1000) if k != f"{prefix}:steps".encode())
+    """Every key of the store that is not the step stream itself (which stays, empty), nor
+    the beat of this process's own worker (``{workers}``: it lives as long as the worker, see
+    ``test_console_workers_redis``)."""
+    workers = f"{prefix}:{{workers}}".encode()
+    return sorted(
+        k
+        for k in r.scan_iter(f"{prefix}:*", count=1000)
+        if k != f"{prefix}:steps".encode() and not k.startswith(workers)
+    )
 
 
 def _wait_for(check: Any, timeout: float, what: str) -> None:

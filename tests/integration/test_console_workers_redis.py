@@ -114,6 +114,8 @@ def test_workers_gone_long_ago_leave_the_redis_index_at_the_next_beat_though_nob
     r = redis.Redis.from_url(redis_url)
     try:
         kept = sorted(m.decode() for m in r.zrange(beats.index, 0, -1))
+        ttl = r.ttl(beats.index)
     finally:
         r.close()
     assert kept == ["now", "recent"], "an hour after its last beat a worker leaves the set"
+    assert 0 < ttl <= FORGOTTEN_AFTER, "the set itself expires an hour after the last beat"
