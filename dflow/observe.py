@@ -17,11 +17,13 @@ what it raises stops the runtime's start.
 Labels: ``started`` gets the step's *pipeline* and *step* labels (``step_labels``), both
 of bounded variety: the step is the ``label`` of its node, else its id (never its full
 key, which nests, nor a trace id); the pipeline is the name of the pipeline the run's flow belongs to, read from
-the run's outermost frame when that is a pipeline's chain (or one of its zip/any branches),
-else from the outermost level of the step key (a flow built at run time, after a tail
-call); ``NO_PIPELINE`` when no pipeline of this process matches it alone (a
-``direct_run``, or two pipelines ending alike). A compensation step (saga undo) has the
-pipeline label of the run it undoes, which its run's compensating mark keeps.
+the pipeline reference the run's outermost frame keeps once a tail call left the pipeline's
+chain (``Frame.origin``), else from that frame's chain when it is a pipeline's (or one of
+its zip/any branches), else (a run whose frames were written before they kept it) from the
+outermost level of the step key; ``NO_PIPELINE`` when no pipeline of this process matches
+it alone (a ``direct_run``, or an old run of two pipelines ending alike). A compensation
+step (saga undo) has the pipeline label of the run it undoes, which its run's compensating
+mark keeps.
 """
 
 from __future__ import annotations
@@ -262,9 +264,10 @@ def combine(observers: Sequence[StepObserver]) -> StepObserver | None:
 
 # -- labels ------------------------------------------------------------------------------
 
-#: by (outermost chain, top chain, its position, its key suffix): what makes the step's key,
-#: without hashing the key itself (a fresh string of each message, as long as its chain)
-_labels: dict[tuple[Chain, Chain, int, str], tuple[str, str]] = {}
+#: by (outermost chain, the run's pipeline it keeps, top chain, its position, its key suffix):
+#: what makes the step's labels, without hashing the key itself (a fresh string of each
+#: message, as long as its chain)
+_labels: dict[tuple[Chain, str, Chain, int, str], tuple[str, str]] = {}
 _MAX_LABELS = 4096  #: cached steps at most; the cache is emptied when full
 
 
@@ -275,12 +278,12 @@ def step_labels(
     ``key`` (``frames[-1].key``; see the module); the step label is the node's ``label``,
     else its id. A compensation step (its run's ``data`` has the compensating mark) has the
     pipeline of the run it undoes. Cached: the same step costs one dict lookup."""
-    root, top = frames[0].chain, frames[-1]
-    at = (root, top.chain, top.pos, top.suffix)
+    bottom, top = frames[0], frames[-1]
+    at = (bottom.chain, bottom.origin, top.chain, top.pos, top.suffix)
     hit = _labels.get(at)
     if hit is None:
         node = top.node
-        hit = (_pipeline_name(root, key), node._label or node._id or "")
+        hit = (_pipeline_name(bottom, key), node._label or node._id or "")
         if len(_labels) >= _MAX_LABELS:
             _labels.clear()
         _labels[at] = hit
@@ -307,13 +310,15 @@ def run_label(frames: tuple[Frame, ...] | None, first_key: str | None) -> str:
     return step_labels(frames, first_key)[0]
 
 
-def _pipeline_name(root: Chain, key: str) -> str:
-    ref = registry.ref_of(root)
-    if ref is not None:  # a pipeline's chain, or one of its branches ("p:<digest>/<pos>.<i>")
-        head = registry.chain_by_ref(ref.split("/", 1)[0])
-        pipeline = registry.pipeline_for(head.keys[0]) if head is not None else None
-        if pipeline is not None:
-            return pipeline.name
+def _pipeline_name(bottom: Frame, key: str) -> str:
+    # the pipeline the run started in, which the bottom frame keeps (or whose chain it is, or
+    # one of whose branches: "p:<digest>/<pos>.<i>")
+    for ref in (bottom.origin, registry.ref_of(bottom.chain)):
+        if ref:
+            head = registry.chain_by_ref(ref.split("/", 1)[0])
+            pipeline = registry.pipeline_for(head.keys[0]) if head is not None else None
+            if pipeline is not None:
+                return pipeline.name
     level = outer_key(key)
     names = {p.name for k, p in list(registry._pipelines.items()) if k == level or k.endswith(">" + level)}
     return names.pop() if len(names) == 1 else NO_PIPELINE

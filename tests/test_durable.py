@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import pickle
 import threading
 
+import msgpack
 import pytest
 
 import dflow
 from dflow import BuildError, DFlow, PayloadRejectedError, UnknownStepError
 from dflow.model.chains import ChainCodec
-from dflow.model.nodes import compile_flow
+from dflow.model.frames import FrameCodec
+from dflow.model.nodes import Frame, compile_flow
 
 KEY = "k" * 32  # a signing key is at least 32 bytes
 OTHER = "o" * 32
@@ -153,6 +156,28 @@ def test_frames_records_are_signed_for_their_run() -> None:
     _, blob = codec.ref(compile_flow(DFlow.just(1).map(inc).id("x").map(inc).id("y")))
     with pytest.raises(PayloadRejectedError):
         codec.open_frames("run-a", blob)  # a blob's signature is no frames signature
+
+
+def test_a_frames_record_keeps_the_run_s_pipeline_once_a_tail_call_left_its_chain() -> None:
+    inner = compile_flow(DFlow.just(1).map(inc).id("in").map(inc).id("out"))
+    kept = (Frame(inner, 1, "/fan", origin="p:0123"),)
+    record = FrameCodec(ChainCodec(KEY)).dump("run-a", kept)[0]
+    _, blob = ChainCodec(KEY).ref(inner)
+
+    async def blob_of(ref: str) -> bytes | None:
+        return blob
+
+    other = FrameCodec(ChainCodec(KEY))  # another worker: it loads the record and the blob
+    (loaded,) = asyncio.run(other.load("run-a", record.record, blob_of))
+    assert (loaded.pos, loaded.suffix, loaded.returning, loaded.origin) == (1, "/fan", False, "p:0123")
+    # a record written before frames kept it (four fields an entry) loads without one
+    ref = record.blobs[0]
+    older = ChainCodec(KEY).seal_frames("run-a", msgpack.packb([[ref, 1, "/fan", False]]))
+    (loaded,) = asyncio.run(other.load("run-a", older, blob_of))
+    assert (loaded.pos, loaded.suffix, loaded.origin) == (1, "/fan", "")
+    bad = ChainCodec(KEY).seal_frames("run-a", msgpack.packb([[ref, 1, "/fan", False, 7]]))
+    with pytest.raises(PayloadRejectedError, match="is not one dflow writes"):
+        asyncio.run(other.load("run-a", bad, blob_of))
 
 
 LOCK = threading.Lock()

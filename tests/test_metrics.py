@@ -16,6 +16,7 @@ import pytest
 import dflow
 from dflow import ContextStack, DFlow
 from dflow.metrics import Metrics, serve_metrics
+from dflow.model.registry import static_ref
 from dflow.observe import NO_PIPELINE, StepObserver, combine, outer_key, step_labels
 from dflow.runtime import Runtime
 
@@ -154,6 +155,9 @@ def test_labels_name_the_pipeline_and_the_node_and_stay_bounded() -> None:
     assert step_labels(dynamic, f"in/{tail}") == (NO_PIPELINE, "in")
     static = (Frame(p1._chain, 1),)
     assert step_labels(static, p1._chain.keys[1]) == ("amb-1", tail)
+    # (unless the frame keeps the run's pipeline, as frames do since a tail call left it)
+    kept = (Frame(compile_flow(inner), 1, f"/{tail}", origin=static_ref(p1._chain.keys[0])),)
+    assert step_labels(kept, f"in/{tail}") == ("amb-1", "in")
 
     registry = prom.CollectorRegistry()
     m = Metrics(registry=registry, max_series=2)
@@ -206,6 +210,33 @@ def test_a_labelled_step_is_counted_under_its_label_chosen_when_built_or_at_run_
     ]
     named = DFlow.just(1).map(_double).id("d").name("double it").label("double")
     assert (named._name, named._label) == ("double it", "double")
+
+
+def _same(v: int) -> int:
+    return v
+
+
+def _countdown(n: int) -> DFlow[int]:
+    """A loop built at run time: each turn ends in a tail flat_map; the last turn fans out."""
+    if n <= 0:
+        return DFlow.zip([DFlow.just(i).map(_double).id("mul") for i in range(2)]).id("z").map(sum).id("sum")
+    return DFlow.just(n - 1).map(_same).id("tick").flat_map(_countdown).id("loop")
+
+
+def test_steps_after_a_tail_flat_map_are_counted_under_their_run_s_pipeline_when_pipelines_end_alike(
+    metered: tuple[Runtime, prom.CollectorRegistry],
+) -> None:
+    _, registry = metered
+    tail = f"fan-{uuid.uuid4().hex[:6]}"  # (both pipelines end with it: their steps' keys end alike)
+    first, second = (f"m-alike-{uuid.uuid4().hex[:6]}" for _ in range(2))
+    a = DFlow.from_call("go").map(_same).id("a").flat_map(_countdown).id(tail).init(first)
+    b = DFlow.from_call("go").map(_same).id("b").flat_map(_countdown).id(tail).init(second)
+    assert a.call(2).result(10) == 2
+    assert b.call(1).result(10) == 2
+    common = {tail: 1.0, "mul": 2.0, "z": 1.0, "sum": 1.0}
+    _wait_for_counts(registry, first, {"a": 1.0, "tick": 2.0, "loop": 2.0, **common})
+    _wait_for_counts(registry, second, {"b": 1.0, "tick": 1.0, "loop": 1.0, **common})
+    assert _counts(registry, "dflow_steps_started_total", NO_PIPELINE) == {}
 
 
 def test_a_label_that_would_not_read_as_a_bounded_label_is_refused() -> None:

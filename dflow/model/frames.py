@@ -57,7 +57,7 @@ class FrameCodec:
             f = frames[0]
             ref = chains.ref(f.chain)[0]
             if ref[0] == "p":
-                record = chains.seal_frames(trace_id, _pack(((ref, f.pos, f.suffix, f.returning),)))
+                record = chains.seal_frames(trace_id, _pack((_entry(ref, f),)))
                 self._seal(trace_id, record, frames)
                 return Frames(record), frames
         entries = []
@@ -81,8 +81,8 @@ class FrameCodec:
                 if copy is not f.chain:
                     if out is None:
                         out = list(frames)
-                    out[i] = Frame(copy, f.pos, f.suffix, f.returning)
-            entries.append((ref, f.pos, f.suffix, f.returning))
+                    out[i] = Frame(copy, f.pos, f.suffix, f.returning, f.origin)
+            entries.append(_entry(ref, f))
         for head in new:
             self._stored[head] = None
         while len(self._stored) > 100_000:
@@ -130,28 +130,41 @@ class FrameCodec:
                 raise
             payload = record  # written unsigned by dflow 0.1: accepted while the deployment upgrades
         out = []
-        for ref, pos, suffix, returning in _entries(payload, trace_id):
+        for entry in _entries(payload, trace_id):
+            ref = entry[0]
             chain = self.chains.cached(ref)
             if chain is None:
                 head = self.chains.blob_of(ref)
                 chain = self.chains.load(ref, await get_blob(head))
                 self._stored[head] = None
-            out.append(Frame(chain, pos, suffix, returning))
+            out.append(Frame(chain, *entry[1:]))
         return tuple(out)
+
+
+def _entry(ref: str, f: Frame) -> tuple[Any, ...]:
+    """A frame's entry in a record: its chain's reference, position, key suffix, whether it
+    waits for a flat_map's inner flow, and the run's pipeline when it keeps it (``origin``:
+    records written before it was kept have four fields)."""
+    if f.origin:
+        return (ref, f.pos, f.suffix, f.returning, f.origin)
+    return (ref, f.pos, f.suffix, f.returning)
+
+
+def _is_entry(e: Any) -> bool:
+    return (
+        isinstance(e, list)
+        and (len(e) == 4 or (len(e) == 5 and isinstance(e[-1], str)))
+        and isinstance(e[0], str)
+        and type(e[1]) is int
+        and isinstance(e[2], str)
+        and isinstance(e[3], bool)
+    )
 
 
 def _entries(payload: bytes, trace_id: str) -> list[Any]:
     try:
         entries = msgpack.unpackb(payload, raw=False)
-        if isinstance(entries, list) and all(
-            isinstance(e, list)
-            and len(e) == 4
-            and isinstance(e[0], str)
-            and type(e[1]) is int
-            and isinstance(e[2], str)
-            and isinstance(e[3], bool)
-            for e in entries
-        ):
+        if isinstance(entries, list) and all(_is_entry(e) for e in entries):
             return entries
     except Exception:
         pass
