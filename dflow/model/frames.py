@@ -56,8 +56,8 @@ class FrameCodec:
         if len(frames) == 1:  # the common case: one frame of a pipeline's own chain
             f = frames[0]
             ref = chains.ref(f.chain)[0]
-            if ref[0] == "p":
-                record = chains.seal_frames(trace_id, _pack((_entry(ref, f),)))
+            if ref[0] == "p" and not f.origin:
+                record = chains.seal_frames(trace_id, _pack(((ref, f.pos, f.suffix, f.returning),)))
                 self._seal(trace_id, record, frames)
                 return Frames(record), frames
         entries = []
@@ -67,16 +67,7 @@ class FrameCodec:
         for i, f in enumerate(frames):
             ref, blob = chains.ref(f.chain)
             if ref[:2] == "h:":
-                head = chains.blob_of(ref)
-                if head not in refs:
-                    refs.append(head)
-                if blob is not None:
-                    if head not in self._stored:
-                        new[head] = blob
-                    if head not in self._bytes:
-                        self._bytes[head] = blob
-                        if len(self._bytes) > 1000:
-                            self._bytes.popitem(last=False)
+                self._refer(chains.blob_of(ref), blob, refs, new)
                 copy = chains.runnable(f.chain)
                 if copy is not f.chain:
                     if out is None:
@@ -92,6 +83,19 @@ class FrameCodec:
         self._seal(trace_id, record, runnable)
         refs.sort()
         return Frames(record, tuple(refs), new), runnable
+
+    def _refer(self, head: str, blob: bytes | None, refs: list[str], new: dict[str, bytes]) -> None:
+        """A record refers to the blob ``head``: list it in ``refs``, and put it in ``new``
+        (to store) when this process has not stored it yet."""
+        if head not in refs:
+            refs.append(head)
+        if blob is not None:
+            if head not in self._stored:
+                new[head] = blob
+            if head not in self._bytes:
+                self._bytes[head] = blob
+                if len(self._bytes) > 1000:
+                    self._bytes.popitem(last=False)
 
     def _seal(self, trace_id: str, record: bytes, frames: tuple[Frame, ...]) -> None:
         sealed = self._sealed
