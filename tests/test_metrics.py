@@ -321,3 +321,24 @@ def test_the_core_imports_neither_prometheus_nor_opentelemetry() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def _undone_then_failing(x: int) -> DFlow[int]:
+    return DFlow.just(x).map(lambda v: v + 1).id("inc").compensate(_undo_inc).map(_boom).id("boom")
+
+
+def test_compensation_steps_after_a_tail_flat_map_are_counted_under_their_run_s_pipeline(
+    metered: tuple[Runtime, prom.CollectorRegistry],
+) -> None:
+    _, registry = metered
+    tail = f"saga-{uuid.uuid4().hex[:6]}"  # (both pipelines end with it: their steps' keys end alike)
+    names = [f"m-undo-{uuid.uuid4().hex[:6]}" for _ in range(2)]
+    for i, name in enumerate(names):
+        pipeline = (
+            DFlow.from_call("go").map(_same).id(f"s{i}").flat_map(_undone_then_failing).id(tail).init(name)
+        )
+        with pytest.raises(dflow.RunCompensatedError):
+            pipeline.call(1).result(10)
+    for i, name in enumerate(names):
+        _wait_for_counts(registry, name, {f"s{i}": 1.0, tail: 1.0, "inc": 1.0, "boom": 1.0, "undo:inc": 1.0})
+    assert _counts(registry, "dflow_steps_started_total", NO_PIPELINE) == {}
