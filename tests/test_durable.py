@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import hmac
 import pickle
@@ -13,9 +12,12 @@ import pytest
 
 import dflow
 from dflow import BuildError, DFlow, PayloadRejectedError, UnknownStepError
+from dflow.model import interpret
 from dflow.model.chains import ChainCodec
 from dflow.model.frames import FrameCodec
 from dflow.model.nodes import Frame, compile_flow
+from dflow.observe import PIPELINE_KEY, kept_pipeline
+from dflow.wire.values import Message, encode
 
 KEY = "k" * 32  # a signing key is at least 32 bytes
 OTHER = "o" * 32
@@ -158,28 +160,6 @@ def test_frames_records_are_signed_for_their_run() -> None:
         codec.open_frames("run-a", blob)  # a blob's signature is no frames signature
 
 
-def test_a_frames_record_keeps_the_run_s_pipeline_once_a_tail_call_left_its_chain() -> None:
-    inner = compile_flow(DFlow.just(1).map(inc).id("in").map(inc).id("out"))
-    kept = (Frame(inner, 1, "/fan", origin="p:0123"),)
-    record = FrameCodec(ChainCodec(KEY)).dump("run-a", kept)[0]
-    _, blob = ChainCodec(KEY).ref(inner)
-
-    async def blob_of(ref: str) -> bytes | None:
-        return blob
-
-    other = FrameCodec(ChainCodec(KEY))  # another worker: it loads the record and the blob
-    (loaded,) = asyncio.run(other.load("run-a", record.record, blob_of))
-    assert (loaded.pos, loaded.suffix, loaded.returning, loaded.origin) == (1, "/fan", False, "p:0123")
-    # a record written before frames kept it (four fields an entry) loads without one
-    ref = record.blobs[0]
-    older = ChainCodec(KEY).seal_frames("run-a", msgpack.packb([[ref, 1, "/fan", False]]))
-    (loaded,) = asyncio.run(other.load("run-a", older, blob_of))
-    assert (loaded.pos, loaded.suffix, loaded.origin) == (1, "/fan", "")
-    bad = ChainCodec(KEY).seal_frames("run-a", msgpack.packb([[ref, 1, "/fan", False, 7]]))
-    with pytest.raises(PayloadRejectedError, match="is not one dflow writes"):
-        asyncio.run(other.load("run-a", bad, blob_of))
-
-
 LOCK = threading.Lock()
 
 
@@ -315,3 +295,29 @@ def test_a_blob_with_more_branches_than_the_cache_loads() -> None:
     fresh = ChainCodec(KEY, cache_size=10)
     assert fresh.load(ref, blob).keys == ("z",)
     assert fresh.load(f"{ref}/0.29", blob).nodes[1]._fn(1) == 2
+
+
+def _built_at_run_time(x: int) -> DFlow[int]:
+    return DFlow.just(x).map(inc).id("in").map(inc).id("out")
+
+
+tailing = (
+    DFlow.from_call("durable-tail").map(inc).id("a").flat_map(_built_at_run_time).id("t").init("durable-tail")
+)
+
+
+def test_a_frames_record_after_a_tail_flat_map_is_the_one_a_release_before_wrote() -> None:
+    # the step whose tail flat_map leaves the pipeline's chain keeps the pipeline in the run's
+    # data, not in the frames record: a worker of the release before reads the record as ever
+    frames = (Frame(tailing._chain, 2),)
+    msg = Message("run-a", 2, tailing._chain.keys[2])
+    went = interpret.enter(msg, frames, compile_flow(_built_at_run_time(1)))
+    assert isinstance(went, interpret.Go) and went.frames is not None
+    codec = ChainCodec(KEY)
+    record = FrameCodec(codec).dump("run-a", went.frames)[0]
+    (f,) = went.frames
+    (ref,) = record.blobs
+    assert record.record == codec.seal_frames("run-a", msgpack.packb([[ref, f.pos, f.suffix, f.returning]]))
+    assert [len(e) for e in msgpack.unpackb(codec.open_frames("run-a", record.record))] == [4]
+    assert kept_pipeline(frames, went.frames) == {PIPELINE_KEY: encode("durable-tail")}
+    assert kept_pipeline(frames, (Frame(tailing._chain, 3),)) == {}  # (a step of the pipeline's own chain)

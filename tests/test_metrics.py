@@ -16,9 +16,17 @@ import pytest
 import dflow
 from dflow import ContextStack, DFlow
 from dflow.metrics import Metrics, serve_metrics
-from dflow.model.registry import static_ref
-from dflow.observe import NO_PIPELINE, StepObserver, combine, outer_key, step_labels
+from dflow.observe import (
+    NO_PIPELINE,
+    PIPELINE_KEY,
+    StepObserver,
+    combine,
+    kept_pipeline,
+    outer_key,
+    step_labels,
+)
 from dflow.runtime import Runtime
+from dflow.wire.values import encode
 
 
 @pytest.fixture
@@ -155,9 +163,14 @@ def test_labels_name_the_pipeline_and_the_node_and_stay_bounded() -> None:
     assert step_labels(dynamic, f"in/{tail}") == (NO_PIPELINE, "in")
     static = (Frame(p1._chain, 1),)
     assert step_labels(static, p1._chain.keys[1]) == ("amb-1", tail)
-    # (unless the frame keeps the run's pipeline, as frames do since a tail call left it)
-    kept = (Frame(compile_flow(inner), 1, f"/{tail}", origin=static_ref(p1._chain.keys[0])),)
-    assert step_labels(kept, f"in/{tail}") == ("amb-1", "in")
+    # (unless the run's data keeps its pipeline, as the step whose tail call left its chain writes it)
+    left = kept_pipeline((Frame(p1._chain, 0),), dynamic)
+    assert step_labels(dynamic, f"in/{tail}", left) == ("amb-1", "in")
+    assert kept_pipeline(static, (Frame(p1._chain, 2),)) == {}  # (the frames still name it)
+    assert kept_pipeline(dynamic, (Frame(compile_flow(inner), 0),)) == {}  # (written once, when it left)
+    # (frames naming their pipeline win; a damaged value is left aside for the step key)
+    assert step_labels(static, p1._chain.keys[1], {PIPELINE_KEY: encode("amb-2")}) == ("amb-1", tail)
+    assert step_labels(dynamic, f"in/{tail}", {PIPELINE_KEY: b"\xc1"}) == (NO_PIPELINE, "in")
 
     registry = prom.CollectorRegistry()
     m = Metrics(registry=registry, max_series=2)

@@ -56,7 +56,7 @@ class FrameCodec:
         if len(frames) == 1:  # the common case: one frame of a pipeline's own chain
             f = frames[0]
             ref = chains.ref(f.chain)[0]
-            if ref[0] == "p" and not f.origin:
+            if ref[0] == "p":
                 record = chains.seal_frames(trace_id, _pack(((ref, f.pos, f.suffix, f.returning),)))
                 self._seal(trace_id, record, frames)
                 return Frames(record), frames
@@ -67,13 +67,22 @@ class FrameCodec:
         for i, f in enumerate(frames):
             ref, blob = chains.ref(f.chain)
             if ref[:2] == "h:":
-                self._refer(chains.blob_of(ref), blob, refs, new)
+                head = chains.blob_of(ref)
+                if head not in refs:
+                    refs.append(head)
+                if blob is not None:
+                    if head not in self._stored:
+                        new[head] = blob
+                    if head not in self._bytes:
+                        self._bytes[head] = blob
+                        if len(self._bytes) > 1000:
+                            self._bytes.popitem(last=False)
                 copy = chains.runnable(f.chain)
                 if copy is not f.chain:
                     if out is None:
                         out = list(frames)
-                    out[i] = Frame(copy, f.pos, f.suffix, f.returning, f.origin)
-            entries.append(_entry(ref, f))
+                    out[i] = Frame(copy, f.pos, f.suffix, f.returning)
+            entries.append((ref, f.pos, f.suffix, f.returning))
         for head in new:
             self._stored[head] = None
         while len(self._stored) > 100_000:
@@ -83,19 +92,6 @@ class FrameCodec:
         self._seal(trace_id, record, runnable)
         refs.sort()
         return Frames(record, tuple(refs), new), runnable
-
-    def _refer(self, head: str, blob: bytes | None, refs: list[str], new: dict[str, bytes]) -> None:
-        """A record refers to the blob ``head``: list it in ``refs``, and put it in ``new``
-        (to store) when this process has not stored it yet."""
-        if head not in refs:
-            refs.append(head)
-        if blob is not None:
-            if head not in self._stored:
-                new[head] = blob
-            if head not in self._bytes:
-                self._bytes[head] = blob
-                if len(self._bytes) > 1000:
-                    self._bytes.popitem(last=False)
 
     def _seal(self, trace_id: str, record: bytes, frames: tuple[Frame, ...]) -> None:
         sealed = self._sealed
@@ -134,41 +130,28 @@ class FrameCodec:
                 raise
             payload = record  # written unsigned by dflow 0.1: accepted while the deployment upgrades
         out = []
-        for entry in _entries(payload, trace_id):
-            ref = entry[0]
+        for ref, pos, suffix, returning in _entries(payload, trace_id):
             chain = self.chains.cached(ref)
             if chain is None:
                 head = self.chains.blob_of(ref)
                 chain = self.chains.load(ref, await get_blob(head))
                 self._stored[head] = None
-            out.append(Frame(chain, *entry[1:]))
+            out.append(Frame(chain, pos, suffix, returning))
         return tuple(out)
-
-
-def _entry(ref: str, f: Frame) -> tuple[Any, ...]:
-    """A frame's entry in a record: its chain's reference, position, key suffix, whether it
-    waits for a flat_map's inner flow, and the run's pipeline when it keeps it (``origin``:
-    records written before it was kept have four fields)."""
-    if f.origin:
-        return (ref, f.pos, f.suffix, f.returning, f.origin)
-    return (ref, f.pos, f.suffix, f.returning)
-
-
-def _is_entry(e: Any) -> bool:
-    return (
-        isinstance(e, list)
-        and (len(e) == 4 or (len(e) == 5 and isinstance(e[-1], str)))
-        and isinstance(e[0], str)
-        and type(e[1]) is int
-        and isinstance(e[2], str)
-        and isinstance(e[3], bool)
-    )
 
 
 def _entries(payload: bytes, trace_id: str) -> list[Any]:
     try:
         entries = msgpack.unpackb(payload, raw=False)
-        if isinstance(entries, list) and all(_is_entry(e) for e in entries):
+        if isinstance(entries, list) and all(
+            isinstance(e, list)
+            and len(e) == 4
+            and isinstance(e[0], str)
+            and type(e[1]) is int
+            and isinstance(e[2], str)
+            and isinstance(e[3], bool)
+            for e in entries
+        ):
             return entries
     except Exception:
         pass

@@ -9,8 +9,7 @@ into store transitions once the core has serialized their frames.
 
 A run's frames are a stack: the top frame is the step to run; each frame below is a
 chain a ``flat_map`` will return to. A frame's ``suffix`` carries the keys of what follows
-its chain, so a step's key is ``chain.keys[pos] + suffix``. The bottom frame keeps the
-run's pipeline (``Frame.origin``) once that pipeline's chain is not below it any more.
+its chain, so a step's key is ``chain.keys[pos] + suffix``.
 """
 
 from __future__ import annotations
@@ -27,7 +26,6 @@ from ..store import BranchResult, Fail, Finish, Parent, Wait
 from ..wire.ids import branch_id
 from ..wire.values import CONTINUE, JOIN, MAX_KEY, NONE, Message, encode
 from .nodes import Chain, Frame, Kind, Node, compile_flow
-from .registry import ref_of
 
 __all__ = [
     "MAX_DEPTH",
@@ -40,7 +38,6 @@ __all__ = [
     "handlers",
     "join",
     "nest_suffix",
-    "run_origin",
     "sleep",
     "split",
 ]
@@ -96,7 +93,7 @@ def after(trace_id: str, seq: int, frames: tuple[Frame, ...], out: bytes) -> Go 
         top = frames[-1]
         pos = top.pos + 1 if top.returning else top.pos
     return Go(
-        (*frames[:-1], Frame(top.chain, pos, top.suffix, origin=top.origin)),
+        (*frames[:-1], Frame(top.chain, pos, top.suffix)),
         out,
         Message(trace_id, seq + 1, top.chain.keys[pos] + top.suffix),
     )
@@ -142,9 +139,9 @@ def enter(msg: Message, frames: tuple[Frame, ...], chain: Chain) -> Go | Finish:
                 "that is not a tail call builds a stack: end the flow with the recursive flat_map"
             )
     if here._on_error is not None:  # our handler must see the inner errors
-        base = (*frames[:-1], Frame(top.chain, top.pos, top.suffix, True, top.origin))
+        base = (*frames[:-1], Frame(top.chain, top.pos, top.suffix, returning=True))
     elif after_pos < len(top.chain.nodes):  # come back here after the inner chain
-        base = (*frames[:-1], Frame(top.chain, after_pos, top.suffix, origin=top.origin))
+        base = (*frames[:-1], Frame(top.chain, after_pos, top.suffix))
     else:  # tail call: the inner chain returns straight to our continuation
         base = frames[:-1]
     if len(base) >= MAX_DEPTH:
@@ -153,19 +150,12 @@ def enter(msg: Message, frames: tuple[Frame, ...], chain: Chain) -> Go | Finish:
             f"of {MAX_DEPTH}: recursion that is not a tail call keeps a stack. End the flow with the recursive "
             "flat_map (a loop), or recurse less deeply"
         )
-    new = (*base, Frame(chain, 0, suffix, origin="" if base else run_origin(frames)))
+    new = (*base, Frame(chain, 0, suffix))
     head = chain.nodes[0]
     if head._kind == Kind.JUST:  # a constant head needs no step of its own
         out = encode(head._value, "the value of just returned by flat_map step", msg.key)
         return after(msg.trace_id, msg.seq, new, out)
     return Go(new, NONE, Message(msg.trace_id, msg.seq + 1, chain.keys[0] + suffix))
-
-
-def run_origin(frames: tuple[Frame, ...]) -> str:
-    """The static reference of the pipeline chain run ``frames`` started in, as a frame
-    that replaces the bottom one keeps it (``Frame.origin``; "" when no pipeline's is)."""
-    bottom = frames[0]
-    return bottom.origin or ref_of(bottom.chain) or ""
 
 
 def split(msg: Message, frames: tuple[Frame, ...], node: Node, max_branches: int) -> Split:
@@ -182,7 +172,6 @@ def split(msg: Message, frames: tuple[Frame, ...], node: Node, max_branches: int
     rest = msg.key[len(node_id) :]  # ">next>..." after this node
     join_seq = msg.seq + 1
     branches = []
-    origin = run_origin(frames)
     for i, flow in enumerate(node._branches):
         chain = compile_flow(flow)
         trace_id = branch_id(msg.trace_id, msg.seq, i)
@@ -193,7 +182,7 @@ def split(msg: Message, frames: tuple[Frame, ...], node: Node, max_branches: int
         branches.append(
             Branch(
                 trace_id,
-                (Frame(chain, head, suffix, origin="" if ref_of(chain) is not None else origin),),
+                (Frame(chain, head, suffix),),
                 value,
                 Message(trace_id, 0, chain.keys[head] + suffix),
                 Parent(msg.trace_id, join_seq, i),
@@ -275,7 +264,7 @@ def handlers(frames: tuple[Frame, ...]) -> Iterator[tuple[tuple[Frame, ...], Nod
         while pos < len(chain.nodes):
             node = chain.nodes[pos]
             if node._on_error is not None:
-                yield (*frames[:level], Frame(chain, pos, frame.suffix, origin=frame.origin)), node
+                yield (*frames[:level], Frame(chain, pos, frame.suffix)), node
             pos += 1
         level -= 1
         if level >= 0:

@@ -329,10 +329,6 @@ class Frame:
     #: a ``flat_map`` with an ``on_error_return`` at ``pos`` waits here for its inner flow:
     #: the inner flow's output becomes its output, and its errors reach its handler.
     returning: bool = False
-    #: the static reference (``p:...``) of the pipeline chain the run started in, kept by
-    #: the run's bottom frame once that chain is no longer below it (a tail ``flat_map``
-    #: left it, or the run is a branch of a zip/any in a flow built at run time); "" else.
-    origin: str = ""
 
     @property
     def key(self) -> str:
