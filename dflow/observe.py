@@ -18,8 +18,10 @@ Labels: ``started`` gets the step's *pipeline* and *step* labels (``step_labels`
 of bounded variety: the step is the ``label`` of its node, else its id (never its full
 key, which nests, nor a trace id); the pipeline is the name of the pipeline the run's flow belongs to, read from
 the run's outermost frame when that is a pipeline's chain (or one of its zip/any branches),
-else from the outermost level of the step key (a flow built at run time, after a tail
-call); ``NO_PIPELINE`` when no pipeline of this process matches it alone (a
+else from the run's data key ``PIPELINE_KEY``, which the step whose tail call leaves the
+pipeline's chain writes (and the zip/any branches of the flow it built inherit), else from
+the outermost level of the step key (a run that left its pipeline's chain before the key was
+written); ``NO_PIPELINE`` when no pipeline of this process matches it alone (a
 ``direct_run``, or two pipelines ending alike). A compensation step (saga undo) has the
 pipeline label of the run it undoes, which its run's compensating mark keeps.
 """
@@ -35,12 +37,21 @@ from .context import StepRecord
 from .model import registry
 from .model.nodes import Chain, Frame
 from .store import COMPENSATING, Claim, NewRun
-from .wire.values import decode
+from .wire.values import decode, encode
 
 if TYPE_CHECKING:
     from .runtime.worker import Runtime
 
-__all__ = ["NO_PIPELINE", "StepObserver", "combine", "compensated_pipeline", "run_label", "step_labels"]
+__all__ = [
+    "NO_PIPELINE",
+    "PIPELINE_KEY",
+    "StepObserver",
+    "combine",
+    "compensated_pipeline",
+    "kept_pipeline",
+    "run_label",
+    "step_labels",
+]
 
 log = logging.getLogger("dflow.observe")
 
@@ -262,9 +273,14 @@ def combine(observers: Sequence[StepObserver]) -> StepObserver | None:
 
 # -- labels ------------------------------------------------------------------------------
 
+#: the run data key of the name of the pipeline a run belongs to, written by the step whose
+#: tail call leaves the pipeline's chain (the frames name it until then; see the module)
+PIPELINE_KEY = "dflow/pipeline"
+
 #: by (outermost chain, top chain, its position, its key suffix): what makes the step's key,
-#: without hashing the key itself (a fresh string of each message, as long as its chain)
-_labels: dict[tuple[Chain, Chain, int, str], tuple[str, str]] = {}
+#: without hashing the key itself (a fresh string of each message, as long as its chain); the
+#: pipeline its frames name (``None`` when they name none), the one its key matches, the step
+_labels: dict[tuple[Chain, Chain, int, str], tuple[str | None, str, str]] = {}
 _MAX_LABELS = 4096  #: cached steps at most; the cache is emptied when full
 
 
@@ -272,21 +288,74 @@ def step_labels(
     frames: tuple[Frame, ...], key: str, data: Mapping[str, bytes] | None = None
 ) -> tuple[str, str]:
     """The (pipeline, step) labels of the step at the top of ``frames``, whose key is
-    ``key`` (``frames[-1].key``; see the module); the step label is the node's ``label``,
-    else its id. A compensation step (its run's ``data`` has the compensating mark) has the
-    pipeline of the run it undoes. Cached: the same step costs one dict lookup."""
+    ``key`` (``frames[-1].key``), of a run whose data is ``data`` (see the module); the step
+    label is the node's ``label``, else its id. A compensation step (its run's ``data`` has
+    the compensating mark) has the pipeline of the run it undoes. Cached: the same step
+    costs one dict lookup."""
     root, top = frames[0].chain, frames[-1]
     at = (root, top.chain, top.pos, top.suffix)
     hit = _labels.get(at)
     if hit is None:
         node = top.node
-        hit = (_pipeline_name(root, key), node._label or node._id or "")
+        named = _named_pipeline(root)
+        hit = (
+            named,
+            NO_PIPELINE if named is not None else _pipeline_by_key(key),
+            node._label or node._id or "",
+        )
         if len(_labels) >= _MAX_LABELS:
             _labels.clear()
         _labels[at] = hit
-    if hit[0] is NO_PIPELINE and data is not None and COMPENSATING in data:
-        return compensated_pipeline(data), hit[1]
-    return hit
+    named, by_key, step = hit
+    if named is not None:
+        return named, step
+    if data is not None:
+        kept = data.get(PIPELINE_KEY)
+        if kept is not None:
+            pipeline = _kept_pipeline(kept)
+            if pipeline is not None:
+                return pipeline, step
+        if by_key is NO_PIPELINE and COMPENSATING in data:
+            return compensated_pipeline(data), step
+    return by_key, step
+
+
+def kept_pipeline(frames: tuple[Frame, ...], after: tuple[Frame, ...] | None) -> dict[str, bytes]:
+    """The run data change that keeps the run's pipeline (``PIPELINE_KEY``) when the step at
+    ``frames`` moves the run to ``after`` and that leaves the pipeline's chain (a tail call
+    replaced the outermost frame, the last that named it); none else."""
+    if not after or after[0].chain is frames[0].chain:
+        return {}
+    named = _named_pipeline(frames[0].chain)
+    return {} if named is None else {PIPELINE_KEY: _encoded(named)}
+
+
+def _encoded(name: str) -> bytes:
+    raw = _encodings.get(name)
+    if raw is None:
+        if len(_encodings) >= _MAX_LABELS:
+            _encodings.clear()
+        raw = _encodings[name] = encode(name)
+    return raw
+
+
+def _kept_pipeline(raw: bytes) -> str | None:
+    name = _decodings.get(raw)
+    if name is None:
+        try:
+            found = decode(raw)
+        except Exception:
+            return None  # (not one dflow wrote: the step key tells)
+        if not isinstance(found, str) or not found:
+            return None
+        if len(_decodings) >= _MAX_LABELS:
+            _decodings.clear()
+        name = _decodings[raw] = found
+    return name
+
+
+_encodings: dict[str, bytes] = {}  #: pipeline names' ``PIPELINE_KEY`` values
+_decodings: dict[bytes, str] = {}  #: the other way
 
 
 def compensated_pipeline(data: Mapping[str, bytes]) -> str:
@@ -307,13 +376,19 @@ def run_label(frames: tuple[Frame, ...] | None, first_key: str | None) -> str:
     return step_labels(frames, first_key)[0]
 
 
-def _pipeline_name(root: Chain, key: str) -> str:
+def _named_pipeline(root: Chain) -> str | None:
+    """The name of the pipeline whose chain (or a zip/any branch of it: ``p:<digest>/<pos>.<i>``)
+    ``root`` is; ``None`` for a flow built at run time (or one of no pipeline of this process)."""
     ref = registry.ref_of(root)
-    if ref is not None:  # a pipeline's chain, or one of its branches ("p:<digest>/<pos>.<i>")
+    if ref is not None:
         head = registry.chain_by_ref(ref.split("/", 1)[0])
         pipeline = registry.pipeline_for(head.keys[0]) if head is not None else None
         if pipeline is not None:
             return pipeline.name
+    return None
+
+
+def _pipeline_by_key(key: str) -> str:
     level = outer_key(key)
     names = {p.name for k, p in list(registry._pipelines.items()) if k == level or k.endswith(">" + level)}
     return names.pop() if len(names) == 1 else NO_PIPELINE

@@ -7,12 +7,17 @@ import hmac
 import pickle
 import threading
 
+import msgpack
 import pytest
 
 import dflow
 from dflow import BuildError, DFlow, PayloadRejectedError, UnknownStepError
+from dflow.model import interpret
 from dflow.model.chains import ChainCodec
-from dflow.model.nodes import compile_flow
+from dflow.model.frames import FrameCodec
+from dflow.model.nodes import Frame, compile_flow
+from dflow.observe import PIPELINE_KEY, kept_pipeline
+from dflow.wire.values import Message, encode
 
 KEY = "k" * 32  # a signing key is at least 32 bytes
 OTHER = "o" * 32
@@ -290,3 +295,29 @@ def test_a_blob_with_more_branches_than_the_cache_loads() -> None:
     fresh = ChainCodec(KEY, cache_size=10)
     assert fresh.load(ref, blob).keys == ("z",)
     assert fresh.load(f"{ref}/0.29", blob).nodes[1]._fn(1) == 2
+
+
+def _built_at_run_time(x: int) -> DFlow[int]:
+    return DFlow.just(x).map(inc).id("in").map(inc).id("out")
+
+
+tailing = (
+    DFlow.from_call("durable-tail").map(inc).id("a").flat_map(_built_at_run_time).id("t").init("durable-tail")
+)
+
+
+def test_a_frames_record_after_a_tail_flat_map_is_the_one_a_release_before_wrote() -> None:
+    # the step whose tail flat_map leaves the pipeline's chain keeps the pipeline in the run's
+    # data, not in the frames record: a worker of the release before reads the record as ever
+    frames = (Frame(tailing._chain, 2),)
+    msg = Message("run-a", 2, tailing._chain.keys[2])
+    went = interpret.enter(msg, frames, compile_flow(_built_at_run_time(1)))
+    assert isinstance(went, interpret.Go) and went.frames is not None
+    codec = ChainCodec(KEY)
+    record = FrameCodec(codec).dump("run-a", went.frames)[0]
+    (f,) = went.frames
+    (ref,) = record.blobs
+    assert record.record == codec.seal_frames("run-a", msgpack.packb([[ref, f.pos, f.suffix, f.returning]]))
+    assert [len(e) for e in msgpack.unpackb(codec.open_frames("run-a", record.record))] == [4]
+    assert kept_pipeline(frames, went.frames) == {PIPELINE_KEY: encode("durable-tail")}
+    assert kept_pipeline(frames, (Frame(tailing._chain, 3),)) == {}  # (a step of the pipeline's own chain)

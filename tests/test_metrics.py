@@ -16,8 +16,17 @@ import pytest
 import dflow
 from dflow import ContextStack, DFlow
 from dflow.metrics import Metrics, serve_metrics
-from dflow.observe import NO_PIPELINE, StepObserver, combine, outer_key, step_labels
+from dflow.observe import (
+    NO_PIPELINE,
+    PIPELINE_KEY,
+    StepObserver,
+    combine,
+    kept_pipeline,
+    outer_key,
+    step_labels,
+)
 from dflow.runtime import Runtime
+from dflow.wire.values import encode
 
 
 @pytest.fixture
@@ -154,6 +163,14 @@ def test_labels_name_the_pipeline_and_the_node_and_stay_bounded() -> None:
     assert step_labels(dynamic, f"in/{tail}") == (NO_PIPELINE, "in")
     static = (Frame(p1._chain, 1),)
     assert step_labels(static, p1._chain.keys[1]) == ("amb-1", tail)
+    # (unless the run's data keeps its pipeline, as the step whose tail call left its chain writes it)
+    left = kept_pipeline((Frame(p1._chain, 0),), dynamic)
+    assert step_labels(dynamic, f"in/{tail}", left) == ("amb-1", "in")
+    assert kept_pipeline(static, (Frame(p1._chain, 2),)) == {}  # (the frames still name it)
+    assert kept_pipeline(dynamic, (Frame(compile_flow(inner), 0),)) == {}  # (written once, when it left)
+    # (frames naming their pipeline win; a damaged value is left aside for the step key)
+    assert step_labels(static, p1._chain.keys[1], {PIPELINE_KEY: encode("amb-2")}) == ("amb-1", tail)
+    assert step_labels(dynamic, f"in/{tail}", {PIPELINE_KEY: b"\xc1"}) == (NO_PIPELINE, "in")
 
     registry = prom.CollectorRegistry()
     m = Metrics(registry=registry, max_series=2)
@@ -206,6 +223,33 @@ def test_a_labelled_step_is_counted_under_its_label_chosen_when_built_or_at_run_
     ]
     named = DFlow.just(1).map(_double).id("d").name("double it").label("double")
     assert (named._name, named._label) == ("double it", "double")
+
+
+def _same(v: int) -> int:
+    return v
+
+
+def _countdown(n: int) -> DFlow[int]:
+    """A loop built at run time: each turn ends in a tail flat_map; the last turn fans out."""
+    if n <= 0:
+        return DFlow.zip([DFlow.just(i).map(_double).id("mul") for i in range(2)]).id("z").map(sum).id("sum")
+    return DFlow.just(n - 1).map(_same).id("tick").flat_map(_countdown).id("loop")
+
+
+def test_steps_after_a_tail_flat_map_are_counted_under_their_run_s_pipeline_when_pipelines_end_alike(
+    metered: tuple[Runtime, prom.CollectorRegistry],
+) -> None:
+    _, registry = metered
+    tail = f"fan-{uuid.uuid4().hex[:6]}"  # (both pipelines end with it: their steps' keys end alike)
+    first, second = (f"m-alike-{uuid.uuid4().hex[:6]}" for _ in range(2))
+    a = DFlow.from_call("go").map(_same).id("a").flat_map(_countdown).id(tail).init(first)
+    b = DFlow.from_call("go").map(_same).id("b").flat_map(_countdown).id(tail).init(second)
+    assert a.call(2).result(10) == 2
+    assert b.call(1).result(10) == 2
+    common = {tail: 1.0, "mul": 2.0, "z": 1.0, "sum": 1.0}
+    _wait_for_counts(registry, first, {"a": 1.0, "tick": 2.0, "loop": 2.0, **common})
+    _wait_for_counts(registry, second, {"b": 1.0, "tick": 1.0, "loop": 1.0, **common})
+    assert _counts(registry, "dflow_steps_started_total", NO_PIPELINE) == {}
 
 
 def test_a_label_that_would_not_read_as_a_bounded_label_is_refused() -> None:
@@ -290,3 +334,24 @@ def test_the_core_imports_neither_prometheus_nor_opentelemetry() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def _undone_then_failing(x: int) -> DFlow[int]:
+    return DFlow.just(x).map(lambda v: v + 1).id("inc").compensate(_undo_inc).map(_boom).id("boom")
+
+
+def test_compensation_steps_after_a_tail_flat_map_are_counted_under_their_run_s_pipeline(
+    metered: tuple[Runtime, prom.CollectorRegistry],
+) -> None:
+    _, registry = metered
+    tail = f"saga-{uuid.uuid4().hex[:6]}"  # (both pipelines end with it: their steps' keys end alike)
+    names = [f"m-undo-{uuid.uuid4().hex[:6]}" for _ in range(2)]
+    for i, name in enumerate(names):
+        pipeline = (
+            DFlow.from_call("go").map(_same).id(f"s{i}").flat_map(_undone_then_failing).id(tail).init(name)
+        )
+        with pytest.raises(dflow.RunCompensatedError):
+            pipeline.call(1).result(10)
+    for i, name in enumerate(names):
+        _wait_for_counts(registry, name, {f"s{i}": 1.0, tail: 1.0, "inc": 1.0, "boom": 1.0, "undo:inc": 1.0})
+    assert _counts(registry, "dflow_steps_started_total", NO_PIPELINE) == {}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 
 import pytest
@@ -168,6 +169,42 @@ def test_a_labelled_step_s_span_is_named_by_its_label_and_keeps_its_key(
     attributes = by_name["dflow step add one"].attributes
     assert attributes is not None and attributes["dflow.step.key"] == "inc>fan"
     assert not any(s.name == "dflow step inc" for s in steps)
+
+
+def _same(v: int) -> int:
+    return v
+
+
+def _loop(n: int) -> DFlow[list[int]]:
+    """A loop built at run time: each turn ends in a tail flat_map; the last turn fans out."""
+    if n <= 0:
+        return _pair(n)
+    return DFlow.just(n - 1).map(_same).id("tick").flat_map(_loop).id("loop")
+
+
+def test_step_spans_after_a_tail_flat_map_name_their_run_s_pipeline_when_pipelines_end_alike(
+    traced: tuple[TracerProvider, InMemorySpanExporter],
+) -> None:
+    _, exporter = traced
+    tail = f"fan-{uuid.uuid4().hex[:6]}"  # (both pipelines end with it: their steps' keys end alike)
+    names = [f"o-alike-{uuid.uuid4().hex[:6]}" for _ in range(2)]
+    pipelines = [
+        DFlow.from_call("go").map(_inc).id(f"inc{i}").flat_map(_loop).id(tail).init(names[i]) for i in (0, 1)
+    ]
+    runs = [pipelines[0].call(1), pipelines[1].call(0)]
+    assert [r.result(5) for r in runs] == [[1, 2], [1, 2]]
+    steps = _steps(exporter, 16)  # inc, the tail flat_map, 2 (1) x tick and loop, 2 x add, z
+    labelled: Counter[tuple[str, object]] = Counter()
+    for s in steps:
+        assert s.attributes is not None
+        labelled[s.name.removeprefix("dflow step "), s.attributes["dflow.pipeline"]] += 1
+    first, second = names
+    assert labelled == {
+        **{(step, first): 1 for step in ("inc0", tail, "z")},
+        **{(step, first): 2 for step in ("tick", "loop", "add")},
+        **{(step, second): 1 for step in ("inc1", tail, "tick", "loop", "z")},
+        ("add", second): 2,
+    }
 
 
 def test_a_run_started_without_tracing_is_one_trace_named_by_its_id(local: Runtime) -> None:

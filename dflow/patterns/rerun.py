@@ -63,6 +63,7 @@ from ..model.calls import call_step, error_info
 from ..model.chains import ChainCodec
 from ..model.nodes import Frame, Kind, Node, compile_flow
 from ..model.registry import static_ref
+from ..observe import kept_pipeline
 from ..store import COMPENSATING, SAGA_PREFIX, Claim, Fail, Finish, Frames, NewRun, Store
 from ..wire.values import NONE, Message, decode
 from .rerun_links import RERUN_KEY, RerunLink, describe, dropped, link_of, noted, replayed_until
@@ -387,6 +388,8 @@ async def _flat_map(
     inner = await call_step(node, node._fn, node._ctx_arg, ctx, decode(claim.value), pool)
     chain = compile_flow(inner, f"the flow returned by flat_map step {msg.key!r}")
     outcome = interp.enter(msg, frames, chain)
+    if isinstance(outcome, interp.Go):  # (as the step did: a tail call keeps the run's pipeline)
+        ctx._changes.update(kept_pipeline(frames, outcome.frames))
     _check_next(index, link, outcome)
     if chain.nodes[0]._kind != Kind.JUST:
         return outcome, StepStatus.DONE, None

@@ -19,7 +19,7 @@ from ..model import interpret as interp
 from ..model.calls import call_step, error_info
 from ..model.frames import FrameCodec
 from ..model.nodes import Frame, Kind, Node, compile_flow
-from ..observe import step_labels
+from ..observe import kept_pipeline, step_labels
 from ..patterns import saga
 from ..patterns.rerun import RERUN_KEY, replay
 from ..store import COMPENSATING, Advance, Claim, Fail, Finish, Fork, NewRun, Store, Transition, Wait
@@ -139,6 +139,8 @@ class StepRunner:
             running_step.reset(here)
         chain = compile_flow(inner, f"the flow returned by flat_map step {msg.key!r}")
         outcome = interp.enter(msg, frames, chain)
+        if isinstance(outcome, interp.Go):  # (a tail call may leave the pipeline's chain: keep its name)
+            ctx._changes.update(kept_pipeline(frames, outcome.frames))
         head = chain.nodes[0]._kind
         if (head == Kind.ZIP or head == Kind.ANY) and isinstance(outcome, interp.Go) and outcome.frames:
             # the zip/any starts its branches in this step (one step less to fan out)
@@ -280,7 +282,10 @@ class StepRunner:
         try:
             flow = await call_step(node, fallback.fn, fallback.ctx_arg, ctx, decode(claim.value), self.pool)
             chain = compile_flow(flow, f"the flow returned by the fallback of step {msg.key!r}")
-            return self.sealed(interp.enter(msg, frames, chain), ctx), ctx._changes
+            outcome = interp.enter(msg, frames, chain)
+            if isinstance(outcome, interp.Go):
+                ctx._changes.update(kept_pipeline(frames, outcome.frames))
+            return self.sealed(outcome, ctx), ctx._changes
         except BaseException as exc2:
             if not self.is_step_error(exc2):
                 raise
@@ -361,7 +366,8 @@ class StepRunner:
         try:
             if COMPENSATING in claim.data:
                 return saga.gave_up(chains, msg, claim.data, frames, err), records, {}
-            pipeline = step_labels(frames, msg.key)[0]  # (kept in the mark: the compensations' label)
+            # (kept in the mark: the compensations' label)
+            pipeline = step_labels(frames, msg.key, claim.data)[0]
             goes_on = saga.compensate(chains, msg, claim.data, changes, err, pipeline=pipeline)
             if goes_on is None:
                 return Fail(err), records, {}

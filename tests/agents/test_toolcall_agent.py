@@ -15,6 +15,7 @@ import pytest
 import dflow
 from dflow import DFlow
 from dflow.metrics import Metrics
+from dflow.observe import NO_PIPELINE
 from dflow_agents import (
     AgentLimits,
     AIFunction,
@@ -345,16 +346,40 @@ def test_tool_steps_are_labelled_by_their_tool_in_metrics_and_spans(local: dflow
     assert names == {"tool add", "tool add, explode", "tool made_up"}  # shown whole in the console
 
 
-def _step_counts(registry: prom.CollectorRegistry) -> dict[str, float]:
-    """The steps committed, by their label (whatever their pipeline label: the runtime is
-    this test's, and the steps after an agent's first turn belong to a flow built at run
-    time, which another test's agent, ending alike, makes ambiguous)."""
+def _step_counts(registry: prom.CollectorRegistry, pipeline: str | None = None) -> dict[str, float]:
+    """The steps committed, by their label: those of ``pipeline``, or of every pipeline."""
     counts: dict[str, float] = {}
     for family in registry.collect():
         for s in family.samples:
-            if s.name == "dflow_steps_committed_total" and s.value:
+            if (
+                s.name == "dflow_steps_committed_total"
+                and s.value
+                and pipeline in (None, s.labels["pipeline"])
+            ):
                 counts[s.labels["step"]] = counts.get(s.labels["step"], 0) + s.value
     return counts
+
+
+def test_two_agents_steps_are_counted_under_their_own_agent_s_pipeline(local: dflow.Runtime) -> None:
+    registry = prom.CollectorRegistry()
+    local.add_observer(Metrics(registry=registry))
+    agents = [
+        agent(
+            ScriptedModel([reply(calls=[call("add", a=1, b=n)]) for n in range(turns)] + [reply("done")]),
+            [add],
+        )
+        for turns in (2, 1)
+    ]  # (every agent's steps after its first turn have keys ending in ">loop")
+    assert [a.run("go").result(10).answer for a in agents] == ["done", "done"]
+    expected = [{"start": 1.0, "loop": 3.0, "tool add": 2.0, "finish": 1.0}]
+    expected.append({"start": 1.0, "loop": 2.0, "tool add": 1.0, "finish": 1.0})
+    deadline = time.monotonic() + 5  # a step is counted just after its commit, which the waiter may see first
+    while (
+        time.monotonic() < deadline and [_step_counts(registry, a.pipeline.name) for a in agents] != expected
+    ):
+        time.sleep(0.01)
+    assert [_step_counts(registry, a.pipeline.name) for a in agents] == expected
+    assert _step_counts(registry, NO_PIPELINE) == {}
 
 
 def test_the_qwen_raw_prompt_path(local: dflow.Runtime) -> None:
