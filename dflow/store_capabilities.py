@@ -133,8 +133,9 @@ class OptionalParts:
         business keys).
         ``ConfigurationError`` for a store that keeps none."""
         raise ConfigurationError(
-            f"the store {type(self).__qualname__} keeps no run notes (the reruns of a run): use the in-memory or "
-            "the Redis store, or give the store class a run_notes property returning a RunNotes"
+            f"the store {type(self).__qualname__} keeps no run notes (a run's reruns and its business key: "
+            "dflow.set_business_key, dflow ls --key and the check that a run is rerun once need them): use the "
+            "in-memory or the Redis store, or give the store class a run_notes property returning a RunNotes"
         )
 
     async def ping(self) -> None:

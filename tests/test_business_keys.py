@@ -198,3 +198,43 @@ def test_a_store_that_keeps_no_notes_fails_the_step_saying_so() -> None:
         assert run.status() is RunStatus.FAILED
     finally:
         dflow.shutdown()
+
+
+class FailingKeyWrites(MemoryRunNotes):
+    """Run notes whose business-key write fails, as a store that drops its connection would."""
+
+    async def set_business_key(self, trace_id: str, key: str) -> None:
+        raise dflow.StoreError("the store went away while writing the key")
+
+
+def test_a_key_write_that_fails_after_the_commit_loses_the_key_not_the_step(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # (the key is written once the step's commit is applied: a failing write must not make a
+    # step that succeeded run again)
+    calls: list[int] = []
+
+    def counted_keyed(order: dict[str, Any]) -> dict[str, Any]:
+        calls.append(order["id"])
+        return keyed(order)
+
+    class Flaky(MemoryStore):
+        @property
+        def run_notes(self) -> MemoryRunNotes:
+            notes = super().run_notes
+            notes.__class__ = FailingKeyWrites
+            return notes
+
+    transport = MemoryTransport()
+    dflow.configure(transport, Flaky(transport=transport), poll_interval=0.005, secret=os.urandom(32))
+    try:
+        with caplog.at_level("WARNING", logger="dflow.runtime"):
+            run = DFlow.from_call("bk-flaky").map(counted_keyed).id("read").init("bk-flaky").call({"id": 9})
+            assert run.result(5) == {"id": 9}
+        assert calls == [9], "the step ran once"
+        assert run.info().business_key is None
+        assert any(
+            "could not give run" in r.getMessage() and "order-9" in r.getMessage() for r in caplog.records
+        )
+    finally:
+        dflow.shutdown()

@@ -152,3 +152,42 @@ def test_a_local_runtime_lists_the_step_it_runs_and_is_gone_once_it_stops() -> N
         release.set()
         dflow.shutdown()
     assert asyncio.run(store.worker_beats.alive()) == [], "a worker that stops takes its beat away"
+
+
+def test_a_beat_that_hangs_on_a_slow_store_does_not_hold_up_the_lease_renewals() -> None:
+    asyncio.run(_test_a_beat_that_hangs())
+
+
+async def _test_a_beat_that_hangs() -> None:
+    # (the beats of every worker go to one key slot: a slow node there must not make the
+    # leases lapse, or steps would be taken over and run twice)
+    clock = FakeClock()
+    store = MemoryStore(clock=clock)
+    extended: list[float] = []
+    beats_begun: list[float] = []
+
+    async def hangs(beat: WorkerBeat, ttl: float = BEAT_TTL) -> None:
+        beats_begun.append(clock.monotonic())
+        await asyncio.Event().wait()  # (a store that never answers)
+
+    async def extend(claims: Any, lease: float) -> None:
+        extended.append(clock.monotonic())
+
+    store.worker_beats.beat = hangs  # type: ignore[method-assign]
+    store.extend = extend  # type: ignore[method-assign]
+    running: dict[str, tuple[float, Claim]] = {"t1": (clock.monotonic(), _claim("run-a", 2, "ship"))}
+    heartbeat = Heartbeat(store, "w-1", running, lambda: 0, clock=clock)
+    leases = Leases(store, 20.0, running, life=Lifecycle(), clock=clock, heartbeat=heartbeat)
+    renewing = asyncio.create_task(leases.renew())
+    try:
+        for _ in range(16):
+            await asyncio.sleep(0)
+            await clock.advance(1.0)
+            await asyncio.sleep(0.005)
+        assert beats_begun, "a beat began (and hangs)"
+        assert len(extended) >= 2, f"the leases were renewed while the beat hung: {extended}"
+        assert len(beats_begun) == 1, "one beat at a time: none begun while one is under way"
+    finally:
+        await leases.stop_renewing()
+        renewing.cancel()
+        await asyncio.gather(renewing, return_exceptions=True)

@@ -29,7 +29,7 @@ from ..model.nodes import Frame, Node
 from ..model.queues import DEFAULT_QUEUE
 from ..observe import StepObserver, step_labels
 from ..ops.failure_logs import log_commit
-from ..parts import PartsOfStep, StepParts
+from ..parts import StepParts
 from ..patterns.deadlock import DeadlockDetector, declare
 from ..patterns.saga import undone_output
 from ..store import (
@@ -52,6 +52,7 @@ from .dispatch import Dispatcher
 from .observers import Observers
 from .parking import parked_note
 from .queues import QueueTransport, hand_to_queue
+from .settle import settle
 from .step import StepRunner
 from .upkeep import Running, TimerScan
 
@@ -217,8 +218,6 @@ class StepCycle:
                     node, claim, frames, exc, started, t0
                 )
                 ctx._business_key = None  # (dropped with what the failed step wrote)
-            if ctx._business_key is not None:  # set in the step: its own small write, before the commit
-                await self.store.run_notes.set_business_key(msg.trace_id.partition("/")[0], ctx._business_key)
             waits, init_pending, take_lease = self._before_commit(claim, transition, changes, take, obs, seen)
             try:
                 done = await self._commit(claim, records, changes, transition, receipt, take_lease)
@@ -231,26 +230,13 @@ class StepCycle:
             raise
         if not done.applied:  # (after-commit phase: a commit not applied is a lost claim)
             self._lost(claim)
-        elif ctx._kept is not None:  # (a step that called no ctx.once pays nothing here)
-            await self._drop_parts(ctx._kept, transition)
+        elif ctx._kept is not None or ctx._business_key is not None:  # (else: nothing to pay here)
+            await settle(self.store, ctx, transition)
         if obs is not None:  # (after-commit phase: the observer learns how the step ended)
             obs.finished(seen, records, done.applied)
         if done.publish or init_pending or waits is not None:
             await self._after_commit(claim, node, ctx, transition, done, init_pending, waits)
         return done.acknowledged, done.taken
-
-    async def _drop_parts(self, parts: PartsOfStep, transition: Transition) -> None:
-        """After the commit of a step that called ``ctx.once``: the parts it kept are
-        forgotten, unless it runs again (a retry, whose ``once`` returns them). When the
-        store fails to forget them, they expire."""
-        if not parts.some_kept or (type(transition) is Advance and transition.message.seq == parts.seq):
-            return
-        try:
-            await parts.store.drop_parts(parts.trace_id, parts.seq)
-        except Exception as exc:  # (kept parts of a committed step are never read again)
-            log.warning(
-                "dflow: could not drop the parts of step %r of run %r: %s", parts.key, parts.trace_id, exc
-            )
 
     def _seal(
         self,

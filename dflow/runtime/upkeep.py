@@ -139,10 +139,12 @@ class Leases:
         self.clock = clock
         self.outages = outages or Outages(clock)
         self._renewal: asyncio.Task[None] | None = None  #: the task renewing leases, while it runs
+        self._beating: asyncio.Future[None] | None = None  #: the heartbeat's beat under way
 
     async def renew(self) -> None:
         """Extend the leases held for ``renewal_period``, checking every second at most;
-        then the heartbeat's turn."""
+        then the heartbeat's turn, in a task of its own (a beat that hangs on a slow store
+        must not delay the next renewal: the leases would lapse and steps run twice)."""
         self._renewal = asyncio.current_task()
         period = renewal_period(self.lease)
         while True:
@@ -159,17 +161,19 @@ class Leases:
                     for c in old:  # renewed: again in a period (not every second)
                         if c.token in self.running:
                             self.running[c.token] = (now, c)
-            if self.heartbeat is not None:
-                await self.heartbeat.tick()
+            if self.heartbeat is not None and (self._beating is None or self._beating.done()):
+                # (a task of its own, one at a time: a slow store never holds up the renewals)
+                self._beating = asyncio.ensure_future(self.heartbeat.tick())
 
     async def stop_renewing(self) -> None:
         """End the renewal (and wait for a renewal under way): the leases of the steps cut
         off at the end of the grace are about to be handed back."""
-        task, self._renewal = self._renewal, None
-        if task is not None and not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        for task in (self._renewal, self._beating):
+            if task is not None and not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._renewal = self._beating = None
 
 
 async def _sleep_or_wake(clock: Clock, until: float, wake: asyncio.Event) -> None:
