@@ -71,9 +71,23 @@ def connect(url: str, **options: Any) -> Client:
 async def disconnect(client: Client) -> None:
     """Close ``client`` and its connections."""
     if isinstance(client, RedisCluster):
-        await client.aclose()
+        await _disconnect_cluster(client)
     else:
         await client.aclose(close_connection_pool=True)
+
+
+async def _disconnect_cluster(client: RedisCluster) -> None:
+    """Close a cluster client and every connection of every node it knows. redis-py's
+    ``aclose`` closes nothing once the client has no slot map (after an earlier close, a
+    read of the slot map that failed in a failover left the connections it opened), and
+    a node dropped from the slot map is closed by a task of its own, which the loop's end
+    may cut off: the sockets were left to the garbage collector."""
+    await client.aclose()
+    manager = client.nodes_manager
+    nodes = {id(n): n for n in [*manager.nodes_cache.values(), *manager.startup_nodes.values()]}
+    await asyncio.gather(*(n.disconnect() for n in nodes.values()), return_exceptions=True)
+    pending = list(getattr(manager, "_background_tasks", ()))  # (redis-py's, where it keeps them)
+    await asyncio.gather(*pending, return_exceptions=True)
 
 
 class GatedCluster(RedisCluster):

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import time
+import warnings
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
@@ -22,7 +24,7 @@ from redis.backoff import NoBackoff
 
 from dflow import StoreUnavailableError, TransportUnavailableError
 from dflow.adapters.redis import RedisStore, RedisStreamsTransport
-from dflow.adapters.redis.client import GatedCluster, connect, disconnect
+from dflow.adapters.redis.client import GatedCluster, connect, disconnect, ready
 from dflow.adapters.redis.state import RedisStateBackend
 from dflow.shared_state import CircuitConfig, Outcome, WaitEdge, Writer
 from dflow.store import Finish
@@ -172,7 +174,8 @@ class Parts:
             "store.ping": lambda: s.ping(),
             "transport.publish": lambda: t.publish(b"x", self.trace),
             "transport.publish_many": lambda: t.publish_many([(b"x", self.trace)]),
-            "transport.receive": lambda: t.receive(1, timeout=0.2),
+            # (a second: past the 0.25 s pause of the cluster client after a CLUSTERDOWN)
+            "transport.receive": lambda: t.receive(1, timeout=1.0),
             "transport.ack": lambda: t.ack(self.delivery),
             "transport.nack": lambda: t.nack(self.delivery),
             "transport.dead_letter": lambda: t.dead_letter(self.delivery, "a test"),
@@ -315,3 +318,27 @@ def test_a_retry_inside_the_cluster_client_leaves_the_commands_of_others_running
             await disconnect(client)
 
     asyncio.run(body())
+
+
+def test_closing_a_cluster_client_closes_the_connections_of_a_client_that_lost_its_slot_map(
+    redis_cluster_url: str,
+) -> None:
+    """redis-py's cluster ``aclose`` closes nothing once the client holds no slot map (it
+    was closed before, and a read of the slot map in a failover failed, leaving open the
+    connections it made): their sockets were left to the garbage collector, whose warnings
+    failed whichever later test happened to collect them."""
+
+    async def body() -> None:
+        client = connect(redis_cluster_url)
+        await ready(client)
+        await RedisCluster.aclose(client)  # no slot map any more
+        node = next(iter(client.nodes_manager.startup_nodes.values()))
+        assert await node.execute_command("PING") is True  # as the failed read of the slot map left it
+        await disconnect(client)
+        assert [c for c in node._connections if c.is_connected] == []
+
+    asyncio.run(body())
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        gc.collect()
+    assert [str(w.message) for w in seen if issubclass(w.category, ResourceWarning)] == []
