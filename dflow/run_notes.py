@@ -5,6 +5,9 @@ outside its steps, and kept (and expired) with it.
   reruns, which ``RunInfo.reruns`` shows. ``note_rerun`` checks that the run has none and
   records the new one in one atomic write, so that of two reruns asked at once only one
   goes on (a step that is not idempotent is not sent twice); ``again`` records one more.
+  A note whose rerun was never created (its process crashed between the note and the
+  creation) is replaced by the next rerun once it is ``UNCREATED_AFTER`` old by the
+  store's clock: ``note_rerun(..., replacing=...)``, checked in the same write.
 - A run's *business key* (``RunInfo.business_key``): the id of what the run is about in
   the user's world (``order-1042``), which a step learns while it runs and gives with
   :func:`set_business_key`. The store indexes it: ``find_by_business_key`` lists the runs
@@ -34,6 +37,7 @@ __all__ = [
     "MAX_KEYED_RUNS",
     "MAX_KEY_LENGTH",
     "MAX_RERUNS",
+    "UNCREATED_AFTER",
     "RunNotes",
     "check_business_key",
     "check_key_search",
@@ -42,6 +46,10 @@ __all__ = [
 
 #: how many reruns a run names at most (the oldest go first)
 MAX_RERUNS = 100
+#: seconds after it was noted that a rerun whose run does not exist is taken for one whose
+#: creation failed (its process crashed after the note): the next rerun replaces it. Far
+#: longer than a creation takes: a creation under way is never taken for a failed one.
+UNCREATED_AFTER = 300.0
 #: the longest business key, in characters
 MAX_KEY_LENGTH = 200
 #: how many runs a store's index keeps under one business key (the newest)
@@ -101,11 +109,25 @@ class RunNotes(ABC):
     """What a store notes on its runs (see the module). Every method is atomic."""
 
     @abstractmethod
-    async def note_rerun(self, trace_id: str, rerun: str, *, again: bool = False) -> str | None:
+    async def note_rerun(
+        self,
+        trace_id: str,
+        rerun: str,
+        *,
+        again: bool = False,
+        replacing: str | None = None,
+        older_than: float = UNCREATED_AFTER,
+    ) -> str | None:
         """Record ``rerun`` as the newest rerun of run ``trace_id``, unless the run has one
         already and not ``again``: then nothing is written and its newest rerun is returned.
-        ``None`` once recorded (a run names its last ``MAX_RERUNS``). ``RunNotFoundError``
-        for no such run."""
+        ``None`` once recorded (a run names its last ``MAX_RERUNS``); the store keeps when,
+        by its own clock. ``RunNotFoundError`` for no such run.
+
+        With ``replacing`` (a rerun the caller found never created): when the run's newest
+        rerun is ``replacing`` and was noted ``older_than`` seconds ago or more, it is
+        forgotten and ``rerun`` recorded in its place; when it was noted more recently,
+        nothing is written and ``replacing`` is returned; another newest rerun, as without
+        ``replacing``."""
 
     @abstractmethod
     async def drop_rerun(self, trace_id: str, rerun: str) -> None:

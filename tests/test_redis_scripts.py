@@ -16,6 +16,7 @@ from dflow.adapters.redis.rate_limits import SCRIPTS as RATE_SCRIPTS
 from dflow.adapters.redis.schedules import SCRIPTS as SCHEDULE_SCRIPTS
 from dflow.adapters.redis.scripts import SCRIPTS, Script
 from dflow.adapters.redis.state import SCRIPTS as STATE_SCRIPTS
+from dflow.adapters.redis.workers import SCRIPTS as WORKER_SCRIPTS
 
 SLOT = re.compile(r"^--\s+ARGV\[(\d+)\]\s+(\w+)", re.MULTILINE)
 PARTS = re.compile(r"^--\s+ARGV\[(\d+)\.\.\]\s+(\w+(?:, \w+)*)", re.MULTILINE)
@@ -40,10 +41,9 @@ def test_every_lua_file_is_used_and_every_script_is_assembled_from_its_files() -
     lua = resources.files("dflow.adapters.redis").joinpath("lua")
     on_disk = {p.name[:-4] for p in lua.iterdir() if p.name.endswith(".lua")}
     used = {f for s in SCRIPTS.values() for f in s.files}
-    # (shared State, circuits, token buckets and schedules load theirs one per file)
-    assert (
-        used | set(STATE_SCRIPTS) | set(RATE_SCRIPTS) | set(SCHEDULE_SCRIPTS) | set(NOTE_SCRIPTS) == on_disk
-    )
+    # (shared State, circuits, token buckets, schedules, notes and beats load theirs one per file)
+    one_per_file = {*STATE_SCRIPTS, *RATE_SCRIPTS, *SCHEDULE_SCRIPTS, *NOTE_SCRIPTS, *WORKER_SCRIPTS}
+    assert used | one_per_file == on_disk
     assert set(SCRIPTS) == {
         "CREATE",
         "CLAIM",

@@ -92,24 +92,38 @@ class ScriptCalls:
         """Run script ``name`` on bucket ``at``, writing ``blobs`` first (unless stored
         already) in the same round trip, and with ``wait``, waiting for the replicas.
         ``BlobsMissingError`` when the script reports blobs it lacks."""
-        if self._cold:
-            await ready(self.redis)
-            self._cold = False
-        script = self._scripts[name]
         keys = keys if keys is not None else self.keys(at, None)
         if name not in _LOOKS:
             self.touched.add(at)  # it may have set a timer, a lease or an outbox entry there: DUE looks
-        replicas = self.wait if writes else 0
-        with store_errors():
-            if replicas and self._node_writes is not None:
-                reply = await self._on_node(script, keys, args, blobs, at, replicas)
-            elif blobs or replicas:
-                reply = await self._in_pipeline(script, keys, args, blobs, at, replicas)
-            else:
-                reply = await script(keys=keys, args=args)
+        reply = await self.call(self._scripts[name], keys, args, blobs, at=at, writes=writes)
         if isinstance(reply, list) and reply and reply[0] == b"need":
             raise BlobsMissingError([r.decode() for r in reply[1]])
         return reply
+
+    async def call(
+        self,
+        script: Any,
+        keys: list[str],
+        args: list[Any],
+        blobs: dict[str, bytes] | None = None,
+        *,
+        at: int = 0,
+        writes: bool = True,
+    ) -> Any:
+        """Run ``script`` (registered on the store's client: one of the store's own, or one
+        of the scripts beside them, as the run notes') on bucket ``at`` with ``keys`` (those
+        it declares), writing ``blobs`` first, and with ``wait`` (unless it makes no
+        ``writes``) waiting for the replicas: ``StoreError`` when too few have it."""
+        if self._cold:
+            await ready(self.redis)
+            self._cold = False
+        replicas = self.wait if writes else 0
+        with store_errors():
+            if replicas and self._node_writes is not None:
+                return await self._on_node(script, keys, args, blobs, at, replicas)
+            if blobs or replicas:
+                return await self._in_pipeline(script, keys, args, blobs, at, replicas)
+            return await script(keys=keys, args=args)
 
     async def _on_node(
         self,

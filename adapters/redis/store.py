@@ -186,7 +186,7 @@ class RedisStore(RunReads, KeepsSchedules, Store, StepParts):
         """The notes on this store's runs (their reruns, their business keys): fields of each
         run's hash, and an index of business keys in each bucket."""
         if self._notes is None:
-            self._notes = RedisRunNotes(self.redis, self._prefixes, self._p, self.get_run)
+            self._notes = RedisRunNotes(self.redis, self._prefixes, self._at, self.get_run, self._calls)
         return self._notes
 
     def _at(self, trace_id: str) -> int:

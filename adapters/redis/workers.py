@@ -2,11 +2,14 @@
 
 ``<prefix>:{workers}:w:<worker id>`` holds a worker's last beat as JSON and expires
 ``ttl`` after it (``SET ... PX``); ``<prefix>:{workers}`` is the sorted set of the workers
-that beat, scored by their last beat, so that the alive ones are read without a scan. A
-member whose key expired is taken out when the workers are next read, and by every beat once
-its last beat is ``FORGOTTEN_AFTER`` old (a worker's clock may be off: not at once), so the set
-does not grow with every worker a deployment ever ran when nobody reads it; the set itself
-expires ``FORGOTTEN_AFTER`` after the last beat of any worker. Both keys share the
+that beat, scored by the time of their last beat *by Redis's clock* (``TIME``, in the beat's
+script: a worker's own clock may be off by any amount), so that the alive ones are read
+without a scan. A member whose key expired is taken out when the workers are next read, and
+by every beat once its last beat is ``FORGOTTEN_AFTER`` old, so the set does not grow with
+every worker a deployment ever ran when nobody reads it; the set itself expires
+``FORGOTTEN_AFTER`` after the last beat of any worker. Each removal checks in one Lua script
+that the member's key is gone (``lua/worker_trim.lua``, ``lua/worker_beat.lua``): a worker
+that beats between a read and the trim that follows it stays listed. Both keys share the
 hash tag ``{workers}``: on a cluster they live in one slot.
 """
 
@@ -20,8 +23,12 @@ from dflow.workers import BEAT_TTL, WorkerBeat, WorkerBeats
 
 from .client import execute
 from .errors import store_errors
+from .scripts import _read
 
-__all__ = ["FORGOTTEN_AFTER", "RedisWorkerBeats"]
+__all__ = ["FORGOTTEN_AFTER", "SCRIPTS", "RedisWorkerBeats"]
+
+#: the scripts, by the name of their file
+SCRIPTS = ("worker_beat", "worker_trim")
 
 FORGOTTEN_AFTER = 3600.0  #: seconds after its last beat that a worker leaves the set at any beat
 
@@ -34,6 +41,8 @@ class RedisWorkerBeats(WorkerBeats):
     def __init__(self, redis: Any, prefix: str) -> None:
         self.redis = redis
         self.index = f"{prefix}:{{workers}}"
+        self._beat = redis.register_script(_read("worker_beat"))
+        self._trim = redis.register_script(_read("worker_trim"))
 
     def key(self, worker_id: str) -> str:
         """The key of worker ``worker_id``'s last beat."""
@@ -42,12 +51,10 @@ class RedisWorkerBeats(WorkerBeats):
     async def beat(self, beat: WorkerBeat, ttl: float = BEAT_TTL) -> None:
         body = json.dumps(beat.to_json())
         with store_errors():
-            async with self.redis.pipeline(transaction=False) as pipe:
-                pipe.set(self.key(beat.worker_id), body, px=max(1, int(ttl * 1000)))
-                pipe.zadd(self.index, {beat.worker_id: beat.beat})
-                pipe.zremrangebyscore(self.index, "-inf", beat.beat - FORGOTTEN_AFTER)
-                pipe.expire(self.index, int(FORGOTTEN_AFTER))  # (gone an hour after the last beat)
-                await execute(self.redis, pipe)
+            await self._beat(
+                keys=[self.index],
+                args=[beat.worker_id, body, max(1, int(ttl * 1000)), int(FORGOTTEN_AFTER)],
+            )
 
     async def alive(self) -> list[WorkerBeat]:
         with store_errors():
@@ -62,8 +69,8 @@ class RedisWorkerBeats(WorkerBeats):
                     pipe.get(self.key(worker_id))
                 bodies = await execute(self.redis, pipe)
             expired = [w for w, body in zip(ids, bodies) if body is None]
-            if expired:
-                await self.redis.zrem(self.index, *expired)
+            if expired:  # (those that beat since stay: the script checks each key again)
+                await self._trim(keys=[self.index], args=expired)
         beats = []
         for worker_id, body in zip(ids, bodies):
             if body is None:

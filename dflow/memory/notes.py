@@ -6,20 +6,23 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from ..clock import SYSTEM_CLOCK, Clock
 from ..context import RunInfo
 from ..errors import RunNotFoundError
-from ..run_notes import MAX_KEYED_RUNS, MAX_RERUNS, RunNotes, check_key_search
+from ..run_notes import MAX_KEYED_RUNS, MAX_RERUNS, UNCREATED_AFTER, RunNotes, check_key_search
 from .runs import RunState
 
 __all__ = ["MemoryRunNotes"]
 
 
 class MemoryRunNotes(RunNotes):
-    """``RunNotes`` on the runs of a ``MemoryStore`` (``runs``: its table of them). A
-    method runs without awaiting anything, so each is atomic on the store's loop."""
+    """``RunNotes`` on the runs of a ``MemoryStore`` (``runs``: its table of them), timed by
+    its ``clock``. A method runs without awaiting anything, so each is atomic on the store's
+    loop."""
 
-    def __init__(self, runs: Mapping[str, RunState]) -> None:
+    def __init__(self, runs: Mapping[str, RunState], clock: Clock = SYSTEM_CLOCK) -> None:
         self._runs = runs
+        self.clock = clock
         self._keyed: dict[str, dict[str, None]] = {}  # business key: its runs' ids, oldest first
 
     def _run(self, trace_id: str) -> RunState:
@@ -30,11 +33,26 @@ class MemoryRunNotes(RunNotes):
             )
         return run
 
-    async def note_rerun(self, trace_id: str, rerun: str, *, again: bool = False) -> str | None:
+    async def note_rerun(
+        self,
+        trace_id: str,
+        rerun: str,
+        *,
+        again: bool = False,
+        replacing: str | None = None,
+        older_than: float = UNCREATED_AFTER,
+    ) -> str | None:
         run = self._run(trace_id)
-        if run.reruns and not again:
-            return run.reruns[-1]
-        run.reruns = [*run.reruns, rerun][-MAX_RERUNS:]
+        now = self.clock.time()
+        reruns = run.reruns
+        if reruns and replacing is not None and reruns[-1] == replacing:
+            if now - run.rerun_noted < older_than:
+                return replacing
+            reruns = reruns[:-1]
+        elif reruns and not again:
+            return reruns[-1]
+        run.reruns = [*reruns, rerun][-MAX_RERUNS:]
+        run.rerun_noted = now
         return None
 
     async def drop_rerun(self, trace_id: str, rerun: str) -> None:

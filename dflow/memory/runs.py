@@ -70,6 +70,7 @@ class RunState:
     compensations: Compensations = Compensations.NONE  #: what ``cancel`` does with it
     mailbox: list[MailboxEntry] | None = None  #: the calls that came before it waited for them
     reruns: list[str] = field(default_factory=list)  #: its reruns, oldest first (``dflow.run_notes``)
+    rerun_noted: float = 0.0  #: when its newest rerun was noted (by the store's clock)
     business_key: str | None = None  #: what it is about (``dflow.set_business_key``)
 
     def info(self) -> RunInfo:

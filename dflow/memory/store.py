@@ -112,7 +112,7 @@ class MemoryStore(RunEnds, RunDeadlines, RunListing, KeepsSchedules, Store, Step
         self._beats: MemoryWorkerBeats | None = None
         self._parts = PartTable()
         self._buckets: MemoryTokenBucket | None = None
-        self._notes = MemoryRunNotes(self._runs)
+        self._notes = MemoryRunNotes(self._runs, self.clock)
         self._init_deadlines()
 
     @property

@@ -66,7 +66,7 @@ from ..model.registry import static_ref
 from ..observe import kept_pipeline
 from ..store import COMPENSATING, SAGA_PREFIX, Claim, Fail, Finish, Frames, NewRun, Store
 from ..wire.values import NONE, Message, decode
-from .rerun_links import RERUN_KEY, RerunLink, describe, dropped, link_of, noted, replayed_until
+from .rerun_links import RERUN_KEY, RerunLink, describe, failed_creation, link_of, noted, replayed_until
 
 __all__ = ["RERUN_KEY", "RerunLink", "describe", "link_of", "replay", "replayed_until", "start_rerun"]
 
@@ -117,8 +117,8 @@ async def start_rerun(
     await noted(store, original, trace_id, again=again)  # (refused here: nothing was created)
     try:
         publish = await store.create_run(new)
-    except BaseException:
-        await dropped(store, original, trace_id)  # (its creation failed: the run has no such rerun)
+    except BaseException as exc:  # (forgotten if it surely was not created: see rerun_links)
+        await failed_creation(store, original, trace_id, exc)
         raise
     if info.business_key is not None:  # (the rerun is about what the original is about)
         await store.run_notes.set_business_key(trace_id, info.business_key)

@@ -8,6 +8,14 @@ rerun yet: a second rerun of the same run (a double click, two operators, a retr
 script) is refused with ``AlreadyRerunError`` naming the first, so a step that is not
 idempotent is not sent twice; ``again=True`` insists. A store that keeps no run notes
 reruns without the check.
+
+When the creation fails, the note goes only where the rerun surely was not created (the
+store refused it, or it is not there when read again): after an ambiguous failure (the
+store unreachable once the write was sent) a rerun that may exist stays noted, and the
+next is refused naming it. A note whose run was never created (a crash between the note
+and the creation, or a failure after which the store could not be read) does not hold the
+run forever: once it is ``UNCREATED_AFTER`` old and its run is not there, the next rerun
+takes its place, in the same atomic write as the check.
 """
 
 from __future__ import annotations
@@ -15,8 +23,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ..errors import AlreadyRerunError, ConfigurationError
-from ..run_notes import RunNotes
+from ..errors import (
+    AlreadyRerunError,
+    ConfigurationError,
+    PayloadRejectedError,
+    RunExistsError,
+    SerializationError,
+)
+from ..run_notes import UNCREATED_AFTER, RunNotes
 from ..store import Store
 from ..wire.values import decode, encode
 
@@ -25,6 +39,7 @@ __all__ = [
     "RerunLink",
     "describe",
     "dropped",
+    "failed_creation",
     "link_of",
     "noted",
     "replayed_until",
@@ -118,19 +133,31 @@ def _notes(store: Store) -> RunNotes | None:
 
 async def noted(store: Store, original: str, rerun: str, *, again: bool) -> None:
     """Record ``rerun`` as a rerun of ``original``; ``AlreadyRerunError`` (nothing
-    recorded) when ``original`` has one and not ``again``."""
+    recorded) when ``original`` has one and not ``again``. A noted rerun whose run is not
+    there is replaced once it is ``UNCREATED_AFTER`` old (its creation failed)."""
     notes = _notes(store)
     if notes is None:
         return
     existing = await notes.note_rerun(original, rerun, again=again)
-    if existing is not None:
-        raise AlreadyRerunError(
-            f"run {original!r} was rerun already, as run {existing!r}: follow that run (dflow inspect "
-            f"{existing}), or start another rerun with again=True (dflow rerun --again; ?again=true on the "
-            "console's API) if its steps may run once more",
-            trace_id=original,
-            rerun=existing,
-        )
+    if existing is None:
+        return
+    there = await store.get_run(existing) is not None
+    if not there:  # (never created, or being created now: the note's age tells)
+        existing = await notes.note_rerun(original, rerun, replacing=existing, older_than=UNCREATED_AFTER)
+        if existing is None:
+            return
+        there = await store.get_run(existing) is not None
+    follow = (
+        f"follow that run (dflow inspect {existing})"
+        if there
+        else f"its creation is under way or failed (it is forgotten {UNCREATED_AFTER:.0f} s after it was noted)"
+    )
+    raise AlreadyRerunError(
+        f"run {original!r} was rerun already, as run {existing!r}: {follow}, or start another rerun with "
+        "again=True (dflow rerun --again; ?again=true on the console's API) if its steps may run once more",
+        trace_id=original,
+        rerun=existing,
+    )
 
 
 async def dropped(store: Store, original: str, rerun: str) -> None:
@@ -138,6 +165,27 @@ async def dropped(store: Store, original: str, rerun: str) -> None:
     notes = _notes(store)
     if notes is not None:
         await notes.drop_rerun(original, rerun)
+
+
+#: what a store raises when it refused to create a run, writing nothing
+_REFUSED = (RunExistsError, SerializationError, PayloadRejectedError)
+
+
+async def failed_creation(store: Store, original: str, rerun: str, error: BaseException) -> None:
+    """The creation of ``rerun`` failed with ``error``: forget it among the reruns of
+    ``original`` when it surely was not created (refused, or not there when read again);
+    keep it when it may exist (the store applied the write, then failed to answer) or
+    cannot be told (the store cannot be read either: ``noted`` replaces it once it is old)."""
+    if not isinstance(error, _REFUSED):
+        try:
+            if await store.get_run(rerun) is not None:
+                return
+        except Exception:
+            return
+    try:
+        await dropped(store, original, rerun)
+    except Exception:  # (the caller sees the creation's error; the note goes once old, as above)
+        return
 
 
 def key_line(key: str | None) -> str | None:

@@ -1,7 +1,8 @@
 """What a store's run notes (``dflow.run_notes.RunNotes``, a store's ``run_notes``) must do:
 a run names the reruns noted on it, oldest first; a second rerun is refused, naming the
 first, unless insisted on; of reruns noted at once only one passes; a dropped rerun frees
-the run; a run that is not there has no notes. A run's business key is on its record, and
+the run; a rerun named as never created is replaced once it was noted long enough ago, and
+only when it is the newest; a run that is not there has no notes. A run's business key is on its record, and
 finds it (newest first, across the store's buckets), under its latest key only, until it
 expires.
 
@@ -94,6 +95,29 @@ class RunNotesContract(StoreTime):
         await notes.drop_rerun(uuid.uuid4().hex, "x")  # (no such run: nothing to do)
         info = await store.get_run(trace)
         assert info is not None and info.reruns == ("second",)
+        await store.close()
+
+    @sync
+    async def test_a_rerun_named_as_never_created_is_replaced_once_it_was_noted_long_enough_ago(
+        self, make_store: Callable[..., Store]
+    ) -> None:
+        store = make_store()
+        trace = uuid.uuid4().hex
+        await store.create_run(new_run(trace))
+        notes = store.run_notes
+        await notes.note_rerun(trace, "ghost")
+        young = await notes.note_rerun(trace, "next", replacing="ghost", older_than=3600)
+        assert young == "ghost", "noted less than older_than ago: refused, naming it"
+        assert await notes.note_rerun(trace, "next", replacing="ghost", older_than=0) is None
+        info = await store.get_run(trace)
+        assert info is not None and info.reruns == ("next",), "the rerun never created is forgotten"
+        assert await notes.note_rerun(trace, "last", replacing="ghost", older_than=0) == "next", (
+            "a rerun that is no longer the newest replaces nothing: refused, naming the newest"
+        )
+        await notes.note_rerun(trace, "other", again=True)
+        assert await notes.note_rerun(trace, "last", replacing="next", older_than=0) == "other"
+        info = await store.get_run(trace)
+        assert info is not None and info.reruns == ("next", "other")
         await store.close()
 
     @sync

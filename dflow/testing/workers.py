@@ -67,3 +67,23 @@ class WorkerBeatsContract(StoreTime):
         assert [w for w in await beats.alive() if w.worker_id.startswith(base)] == []
         await beats.gone(a)  # (gone twice: nothing to do)
         await store.close()
+
+    @sync
+    async def test_a_live_worker_stays_listed_whatever_the_clocks_of_the_workers_that_beat(
+        self, make_store: Callable[..., Store]
+    ) -> None:
+        store = make_store()
+        self._beats_of(store)
+        beats = store.worker_beats
+        base = uuid.uuid4().hex[:8]
+        behind, ahead, right = f"{base}-behind", f"{base}-ahead", f"{base}-right"
+        now = self.now(store)
+        await beats.beat(_beat(behind, now - 7200), 30)  # (its clock two hours slow)
+        await beats.beat(_beat(right, now), 30)
+        await beats.beat(_beat(ahead, now + 7200), 30)  # (its clock two hours fast)
+        await beats.beat(_beat(right, now), 30)
+        listed = [w.worker_id for w in await beats.alive() if w.worker_id.startswith(base)]
+        assert listed == [ahead, behind, right], "no beat takes a live worker out, whatever its clock says"
+        for w in listed:
+            await beats.gone(w)
+        await store.close()

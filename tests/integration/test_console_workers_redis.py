@@ -97,21 +97,20 @@ def test_workers_gone_long_ago_leave_the_redis_index_at_the_next_beat_though_nob
     store = RedisStore(redis_url, prefix=prefix)
     beats = store.worker_beats
     assert isinstance(beats, RedisWorkerBeats)
+    r = redis.Redis.from_url(redis_url)
+    seconds, micros = r.time()
+    server_now = seconds + micros / 1e6  # (the set is scored by Redis's clock, not the workers')
+    # two workers gone (their keys expired): one whose last beat was over an hour ago, one 2 minutes ago
+    r.zadd(beats.index, {"old": server_now - FORGOTTEN_AFTER - 60, "recent": server_now - 120})
     now = time.time()
-
-    def beat(worker_id: str, at: float) -> WorkerBeat:
-        return WorkerBeat(worker_id, "host", 1, ("default",), at, at)
 
     async def go() -> None:
         try:
-            await beats.beat(beat("old", now - FORGOTTEN_AFTER - 60), ttl=5)
-            await beats.beat(beat("recent", now - 120), ttl=5)
-            await beats.beat(beat("now", now), ttl=5)
+            await beats.beat(WorkerBeat("now", "host", 1, ("default",), now, now), ttl=5)
         finally:
             await store.close()
 
     asyncio.run(go())
-    r = redis.Redis.from_url(redis_url)
     try:
         kept = sorted(m.decode() for m in r.zrange(beats.index, 0, -1))
         ttl = r.ttl(beats.index)
