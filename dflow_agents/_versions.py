@@ -186,7 +186,8 @@ class RedisVersions(_Versions[Item]):
         client, scripts = self._redis.get()
         name = getattr(item, "name")  # noqa: B009 (every item has a name)
         body, key = _body(item), self._key(name)
-        version = int(await scripts["save"](keys=[key], args=[body, self.max_versions]))
+        saved: Any = await scripts["save"](keys=[key], args=[body, self.max_versions])
+        version = int(saved)
         await client.sadd(f"{self.prefix}:names", name)
         return item.model_copy(update={"version": version})
 

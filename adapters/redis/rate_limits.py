@@ -8,6 +8,8 @@ expires when the bucket is full again. A ``RedisStore``'s ``token_bucket`` is on
 
 from __future__ import annotations
 
+from typing import Any
+
 from dflow.rate_limits import RateLimit, TokenBucket
 
 from .client import Client
@@ -34,5 +36,7 @@ class RedisTokenBucket(TokenBucket):
 
     async def reserve(self, limit: RateLimit) -> float:
         with store_errors():
-            wait = await self._reserve(keys=[self.key(limit.name)], args=[repr(limit.interval), limit.burst])
+            wait: Any = await self._reserve(
+                keys=[self.key(limit.name)], args=[repr(limit.interval), limit.burst]
+            )
         return float(wait)

@@ -235,6 +235,7 @@ class RedisStateBackend(StateBackend):
         known = sorted((_text(n), c) for n, raw in zip(found, configs) if (c := _config(raw)) is not None)
         if not known:
             return []
+        rows: list[Any]
         with store_errors():
             if isinstance(self.redis, RedisCluster):  # each circuit in its own slot: a call each
                 rows = [
