@@ -31,14 +31,16 @@ def _in_pipeline(exc: Exception) -> Exception:
 
 
 def _closed_writer() -> Exception:
-    """What redis-py raises when another task closed the connection under a command."""
+    """What this redis-py raises when another task closed the connection under a command:
+    ``AttributeError`` (``'NoneType' object has no attribute 'writelines'``) before 8.2, a
+    ``ConnectionError`` since."""
 
     async def send() -> None:
         await Connection()._send_packed_command([b"PING\r\n"])
 
     try:
         asyncio.run(send())
-    except AttributeError as exc:
+    except (AttributeError, rex.ConnectionError) as exc:
         return exc
     raise AssertionError("a connection without a writer sent a command")
 
@@ -126,8 +128,34 @@ def test_the_credentials_refused_say_so() -> None:
     assert err is not None and "refused the credentials" in str(err)
 
 
+def _writer_gone() -> AttributeError:
+    """An ``AttributeError`` raised inside redis-py's send, the form redis-py before 8.2
+    gave a connection closed under a command by another task: a writer without ``writelines``."""
+
+    class Transport:
+        def is_closing(self) -> bool:
+            return False
+
+    class Gone:
+        transport = Transport()
+
+    async def send() -> None:
+        connection = Connection()
+        connection._writer = Gone()  # type: ignore[assignment]
+        try:
+            await connection._send_packed_command([b"PING\r\n"])
+        finally:
+            connection._writer = None  # (nothing was opened: nothing to close)
+
+    try:
+        asyncio.run(send())
+    except AttributeError as exc:
+        return exc
+    raise AssertionError("a connection without a writer sent a command")
+
+
 def test_the_writer_closed_under_a_command_names_the_lost_connection() -> None:
-    err = mapped(_closed_writer(), StoreError)
+    err = mapped(_writer_gone(), StoreError)
     assert isinstance(err, StoreUnavailableError)
     assert "lost its connection" in str(err) and "writelines" in str(err)
 
