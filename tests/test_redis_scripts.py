@@ -4,19 +4,30 @@ reads its arguments by the names the layout gives them, never by their offsets."
 from __future__ import annotations
 
 import re
+from functools import partial
 from importlib import resources
+from types import SimpleNamespace
+from typing import Any, cast
 
+import msgpack
 import pytest
 
 pytest.importorskip("redis")
 
-from dflow.adapters.redis import scripts
+from redis._parsers.encoders import Encoder
+
+from dflow.adapters.redis import commits, scripts
+from dflow.adapters.redis.codec import encode_transition
 from dflow.adapters.redis.notes import SCRIPTS as NOTE_SCRIPTS
 from dflow.adapters.redis.rate_limits import SCRIPTS as RATE_SCRIPTS
 from dflow.adapters.redis.schedules import SCRIPTS as SCHEDULE_SCRIPTS
 from dflow.adapters.redis.scripts import SCRIPTS, Script
 from dflow.adapters.redis.state import SCRIPTS as STATE_SCRIPTS
 from dflow.adapters.redis.workers import SCRIPTS as WORKER_SCRIPTS
+from dflow.context import StepRecord, StepStatus
+from dflow.store import Claim, Fail, Finish, Fork, NewRun, Parent, Transition, Wait
+from dflow.testing.cases import advance, frames_of
+from dflow.wire.values import JOIN, Message, encode
 
 SLOT = re.compile(r"^--\s+ARGV\[(\d+)\]\s+(\w+)", re.MULTILINE)
 PARTS = re.compile(r"^--\s+ARGV\[(\d+)\.\.\]\s+(\w+(?:, \w+)*)", re.MULTILINE)
@@ -160,3 +171,89 @@ def test_parts_start_after_the_header_and_are_read_by_their_counts(script: Scrip
         assert f"at_{part}" in code, f"{script.name} never reads its part {part!r}"
     if script is scripts.COMMIT:
         assert "local i = at_fields" in code and "if transition == 'advance' then" in code
+
+
+def test_a_packed_layout_sends_its_slots_as_one_msgpack_array_with_numbers_as_redis_py_writes_them() -> None:
+    s = Script(
+        "DEMO", ("emit",), ("prefix", "now", "count"), ("records",), packed=True, numbers=("now", "count")
+    )
+    (packed,) = s.args(prefix="P", now=1765115430.123456, count=7, records=[b"\x00\xff", "é"])
+    assert msgpack.unpackb(packed, raw=True) == [
+        b"P",
+        b"1765115430.123456",
+        b"7",
+        2,
+        b"\x00\xff",
+        "é".encode(),
+    ]
+    with pytest.raises(ValueError):
+        Script("BAD", ("emit",), ("prefix",), numbers=("prefix",))  # numbers of a layout that is not packed
+    with pytest.raises(ValueError):
+        Script("BAD", ("emit",), ("prefix",), ("records",), packed=True, numbers=("records",))  # not a slot
+
+
+@pytest.mark.parametrize("script", [s for s in SCRIPTS.values() if s.packed], ids=lambda s: s.name)
+def test_a_packed_script_unpacks_its_argument_into_argv_before_it_binds_the_slots(script: Script) -> None:
+    lines = script.preamble().splitlines()
+    assert lines[1] == "local ARGV = cmsgpack.unpack(ARGV[1])"
+    assert lines[2].startswith(f"local {', '.join(script.header)} = ARGV[1], ")
+    assert not [s for s in SCRIPTS.values() if not s.packed and "cmsgpack.unpack(ARGV" in s.preamble()]
+
+
+def _transitions(claim: Claim) -> dict[str, Transition]:
+    m = claim.message
+    branch = f"{m.trace_id}/2-0"
+    child = NewRun(
+        branch, frames_of("branch"), encode(0), Message(branch, 0, "b[0]"), parent=Parent(m.trace_id, 2, 0)
+    )
+    return {
+        "advance": advance(claim, 1),
+        "advance at a time": advance(claim, 1, at=1765115430.987654),
+        "wait": Wait("approval", init_pending=True),
+        "fork": Fork("zip", [child], Message(m.trace_id, 2, "a>b", 0, JOIN), frames_of("forked")),
+        "finish": Finish(encode(2)),
+        "fail": Fail({"type": "ValueError", "message": "no"}, compensated=True),
+    }
+
+
+@pytest.mark.parametrize("kind", list(_transitions(Claim(Message("run-1", 1, "a"), "tok", b"f", b"v", {}))))
+def test_a_packed_commit_reaches_the_script_as_the_strings_redis_py_would_have_sent_one_by_one(
+    kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the script reads in each slot of its unpacked ARGV is what it read in ARGV when
+    redis-py encoded each slot itself (the counts, read with tonumber, are integers)."""
+    claim = Claim(Message("run-1", 1, "a"), "tok", b"f", b"v", {}, blobs=("b1",))
+    transition = _transitions(claim)[kind]
+    store = SimpleNamespace(
+        _prefixes=("dflow",),
+        ttl=7 * 86400.0,
+        redispatch_after=30.0,
+        _streams=("dflow:steps",),
+        _group="g",
+        _consumer="c",
+        blob_ttl=3600.0,
+    )
+    record = StepRecord("a", 1, StepStatus.DONE, 0, "w", 1765115430.5, 0.25, None, encode(1))
+    changes = {"k": b"\x00\xff\xfe", "gone": None, "dflow/saga/000000000001": b"entry"}
+    monkeypatch.setattr(commits.time, "time", lambda: 1765115430.123456)
+    args = partial(
+        commits.commit_args,
+        cast(Any, store),
+        0,
+        claim,
+        [record],
+        changes,
+        encode_transition(transition, claim),
+        b"1765115430123-0",
+        "take-tok",
+        30.0,
+    )
+    (packed,) = args()
+    unpacked = msgpack.unpackb(packed, raw=True)
+    plain = Script("PLAIN", scripts.COMMIT.files, scripts.COMMIT.header, scripts.COMMIT.parts)
+    monkeypatch.setattr(scripts, "COMMIT", plain)
+    encoder = Encoder("utf-8", "strict", False)
+    one_by_one = [encoder.encode(v) for v in args()]
+    counts = range(len(plain.header), len(plain.slots))
+    assert all(type(unpacked[i]) is int for i in counts)
+    assert [str(v).encode() if i in counts else v for i, v in enumerate(unpacked)] == one_by_one

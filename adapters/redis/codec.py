@@ -8,7 +8,11 @@ advance: frames, value, msg, seq, attempt, key, at, message kind, blobs ('=' whe
 unchanged); wait: call_type, init_pending; fork: kind, join msg, join seq, join key, n,
 frames ('' when unchanged), blobs ('=' when unchanged), then for each branch: trace,
 frames, value, msg, key, index, blobs; finish: result; fail: error, the status it ends in
-('failed' or 'compensated').
+('failed' or 'compensated'). Each field is a ``str`` or ``bytes``, numbers as their ``repr``
+(the text redis-py would send): ``COMMIT`` takes its slots packed (``scripts.Script.packed``).
+
+A claim comes back packed too: the script returns it as one msgpack array (``cmsgpack.pack``
+of its six fields, ``claim_step.lua``), which ``claimed`` unpacks in one call.
 """
 
 from __future__ import annotations
@@ -69,7 +73,17 @@ def _advance(t: Advance, claim: Claim) -> Encoded:
         frames, refs = t.frames.record, out.refer(t.frames)
         if t.frames.blobs == claim.blobs:
             refs = "="  # it refers to the same blobs as before: nothing to count
-    out.fields = [frames, t.value, m.encode(), m.seq, m.attempt, m.key, t.at or 0, m.kind, refs]
+    out.fields = [
+        frames,
+        t.value,
+        m.encode(),
+        repr(m.seq),
+        repr(m.attempt),
+        m.key,
+        repr(t.at or 0),
+        repr(m.kind),
+        refs,
+    ]
     return out
 
 
@@ -84,7 +98,7 @@ def _fork(t: Fork, claim: Claim) -> Encoded:
         frames, refs = b"", "="  # the run stays at its frames
     else:
         frames, refs = t.frames.record, out.refer(t.frames)
-    out.fields = [t.kind, j.encode(), j.seq, j.key, len(t.children), frames, refs]
+    out.fields = [t.kind, j.encode(), repr(j.seq), j.key, repr(len(t.children)), frames, refs]
     for child in t.children:
         assert child.message is not None and child.parent is not None and child.frames is not None
         child_refs = out.refer(child.frames)
@@ -94,7 +108,7 @@ def _fork(t: Fork, claim: Claim) -> Encoded:
             child.value,
             child.message.encode(),
             child.message.key,
-            child.parent.index,
+            repr(child.parent.index),
             child_refs,
         ]
         out.children.append(child.trace_id)
@@ -158,8 +172,9 @@ def parent_link(parent: Parent | None) -> dict[str, Any]:
     return {"parent_trace": parent.trace_id, "parent_seq": parent.seq, "parent_index": parent.index}
 
 
-def claimed(message: Message, token: str, reply: list[Any]) -> Claim:
-    raw_frames, value, init_only, data_flat, slots, blobs = reply
+def claimed(message: Message, token: str, reply: bytes) -> Claim:
+    """The claim of ``message`` with lease ``token`` from the packed claim a script returned."""
+    raw_frames, value, init_only, data_flat, slots, blobs = msgpack.unpackb(reply, raw=True)
     data = {data_flat[i].decode(): data_flat[i + 1] for i in range(0, len(data_flat), 2)}
     branches = [_branch(s) for s in slots] if message.kind == JOIN and slots else None
     return Claim(

@@ -25,7 +25,11 @@ part from those counts, never by counting from the end. A script reads them by n
 ``Script.preamble`` binds each slot to a local named as in the layout (``trace``, ``now``,
 ``n_records``, ``at_records``...) before the script's own file, which never reads ``ARGV``.
 The comment at the top of each script's file lists its slots; a test holds that list to
-``Script.header`` and ``parts``.
+``Script.header`` and ``parts``. The step path's scripts, ``CLAIM`` and ``COMMIT``, are
+``packed``: the same slots go as one argument, a msgpack array that the preamble unpacks into
+the script's own ``ARGV`` (one value for redis-py to send rather than some thirty it would encode
+one by one in Python); the script reads the same strings as unpacked. Their claims come back
+packed the same way (``claim_step``; ``codec.claimed``).
 
 Keys, under a bucket's prefix P: ``P:r:<trace>`` run hash, ``P:d:<trace>`` data hash, ``P:s:<trace>``
 step records (list), ``P:c:<trace>`` keys a branch run changed (set), ``P:j:<trace>`` join
@@ -60,6 +64,8 @@ from importlib import resources
 from keyword import iskeyword
 from typing import Any
 
+import msgpack
+
 __all__ = [
     "CANCEL",
     "CLAIM",
@@ -86,15 +92,26 @@ class Script:
     in this order.
     """
 
-    __slots__ = ("args", "files", "header", "name", "parts", "slots", "source")
+    __slots__ = ("args", "files", "header", "name", "numbers", "packed", "parts", "slots", "source")
 
     def __init__(
-        self, name: str, files: tuple[str, ...], header: tuple[str, ...], parts: tuple[str, ...] = ()
+        self,
+        name: str,
+        files: tuple[str, ...],
+        header: tuple[str, ...],
+        parts: tuple[str, ...] = (),
+        *,
+        packed: bool = False,
+        numbers: tuple[str, ...] = (),
     ):
         self.name = name
         self.files = files
         self.header = header
         self.parts = parts
+        #: whether ARGV goes as one argument, the slots packed in one msgpack array (``args``)
+        self.packed = packed
+        #: the fixed slots that take a number (packed only): sent as the text redis-py sends
+        self.numbers = numbers
         #: every fixed slot by name, counts included: its ARGV index (from 1, as Lua counts)
         self.slots = {n: i for i, n in enumerate(header + tuple(f"n_{p}" for p in parts), 1)}
         #: the script's Lua: its fragments, then its arguments bound to named locals
@@ -102,7 +119,7 @@ class Script:
         self.source = "\n".join([*(_read(f) for f in files[:-1]), self.preamble(), _read(files[-1])])
         #: ``args(**values) -> list``: ARGV for the script, from a value for each name of
         #: ``header`` and a sequence for each of ``parts`` (keyword-only), laid out as above.
-        self.args: Callable[..., list[Any]] = _builder(name, header, parts)
+        self.args: Callable[..., list[Any]] = _builder(name, header, parts, packed, numbers)
 
     def preamble(self) -> str:
         """The Lua that binds each argument to a local named as in the layout, before the
@@ -110,6 +127,8 @@ class Script:
         ``n_<part>`` (a number) and where each part starts, ``at_<part>``. A script reads its
         arguments by these names only."""
         lines = [f"-- {self.name}'s arguments by name (scripts.py writes this from its layout)"]
+        if self.packed:  # (the script's own ARGV from here: the slots, unpacked)
+            lines.append("local ARGV = cmsgpack.unpack(ARGV[1])")
         lines.append(
             f"local {', '.join(self.header)} = {', '.join(f'ARGV[{i}]' for i in range(1, len(self.header) + 1))}"
         )
@@ -128,18 +147,34 @@ class Script:
         return f"<Script {self.name}: {' + '.join(self.files)}>"
 
 
-def _builder(name: str, header: tuple[str, ...], parts: tuple[str, ...]) -> Callable[..., list[Any]]:
+def _builder(
+    name: str, header: tuple[str, ...], parts: tuple[str, ...], packed: bool, numbers: tuple[str, ...]
+) -> Callable[..., list[Any]]:
     """The function that lays out ARGV for a script, written out from its layout: a step
     makes one script call, and a plain function with keyword-only parameters costs less per
-    call than a generic loop over the names (Python checks the names all the same)."""
+    call than a generic loop over the names (Python checks the names all the same).
+
+    ``packed``: the slots go as one argument, a msgpack array (old-spec raw strings, the
+    only strings Redis's ``cmsgpack`` reads: ``str`` and ``bytes`` reach Lua as the same
+    strings as they would in ARGV), which redis-py sends as one value instead of encoding
+    each slot in Python. Each slot of ``numbers`` goes as ``repr`` of its value, the text
+    redis-py would send; the counts go as integers (the preamble reads them with
+    ``tonumber``); every other value must be a ``str`` or ``bytes``."""
     names = header + parts
     every = names + tuple(f"n_{p}" for p in parts)  # the count slots too
     if not all(n.isidentifier() and not iskeyword(n) for n in names) or len(set(every)) != len(every):
         raise ValueError(f"{name}: the names of a layout must be distinct identifiers: {every}")
-    items = [*header, *(f"len({p})" for p in parts), *(f"*{p}" for p in parts)]
+    if not set(numbers) <= set(header) or (numbers and not packed):
+        raise ValueError(f"{name}: numbers must be slots of a packed layout's header: {numbers}")
+    items = [
+        *(f"repr({h})" if h in numbers else h for h in header),
+        *(f"len({p})" for p in parts),
+        *(f"*{p}" for p in parts),
+    ]
+    out = f"[_packb([{', '.join(items)}], use_bin_type=False)]" if packed else f"[{', '.join(items)}]"
     fn = f"{name.lower()}_args"
-    namespace: dict[str, Any] = {}
-    exec(f"def {fn}(*, {', '.join(names)}):\n    return [{', '.join(items)}]\n", namespace)
+    namespace: dict[str, Any] = {"_packb": msgpack.packb}
+    exec(f"def {fn}(*, {', '.join(names)}):\n    return {out}\n", namespace)
     return namespace[fn]  # type: ignore[no-any-return]
 
 
@@ -187,6 +222,8 @@ CLAIM = Script(
     "CLAIM",
     ("listed", "claim_step", "claim"),
     ("prefix", "trace", "msg", "seq", "attempt", "key", "kind", "now", "lease", "token"),
+    packed=True,
+    numbers=("seq", "attempt", "kind", "now", "lease"),
 )
 # The fields of each transition, in ``fields``, are ``transitions``' (one encoder each).
 COMMIT = Script(
@@ -213,6 +250,8 @@ COMMIT = Script(
         "compensations",
     ),
     ("records", "sets", "dels", "fields"),
+    packed=True,
+    numbers=("now", "ttl_ms", "redispatch", "claim_kind", "take_lease", "blob_grace_ms"),
 )
 RESUME = Script(
     "RESUME",

@@ -281,7 +281,7 @@ class RedisStore(RunReads, KeepsSchedules, Store, StepParts):
         r = await self._run_script("CLAIM", args, at=at, keys=self._keys(at, message.trace_id), writes=False)
         if r is None:
             return None
-        if r[0] == b"refused":
+        if type(r) is list:  # ['refused', why]; a claim comes packed (bytes)
             raise RefusedMessageError(
                 f"the message of step {message.key!r} of run {message.trace_id!r} is refused: {r[1].decode()}"
             )

@@ -1,7 +1,8 @@
 -- CLAIM: check a step message is the run's expected transition and take its lease (see
--- claim_step). Returns the claim, false for a stale message, or {'refused', why}.
+-- claim_step). Returns the claim (packed), false for a stale message, or {'refused', why}.
 --
--- ARGV, as scripts.CLAIM lays it out (a test holds this list to it):
+-- ARGV, as scripts.CLAIM lays it out (a test holds this list to it), packed: the slots come
+-- as one msgpack array in ARGV[1], which the preamble unpacks into ARGV (scripts.Script.packed):
 --   ARGV[1]  prefix    P, before every key
 --   ARGV[2]  trace     the run id
 --   ARGV[3]  msg       the message as received

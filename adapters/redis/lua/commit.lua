@@ -4,7 +4,8 @@
 -- for blobs not stored, {'exists', child} for a branch id taken (in those cases only the
 -- delivery is acknowledged), else {'ok', messages to publish, taken}.
 --
--- ARGV, as scripts.COMMIT lays it out (a test holds this list to it):
+-- ARGV, as scripts.COMMIT lays it out (a test holds this list to it), packed: the slots come
+-- as one msgpack array in ARGV[1], which the preamble unpacks into ARGV (scripts.Script.packed):
 --   ARGV[1]  prefix          P, before every key
 --   ARGV[2]  trace           the run id
 --   ARGV[3]  token           the claim's lease token
@@ -125,8 +126,8 @@ local function take()
     if not f then return {id, body} end  -- not a step message: the worker sets it aside
     local c = claim_step(P, f[1], body, string.format('%d', f[2]), string.format('%d', f[4]), f[3],
                          string.format('%d', f[5]), now, take_lease, take_token)
-    if c and c[1] == 'refused' then return {id, body} end  -- the worker's own claim refuses it too
-    if c then return {id, body, c} end
+    if type(c) == 'table' then return {id, body} end  -- refused: the worker's own claim refuses it too
+    if c then return {id, body, c} end  -- c: the claim, packed
     -- no such run here: it may be another bucket's (a message published under another key),
     -- so the worker claims it the usual way
     if redis.call('EXISTS', P..':r:'..f[1]) == 0 then return {id, body} end
