@@ -8,7 +8,9 @@ outside its steps, and kept (and expired) with it.
 - A run's *business key* (``RunInfo.business_key``): the id of what the run is about in
   the user's world (``order-1042``), which a step learns while it runs and gives with
   :func:`set_business_key`. The store indexes it: ``find_by_business_key`` lists the runs
-  with a key, newest first, from that index (never a scan of every run).
+  with a key, newest first, from that index (never a scan of every run). A run's entry in
+  the index lives as long as the run: it goes when the run's keys expire (the store's pass
+  over what is due takes it out with the run), and an index left without runs goes with it.
 
 What a store adapter implements: a ``run_notes`` property returning a ``RunNotes`` (four
 methods, ``dflow.testing.RunNotesContract``). A store without one raises
@@ -16,7 +18,8 @@ methods, ``dflow.testing.RunNotesContract``). A store without one raises
 reruns, and a step that sets a business key fails saying so.
 
 Cost: a step that sets no business key pays nothing in the store; one that sets it pays one
-small write (the key and its index entry, in the run's own bucket on Redis) before it commits.
+small write (the key and its index entry, in the run's own bucket on Redis) once its commit is
+applied; a run that finished notes its key where the store tracks its expiry, one more entry.
 """
 
 from __future__ import annotations

@@ -3,13 +3,17 @@ hash ``P:r:<trace>`` (in the run's bucket, so one slot on a Redis Cluster), whic
 it; one Lua script a write, so a check and the write it decides are one.
 
 A business key is the field ``bkey``, indexed in ``P:bk:<key>`` of the run's bucket (a sorted
-set of trace ids by creation time, beside the other indexes of the bucket): a search reads
-the index of each bucket, newest first, and the runs it names, and drops the entries of runs
-that expired (or whose id a new run took)."""
+set of trace ids by creation time, beside the other indexes of the bucket). A finished run
+with a key waits for its keys to expire in ``P:expiryp`` with an entry that names the key
+(``listed.lua``), and the store's DUE pass takes it out of the index then, as out of the
+listings: the index lives as long as the runs it names, and goes with the last. A search
+reads the index of each bucket, newest first, and the runs it names, and drops the entries of
+runs it finds gone (expired before DUE saw them, or whose id a new run took)."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import cast
 
@@ -23,7 +27,7 @@ from .scripts import _read
 
 __all__ = ["SCRIPTS", "RedisRunNotes"]
 
-#: the scripts, by the name of their file
+#: the scripts, by the name of their file (``business_key`` after the fragment ``listed``)
 SCRIPTS = ("rerun_note", "rerun_drop", "business_key")
 
 
@@ -45,7 +49,7 @@ class RedisRunNotes(RunNotes):
         self._get_run = get_run
         self._note = client.register_script(_read("rerun_note"))
         self._drop = client.register_script(_read("rerun_drop"))
-        self._key = client.register_script(_read("business_key"))
+        self._key = client.register_script("\n".join((_read("listed"), _read("business_key"))))
 
     def _run_key(self, trace_id: str) -> str:
         return f"{self._prefix_of(trace_id)}:r:{trace_id}"
@@ -69,8 +73,8 @@ class RedisRunNotes(RunNotes):
         p = self._prefix_of(trace_id)
         with store_errors():
             done = await self._key(
-                keys=[self._run_key(trace_id), f"{p}:bk:{key}"],
-                args=[key, f"{p}:bk:", trace_id, MAX_KEYED_RUNS],
+                keys=[self._run_key(trace_id), f"{p}:bk:{key}", f"{p}:expiry", f"{p}:expiryp"],
+                args=[key, p, trace_id, MAX_KEYED_RUNS, time.time()],
             )
         if int(done) == 0:
             raise RunNotFoundError(

@@ -1,6 +1,7 @@
 """The notes the in-memory store keeps on its runs (``dflow.run_notes``): on each run's
 state, so they go when it expires; and the index of business keys (each key's runs, in the
-order they were given it), whose entries of runs gone are dropped when it is read."""
+order they were given it), from which the store's expiry pass takes a run when it goes
+(``forget``), and a key left without runs; a read drops the entries of runs it finds gone."""
 
 from __future__ import annotations
 
@@ -65,6 +66,11 @@ class MemoryRunNotes(RunNotes):
                 found.append(run)
         found.sort(key=lambda r: (r.created, r.trace_id), reverse=True)
         return [r.info() for r in found[:limit]]
+
+    def forget(self, run: RunState) -> None:
+        """Take ``run``, which goes (its time to be kept is over), out of the index of its key."""
+        if run.business_key is not None:
+            self._unindex(run.business_key, run.trace_id)
 
     def _unindex(self, key: str, trace_id: str) -> None:
         runs = self._keyed.get(key)

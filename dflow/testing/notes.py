@@ -3,9 +3,12 @@ a run names the reruns noted on it, oldest first; a second rerun is refused, nam
 first, unless insisted on; of reruns noted at once only one passes; a dropped rerun frees
 the run; a run that is not there has no notes. A run's business key is on its record, and
 finds it (newest first, across the store's buckets), under its latest key only, until it
-expires.
+expires; its entry in the store's index of the key goes when it expires (whether the key was
+given before or after the run ended), and an index left without runs goes with it.
 
-Time passes through ``pass_time`` and ``now`` (``cases.StoreTime``), as for ``StoreContract``."""
+Time passes through ``pass_time`` and ``now`` (``cases.StoreTime``), as for ``StoreContract``.
+A suite also says how its store's index of business keys is read as it is
+(``business_key_index``), for the tests that it leaves nothing behind."""
 
 from __future__ import annotations
 
@@ -18,9 +21,9 @@ import pytest
 
 from ..errors import RunNotFoundError
 from ..run_notes import MAX_RERUNS
-from ..store import Finish, Store
-from ..wire.values import encode
-from .cases import StoreTime, new_run, rec, sync
+from ..store import Finish, NewRun, Store
+from ..wire.values import Message, encode
+from .cases import KEYS, StoreTime, new_run, rec, sync
 
 __all__ = ["RunNotesContract"]
 
@@ -31,6 +34,13 @@ class RunNotesContract(StoreTime):
     @pytest.fixture
     def make_store(self) -> Callable[..., Store]:  # pragma: no cover - provided by subclasses
         raise NotImplementedError
+
+    async def business_key_index(self, store: Store, key: str) -> list[str] | None:
+        """The trace ids ``store``'s index of business key ``key`` holds, as it holds them
+        (read without dropping any); ``None`` when the store keeps nothing for the key."""
+        raise NotImplementedError(  # pragma: no cover - provided by subclasses
+            "a RunNotesContract suite says how its store's index of business keys is read: business_key_index"
+        )
 
     @sync
     async def test_a_run_names_the_reruns_noted_on_it_oldest_first(
@@ -202,3 +212,47 @@ class RunNotesContract(StoreTime):
         with pytest.raises(ValueError, match="1 to 200 characters"):
             await store.run_notes.find_by_business_key("x" * 201)
         await store.close()
+
+    @sync
+    async def test_a_business_key_s_index_entry_goes_when_its_run_expires(
+        self, make_store: Callable[..., Store]
+    ) -> None:
+        store = make_store(ttl=0.1)
+        key, old = f"k-{uuid.uuid4().hex}", f"k-{uuid.uuid4().hex}"
+        pipeline = f"keyed-{uuid.uuid4().hex[:8]}"
+        before, after, kept = new_run(), new_run(pipeline=pipeline), new_run()
+        for run in (before, after, kept):
+            await store.create_run(run)
+        await store.run_notes.set_business_key(before.trace_id, key)  # (keyed, then it ends)
+        await _finish(store, before)
+        await _finish(store, after)  # (it ends, then its step's key is written: as a step sets one)
+        await store.run_notes.set_business_key(after.trace_id, old)
+        await store.run_notes.set_business_key(after.trace_id, key)
+        await store.run_notes.set_business_key(kept.trace_id, key)
+
+        async def expired() -> bool:
+            await store.due(self.now(store))
+            return await self.business_key_index(store, key) == [kept.trace_id]
+
+        await self.until(store, expired, what="the expired runs leave the index of their key")
+        assert await store.get_run(before.trace_id) is None and await store.get_run(after.trace_id) is None
+        counted = await store.count_runs(pipeline=pipeline)
+        assert sum(counted.values()) == 0, "it left the listings of its pipeline as before"
+        assert await self.business_key_index(store, old) is None, "the key a run had leaves nothing behind"
+        await _finish(store, kept)
+
+        async def emptied() -> bool:
+            await store.due(self.now(store))
+            return await self.business_key_index(store, key) is None
+
+        await self.until(store, emptied, what="the index of a key whose runs all expired goes")
+        assert await store.run_notes.find_by_business_key(key) == []
+        await store.close()
+
+
+async def _finish(store: Store, run: NewRun) -> None:
+    """Run ``run`` (made by ``new_run``: at its second step, ``new_run``'s message) to its end."""
+    message = Message(run.trace_id, 1, KEYS[1])
+    claim = await store.claim(message, "w", 30)
+    assert claim is not None
+    await store.commit(claim, [rec(message)], {}, Finish(encode(1)))
