@@ -4,7 +4,9 @@ first, unless insisted on; of reruns noted at once only one passes; a dropped re
 the run; a run that is not there has no notes. A run's business key is on its record, and
 finds it (newest first, across the store's buckets), under its latest key only, until it
 expires; its entry in the store's index of the key goes when it expires (whether the key was
-given before or after the run ended), and an index left without runs goes with it.
+given before or after the run ended), and an index left without runs goes with it. A search by
+key with filters (status, pipeline, start window) finds the first ``limit`` runs that pass
+them, newest or oldest first, however many runs with the key do not.
 
 Time passes through ``pass_time`` and ``now`` (``cases.StoreTime``), as for ``StoreContract``.
 A suite also says how its store's index of business keys is read as it is
@@ -15,12 +17,14 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
+from ..context import RunInfo, RunStatus
 from ..errors import RunNotFoundError
 from ..run_notes import MAX_RERUNS
+from ..run_pages import StartedWindow
 from ..store import Finish, NewRun, Store
 from ..wire.values import Message, encode
 from .cases import KEYS, StoreTime, new_run, rec, sync
@@ -249,8 +253,65 @@ class RunNotesContract(StoreTime):
         assert await store.run_notes.find_by_business_key(key) == []
         await store.close()
 
+    @sync
+    async def test_a_key_search_by_status_finds_the_first_runs_with_it_in_the_order_asked(
+        self, make_store: Callable[..., Store]
+    ) -> None:
+        store = make_store()
+        key = f"k-{uuid.uuid4().hex}"
+        everyone = await _keyed_runs(store, key, 8)
+        newest = _ids(everyone)
+        for info in everyone[-3:]:  # the three oldest end: more than the limit of newer runs go on
+            await _finish(store, info)
+        notes = store.run_notes
+        done = await notes.find_by_business_key(key, 2, status=RunStatus.DONE)
+        assert _ids(done) == newest[-3:-1], "the newest two that ended, past the newer ones running"
+        oldest = await notes.find_by_business_key(key, 2, oldest_first=True)
+        assert _ids(oldest) == newest[::-1][:2], "oldest first"
+        assert _ids(await notes.find_by_business_key(key, 8, oldest_first=True)) == newest[::-1]
+        oldest_running = await notes.find_by_business_key(key, 2, status=RunStatus.RUNNING, oldest_first=True)
+        assert _ids(oldest_running) == newest[::-1][3:5]
+        with pytest.raises(ValueError, match="unknown run status"):
+            await notes.find_by_business_key(key, status=cast(Any, "resting"))
+        await store.close()
 
-async def _finish(store: Store, run: NewRun) -> None:
+    @sync
+    async def test_a_key_search_by_pipeline_or_start_finds_the_first_runs_that_pass_in_the_order_asked(
+        self, make_store: Callable[..., Store]
+    ) -> None:
+        store = make_store()
+        key = f"k-{uuid.uuid4().hex}"
+        everyone = await _keyed_runs(store, key, 8)
+        notes = store.run_notes
+        of_a = [r.trace_id for r in everyone if r.pipeline == "keyed-a"]
+        assert _ids(await notes.find_by_business_key(key, 3, pipeline="keyed-a")) == of_a[:3]
+        first_of_a = await notes.find_by_business_key(key, 1, pipeline="keyed-a", oldest_first=True)
+        assert _ids(first_of_a) == of_a[-1:]
+        assert await notes.find_by_business_key(key, 5, pipeline="keyed-none") == []
+        window = StartedWindow(after=everyone[5].created)  # (the window counts milliseconds)
+        expected = [r.trace_id for r in everyone if window.holds(r.created)]
+        assert everyone[5].trace_id in expected
+        assert _ids(await notes.find_by_business_key(key, 8, window=window)) == expected
+        await store.close()
+
+
+def _ids(runs: list[RunInfo]) -> list[str]:
+    return [r.trace_id for r in runs]
+
+
+async def _keyed_runs(store: Store, key: str, n: int) -> list[RunInfo]:
+    """``n`` new runs given business key ``key``, of pipelines ``keyed-a`` and ``keyed-b`` in
+    turn, newest first (as a search by the key finds them)."""
+    runs = [new_run(pipeline="keyed-a" if i % 2 else "keyed-b") for i in range(n)]
+    for run in runs:
+        await store.create_run(run)
+        await store.run_notes.set_business_key(run.trace_id, key)
+    everyone = await store.run_notes.find_by_business_key(key, n)
+    assert sorted(_ids(everyone)) == sorted(r.trace_id for r in runs)
+    return everyone
+
+
+async def _finish(store: Store, run: NewRun | RunInfo) -> None:
     """Run ``run`` (made by ``new_run``: at its second step, ``new_run``'s message) to its end."""
     message = Message(run.trace_id, 1, KEYS[1])
     claim = await store.claim(message, "w", 30)
