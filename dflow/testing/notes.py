@@ -254,6 +254,22 @@ class RunNotesContract(StoreTime):
         await store.close()
 
     @sync
+    async def test_with_no_time_to_keep_finished_runs_a_business_key_s_index_entry_goes_as_its_run_ends(
+        self, make_store: Callable[..., Store]
+    ) -> None:
+        store = make_store(ttl=0)
+        key = f"k-{uuid.uuid4().hex}"
+        run = new_run()
+        await store.create_run(run)
+        await store.run_notes.set_business_key(run.trace_id, key)
+        assert await self.business_key_index(store, key) == [run.trace_id]
+        await _finish(store, run)
+        await store.due(self.now(store))
+        assert await store.get_run(run.trace_id) is None
+        assert await self.business_key_index(store, key) is None
+        await store.close()
+
+    @sync
     async def test_a_key_search_by_status_finds_the_first_runs_with_it_in_the_order_asked(
         self, make_store: Callable[..., Store]
     ) -> None:
