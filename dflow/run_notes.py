@@ -11,7 +11,11 @@ outside its steps, and kept (and expired) with it.
 - A run's *business key* (``RunInfo.business_key``): the id of what the run is about in
   the user's world (``order-1042``), which a step learns while it runs and gives with
   :func:`set_business_key`. The store indexes it: ``find_by_business_key`` lists the runs
-  with a key, newest first, from that index (never a scan of every run).
+  with a key, newest first (or oldest first), from that index (never a scan of every run),
+  and those of them with a status, a pipeline or a start in a window: the first ``limit``
+  that match (``KeySearch``). A run's entry in the index lives as long as the run: it goes
+  when the run's keys expire (the store's pass over what is due takes it out with the run),
+  and an index left without runs goes with it.
 
 What a store adapter implements: a ``run_notes`` property returning a ``RunNotes`` (four
 methods, ``dflow.testing.RunNotesContract``). A store without one raises
@@ -19,16 +23,21 @@ methods, ``dflow.testing.RunNotesContract``). A store without one raises
 reruns, and a step that sets a business key fails saying so.
 
 Cost: a step that sets no business key pays nothing in the store; one that sets it pays one
-small write (the key and its index entry, in the run's own bucket on Redis) before it commits.
+small write (the key and its index entry, in the run's own bucket on Redis) once its commit is
+applied; a run that finished notes its key where the store tracks its expiry, one more entry.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
+from .context import RunStatus
 from .errors import DFlowError
 from .live import running_step
+from .run_pages import ANY_TIME, StartedWindow, check_pipeline
 
 if TYPE_CHECKING:
     from .context import RunInfo
@@ -38,6 +47,7 @@ __all__ = [
     "MAX_KEY_LENGTH",
     "MAX_RERUNS",
     "UNCREATED_AFTER",
+    "KeySearch",
     "RunNotes",
     "check_business_key",
     "check_key_search",
@@ -56,14 +66,70 @@ MAX_KEY_LENGTH = 200
 MAX_KEYED_RUNS = 10_000
 
 
-def check_key_search(key: object, limit: object) -> str:
-    """The arguments of ``RunNotes.find_by_business_key`` checked: the key (as
-    ``check_business_key``); ``ValueError`` for a ``limit`` that is no int from 1 to 1000."""
+@dataclass(frozen=True, slots=True)
+class KeySearch:
+    """A search of the runs with business key ``key`` (see ``RunNotes.find_by_business_key``):
+    the first ``limit`` of them, newest first (``oldest_first``: oldest first) by creation
+    time then trace id, among those with ``status``, of ``pipeline`` and started in
+    ``window`` (``None``, ``ANY_TIME``: any)."""
+
+    key: str
+    limit: int
+    status: RunStatus | None = None
+    pipeline: str | None = None
+    window: StartedWindow = ANY_TIME
+    oldest_first: bool = False
+
+    @property
+    def filtered(self) -> bool:
+        """Whether the search leaves some runs with the key out."""
+        return self.status is not None or self.pipeline is not None or self.window.bounded
+
+    def finds(self, info: RunInfo) -> bool:
+        """Whether the search finds run ``info``: it has the key and passes the filters."""
+        return (
+            info.business_key == self.key
+            and (self.status is None or info.status is self.status)
+            and (self.pipeline is None or info.pipeline == self.pipeline)
+            and self.window.holds(info.created)
+        )
+
+    def first(self, runs: Iterable[RunInfo]) -> list[RunInfo]:
+        """The first ``limit`` of ``runs`` (all found by the search) in the order asked."""
+        ordered = sorted(runs, key=lambda r: (r.created, r.trace_id), reverse=not self.oldest_first)
+        return ordered[: self.limit]
+
+
+def check_key_search(
+    key: object,
+    limit: object,
+    *,
+    status: object = None,
+    pipeline: object = None,
+    window: object = ANY_TIME,
+    oldest_first: object = False,
+) -> KeySearch:
+    """The arguments of ``RunNotes.find_by_business_key`` checked, as a ``KeySearch``: the
+    key (as ``check_business_key``); ``ValueError`` for a ``limit`` that is no int from 1 to
+    1000, a status that is none, a pipeline that is no name, a window that is no
+    ``StartedWindow`` or an ``oldest_first`` that is no bool."""
     if type(limit) is not int or not 1 <= limit <= 1000:
         raise ValueError(
             f"find_by_business_key returns 1 to 1000 runs: limit must be an int in that range, got {limit!r}"
         )
-    return check_business_key(key)
+    checked = check_business_key(key)
+    try:
+        wanted = None if status is None else RunStatus(status)
+    except ValueError:
+        known = ", ".join(s.value for s in RunStatus)
+        raise ValueError(f"unknown run status {status!r}; the statuses are {known}") from None
+    named = cast("str | None", pipeline)
+    check_pipeline(named)
+    if not isinstance(window, StartedWindow):
+        raise ValueError(f"window must be a dflow.run_pages.StartedWindow, got {window!r}")
+    if type(oldest_first) is not bool:
+        raise ValueError(f"oldest_first must be True or False, got {oldest_first!r}")
+    return KeySearch(checked, limit, wanted, named, window, oldest_first)
 
 
 def check_business_key(key: object) -> str:
@@ -141,8 +207,19 @@ class RunNotes(ABC):
         ``RunNotFoundError`` for no such run."""
 
     @abstractmethod
-    async def find_by_business_key(self, key: str, limit: int = 50) -> list[RunInfo]:
-        """At most ``limit`` (1 to 1000) runs whose business key is ``key`` now, newest first
-        (by creation time, then trace id), read from the index of keys: the newest
-        ``MAX_KEYED_RUNS`` of a key are found; a run leaves it when it expires.
-        ``ValueError`` for a bad ``limit``."""
+    async def find_by_business_key(
+        self,
+        key: str,
+        limit: int = 50,
+        *,
+        status: RunStatus | None = None,
+        pipeline: str | None = None,
+        window: StartedWindow = ANY_TIME,
+        oldest_first: bool = False,
+    ) -> list[RunInfo]:
+        """The first ``limit`` (1 to 1000) runs whose business key is ``key`` now, newest
+        first (by creation time, then trace id; ``oldest_first``: the other way round), among
+        those with ``status``, of ``pipeline`` and started in ``window`` when given: read from
+        the index of keys, where the newest ``MAX_KEYED_RUNS`` of a key are found, until that
+        many match (a filter that few of a key's runs pass reads more of them); a run leaves
+        it when it expires. ``ValueError`` for a bad argument (``check_key_search``)."""

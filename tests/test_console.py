@@ -411,6 +411,34 @@ def test_the_business_key_box_lists_the_runs_a_step_gave_that_key_newest_first(b
     assert "Business key" in head and f"/console/?key={key}-other" in head
 
 
+keyed_b = DFlow.from_call("con-keyed-b").map(_keyed).id("keyed").init("con-keyed-b")
+
+
+def test_a_business_key_search_with_filters_finds_the_first_runs_that_pass_them_in_the_order_asked(
+    browser: httpx.Client,
+) -> None:
+    key = f"order-{time.time_ns()}"
+    # of the other pipeline, before more than a page of newer runs:
+    older = keyed_b.call({"key": key, "n": 0})
+    assert older.result(10) == 0
+    newer = [keyed.call({"key": key, "n": n}) for n in range(1, 4)]
+    for n, run in enumerate(newer, 1):
+        assert run.result(10) == n
+    infos = sorted((r.info() for r in [older, *newer]), key=lambda i: (i.created, i.trace_id))
+    assert infos[0].trace_id == older.trace_id
+
+    def found(**params: Any) -> list[str]:
+        got = browser.get("/console/api/runs", params={"key": key, **params})
+        assert got.status_code == 200, got.text
+        return [r["trace_id"] for r in got.json()["runs"]]
+
+    assert found(pipeline="con-keyed-b", limit=2) == [older.trace_id], "past newer runs of another pipeline"
+    assert found(sort="oldest", limit=2) == [i.trace_id for i in infos[:2]]
+    assert found(pipeline="con-keyed", sort="oldest", limit=1) == [infos[1].trace_id]
+    assert found(status="done", limit=2) == [i.trace_id for i in infos[::-1][:2]]
+    assert found(status="failed") == []
+
+
 def test_the_runs_list_shows_the_schedules_with_their_next_fire_times(
     runtime: dflow.Runtime, browser: httpx.Client
 ) -> None:

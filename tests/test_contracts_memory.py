@@ -50,6 +50,11 @@ class TestMemoryStore(OnFakeClock, StoreContract, StepPartsContract, RunNotesCon
     def make_store(self) -> Callable[..., Store]:
         return lambda **opts: MemoryStore(clock=FakeClock(), **opts)
 
+    async def business_key_index(self, store: Store, key: str) -> list[str] | None:
+        assert isinstance(store, MemoryStore)
+        runs = store.run_notes._keyed.get(key)  # (the index as it is: a search drops what it finds gone)
+        return None if runs is None else list(runs)
+
 
 class TestMemoryStoreOnTheSystemClock(RunWriterContract):
     """The write side on the system's clock too, as local mode runs it."""

@@ -5,19 +5,32 @@ through the store's ``ScriptCalls``: with the store's ``wait``, a note is acknow
 that many replicas have it, as the store's other writes (``StoreError`` otherwise).
 
 A business key is the field ``bkey``, indexed in ``P:bk:<key>`` of the run's bucket (a sorted
-set of trace ids by creation time, beside the other indexes of the bucket): a search reads
-the index of each bucket, newest first, and the runs it names, and drops the entries of runs
-that expired (or whose id a new run took)."""
+set of trace ids by creation time, beside the other indexes of the bucket). A finished run
+with a key waits for its keys to expire in ``P:expiryp`` with an entry that names the key
+(``listed.lua``), and the store's DUE pass takes it out of the index then, as out of the
+listings: the index lives as long as the runs it names, and goes with the last. A search
+reads the index of each bucket in the order asked, in batches, with the runs it names, until
+it has ``limit`` runs that pass its filters (or the index ends), and drops the entries of
+runs it finds gone (expired before DUE saw them, or whose id a new run took)."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import cast
 
-from dflow.context import RunInfo
+from dflow.context import RunInfo, RunStatus
 from dflow.errors import RunNotFoundError
-from dflow.run_notes import MAX_KEYED_RUNS, MAX_RERUNS, UNCREATED_AFTER, RunNotes, check_key_search
+from dflow.run_notes import (
+    MAX_KEYED_RUNS,
+    MAX_RERUNS,
+    UNCREATED_AFTER,
+    KeySearch,
+    RunNotes,
+    check_key_search,
+)
+from dflow.run_pages import ANY_TIME, StartedWindow
 
 from .calls import ScriptCalls
 from .client import Client
@@ -26,8 +39,10 @@ from .scripts import _read
 
 __all__ = ["SCRIPTS", "RedisRunNotes"]
 
-#: the scripts, by the name of their file
+#: the scripts, by the name of their file (``business_key`` after the fragment ``listed``)
 SCRIPTS = ("rerun_note", "rerun_drop", "business_key")
+#: how many entries of an index a search with filters reads at a time (at least)
+FILTERED_BATCH = 100
 
 
 class RedisRunNotes(RunNotes):
@@ -50,7 +65,7 @@ class RedisRunNotes(RunNotes):
         self._calls = calls
         self._note = client.register_script(_read("rerun_note"))
         self._drop = client.register_script(_read("rerun_drop"))
-        self._key = client.register_script(_read("business_key"))
+        self._key = client.register_script("\n".join((_read("listed"), _read("business_key"))))
 
     def _prefix_of(self, trace_id: str) -> str:
         return self._prefixes[self._bucket_of(trace_id)]
@@ -85,8 +100,8 @@ class RedisRunNotes(RunNotes):
         p = self._prefixes[at]
         done = await self._calls.call(
             self._key,
-            [self._run_key(trace_id), f"{p}:bk:{key}"],
-            [key, f"{p}:bk:", trace_id, MAX_KEYED_RUNS],
+            [self._run_key(trace_id), f"{p}:bk:{key}", f"{p}:expiry", f"{p}:expiryp"],
+            [key, p, trace_id, MAX_KEYED_RUNS, time.time()],
             at=at,
         )
         if int(done) == 0:
@@ -94,28 +109,40 @@ class RedisRunNotes(RunNotes):
                 f"no run with trace id {trace_id!r} (never started, or expired)", trace_id=trace_id
             )
 
-    async def find_by_business_key(self, key: str, limit: int = 50) -> list[RunInfo]:
-        check_key_search(key, limit)
-        found = await asyncio.gather(*(self._keyed_in(f"{p}:bk:{key}", key, limit) for p in self._prefixes))
-        runs = [r for bucket in found for r in bucket]
-        runs.sort(key=lambda r: (r.created, r.trace_id), reverse=True)
-        return runs[:limit]
+    async def find_by_business_key(
+        self,
+        key: str,
+        limit: int = 50,
+        *,
+        status: RunStatus | None = None,
+        pipeline: str | None = None,
+        window: StartedWindow = ANY_TIME,
+        oldest_first: bool = False,
+    ) -> list[RunInfo]:
+        search = check_key_search(
+            key, limit, status=status, pipeline=pipeline, window=window, oldest_first=oldest_first
+        )
+        found = await asyncio.gather(*(self._keyed_in(f"{p}:bk:{key}", search) for p in self._prefixes))
+        return search.first(r for bucket in found for r in bucket)
 
-    async def _keyed_in(self, index: str, key: str, limit: int) -> list[RunInfo]:
-        """The newest ``limit`` runs of one bucket's index of ``key`` that still have it."""
+    async def _keyed_in(self, index: str, search: KeySearch) -> list[RunInfo]:
+        """The first ``search.limit`` runs of one bucket's index of the key that ``search``
+        finds, in its order (an index's order within one score is by trace id, as a search's)."""
         found: list[RunInfo] = []
         gone: list[bytes] = []
         start = 0
+        batch = max(search.limit, FILTERED_BATCH) if search.filtered else search.limit
+        read = self.redis.zrange if search.oldest_first else self.redis.zrevrange
         with store_errors():
-            while len(found) < limit:
-                ids = cast("list[bytes]", await self.redis.zrevrange(index, start, start + limit - 1))
+            while len(found) < search.limit:
+                ids = cast("list[bytes]", await read(index, start, start + batch - 1))
                 if not ids:
                     break
                 infos = await asyncio.gather(*(self._get_run(bytes(t).decode()) for t in ids))
                 for t, info in zip(ids, infos, strict=True):
-                    if info is None or info.business_key != key:  # (expired, or its id taken by a new run)
+                    if info is None or info.business_key != search.key:  # (expired, or its id taken)
                         gone.append(t)
-                    elif len(found) < limit:
+                    elif len(found) < search.limit and search.finds(info):
                         found.append(info)
                 start += len(ids)
             if gone:

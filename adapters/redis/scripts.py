@@ -41,7 +41,9 @@ sorted sets ``P:outbox`` (published, not yet claimed), ``P:timers``, ``P:leases`
 ``P:deadlines`` (runs by the time their deadline passes: ``DUE`` ends them), ``P:runs``
 (by creation) and ``P:expiry`` (finished runs, by the time their keys expire: ``DUE`` takes
 them out of ``P:runs`` and the listings then; ``P:expiryp`` for listed runs of a pipeline,
-whose members name it: see ``listed.lua``); the run listings ``P:ix`` (root runs, by the band
+whose members name it, and for finished runs with a business key, whose members name the key
+too: ``DUE`` takes them out of the key's index ``P:bk:<key>`` then; see ``listed.lua``); the
+run listings ``P:ix`` (root runs, by the band
 of their status, then creation) and ``P:ixp:<pipeline>`` (those of one pipeline), ``P:ids``
 (their ids, for a search by an id's start); ``P:b:<ref>`` signed
 flow blobs and ``P:bn:<ref>`` how many live runs reference each (a blob no run references

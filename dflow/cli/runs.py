@@ -80,8 +80,8 @@ def register_ls(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     ls.add_argument(
         "--key",
         metavar="KEY",
-        help="the runs a step gave this business key (dflow.set_business_key), newest first "
-        "(the other filters apply to them)",
+        help="the runs a step gave this business key (dflow.set_business_key): the first --limit "
+        "of them that pass the other filters, in the order --sort asks",
     )
     ls.add_argument(
         "--json", action="store_true", help="print a JSON list (times in seconds since the epoch)"
@@ -212,8 +212,10 @@ async def _listed(store: Store, args: argparse.Namespace) -> list[RunInfo]:
     cursor: str | None = None
     status = RunStatus(args.status) if args.status else None
     window = StartedWindow(args.after, args.before)  # (checked by ``ls``)
-    if args.id is not None or args.key is not None:
-        return _kept(await _found(store, args), status, args.pipeline, window)
+    if args.key is not None:
+        return await _keyed(store, args, status, window)
+    if args.id is not None:
+        return _kept(await store.find_runs(args.id, min(args.limit, 1000)), status, args.pipeline, window)
     while len(runs) < args.limit:
         page = await page_in_window(
             store,
@@ -231,20 +233,26 @@ async def _listed(store: Store, args: argparse.Namespace) -> list[RunInfo]:
     return runs
 
 
-async def _found(store: Store, args: argparse.Namespace) -> list[RunInfo]:
-    """The runs ``--key`` names (the runs with that business key, newest first), or those whose
-    id starts with ``--id``, in id order (with both, those of the first that the second keeps)."""
-    limit = min(args.limit, 1000)
-    if args.key is None:
-        return await store.find_runs(args.id, limit)
-    runs = await store.run_notes.find_by_business_key(args.key, limit)
-    return [r for r in runs if args.id is None or r.trace_id.startswith(args.id)]
+async def _keyed(
+    store: Store, args: argparse.Namespace, status: RunStatus | None, window: StartedWindow
+) -> list[RunInfo]:
+    """The first runs ``--key`` names (the runs with that business key) that pass the other
+    filters, in the order asked; with ``--id`` too, those of the first 1000 whose id starts so."""
+    runs = await store.run_notes.find_by_business_key(
+        args.key,
+        1000 if args.id is not None else min(args.limit, 1000),
+        status=status,
+        pipeline=args.pipeline or None,
+        window=window,
+        oldest_first=parse_sort(args.sort),
+    )
+    return [r for r in runs if args.id is None or r.trace_id.startswith(args.id)][: args.limit]
 
 
 def _kept(
     runs: list[RunInfo], status: RunStatus | None, pipeline: str | None, window: StartedWindow
 ) -> list[RunInfo]:
-    """The runs found by id or by key that the other filters keep."""
+    """The runs found by id that the other filters keep."""
     return [
         r
         for r in runs

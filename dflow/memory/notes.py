@@ -1,15 +1,17 @@
 """The notes the in-memory store keeps on its runs (``dflow.run_notes``): on each run's
 state, so they go when it expires; and the index of business keys (each key's runs, in the
-order they were given it), whose entries of runs gone are dropped when it is read."""
+order they were given it), from which the store's expiry pass takes a run when it goes
+(``forget``), and a key left without runs; a read drops the entries of runs it finds gone."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
 from ..clock import SYSTEM_CLOCK, Clock
-from ..context import RunInfo
+from ..context import RunInfo, RunStatus
 from ..errors import RunNotFoundError
 from ..run_notes import MAX_KEYED_RUNS, MAX_RERUNS, UNCREATED_AFTER, RunNotes, check_key_search
+from ..run_pages import ANY_TIME, StartedWindow
 from .runs import RunState
 
 __all__ = ["MemoryRunNotes"]
@@ -72,17 +74,32 @@ class MemoryRunNotes(RunNotes):
         while len(runs) > MAX_KEYED_RUNS:
             del runs[next(iter(runs))]
 
-    async def find_by_business_key(self, key: str, limit: int = 50) -> list[RunInfo]:
-        check_key_search(key, limit)
-        found: list[RunState] = []
+    async def find_by_business_key(
+        self,
+        key: str,
+        limit: int = 50,
+        *,
+        status: RunStatus | None = None,
+        pipeline: str | None = None,
+        window: StartedWindow = ANY_TIME,
+        oldest_first: bool = False,
+    ) -> list[RunInfo]:
+        search = check_key_search(
+            key, limit, status=status, pipeline=pipeline, window=window, oldest_first=oldest_first
+        )
+        found: list[RunInfo] = []
         for trace_id in list(self._keyed.get(key, ())):
             run = self._runs.get(trace_id)
             if run is None or run.business_key != key:  # (expired, or its id taken by a new run)
                 self._unindex(key, trace_id)
-            else:
-                found.append(run)
-        found.sort(key=lambda r: (r.created, r.trace_id), reverse=True)
-        return [r.info() for r in found[:limit]]
+            elif search.finds(info := run.info()):
+                found.append(info)
+        return search.first(found)
+
+    def forget(self, run: RunState) -> None:
+        """Take ``run``, which goes (its time to be kept is over), out of the index of its key."""
+        if run.business_key is not None:
+            self._unindex(run.business_key, run.trace_id)
 
     def _unindex(self, key: str, trace_id: str) -> None:
         runs = self._keyed.get(key)

@@ -419,6 +419,7 @@ class MemoryStore(RunEnds, RunDeadlines, RunListing, KeepsSchedules, Store, Step
             if run is not None and run.status.finished:
                 del self._runs[trace_id]
                 self._parts.forget(trace_id)
+                self._notes.forget(run)
                 if run.parent is None:
                     self._index.gone(run)
         if expiry:

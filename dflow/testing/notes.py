@@ -4,24 +4,31 @@ first, unless insisted on; of reruns noted at once only one passes; a dropped re
 the run; a rerun named as never created is replaced once it was noted long enough ago, and
 only when it is the newest; a run that is not there has no notes. A run's business key is on its record, and
 finds it (newest first, across the store's buckets), under its latest key only, until it
-expires.
+expires; its entry in the store's index of the key goes when it expires (whether the key was
+given before or after the run ended), and an index left without runs goes with it. A search by
+key with filters (status, pipeline, start window) finds the first ``limit`` runs that pass
+them, newest or oldest first, however many runs with the key do not.
 
-Time passes through ``pass_time`` and ``now`` (``cases.StoreTime``), as for ``StoreContract``."""
+Time passes through ``pass_time`` and ``now`` (``cases.StoreTime``), as for ``StoreContract``.
+A suite also says how its store's index of business keys is read as it is
+(``business_key_index``), for the tests that it leaves nothing behind."""
 
 from __future__ import annotations
 
 import asyncio
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
+from ..context import RunInfo, RunStatus
 from ..errors import RunNotFoundError
 from ..run_notes import MAX_RERUNS
-from ..store import Finish, Store
-from ..wire.values import encode
-from .cases import StoreTime, new_run, rec, sync
+from ..run_pages import StartedWindow
+from ..store import Finish, NewRun, Store
+from ..wire.values import Message, encode
+from .cases import KEYS, StoreTime, new_run, rec, sync
 
 __all__ = ["RunNotesContract"]
 
@@ -32,6 +39,13 @@ class RunNotesContract(StoreTime):
     @pytest.fixture
     def make_store(self) -> Callable[..., Store]:  # pragma: no cover - provided by subclasses
         raise NotImplementedError
+
+    async def business_key_index(self, store: Store, key: str) -> list[str] | None:
+        """The trace ids ``store``'s index of business key ``key`` holds, as it holds them
+        (read without dropping any); ``None`` when the store keeps nothing for the key."""
+        raise NotImplementedError(  # pragma: no cover - provided by subclasses
+            "a RunNotesContract suite says how its store's index of business keys is read: business_key_index"
+        )
 
     @sync
     async def test_a_run_names_the_reruns_noted_on_it_oldest_first(
@@ -226,3 +240,120 @@ class RunNotesContract(StoreTime):
         with pytest.raises(ValueError, match="1 to 200 characters"):
             await store.run_notes.find_by_business_key("x" * 201)
         await store.close()
+
+    @sync
+    async def test_a_business_key_s_index_entry_goes_when_its_run_expires(
+        self, make_store: Callable[..., Store]
+    ) -> None:
+        store = make_store(ttl=0.1)
+        key, old = f"k-{uuid.uuid4().hex}", f"k-{uuid.uuid4().hex}"
+        pipeline = f"keyed-{uuid.uuid4().hex[:8]}"
+        before, after, kept = new_run(), new_run(pipeline=pipeline), new_run()
+        for run in (before, after, kept):
+            await store.create_run(run)
+        await store.run_notes.set_business_key(before.trace_id, key)  # (keyed, then it ends)
+        await _finish(store, before)
+        await _finish(store, after)  # (it ends, then its step's key is written: as a step sets one)
+        await store.run_notes.set_business_key(after.trace_id, old)
+        await store.run_notes.set_business_key(after.trace_id, key)
+        await store.run_notes.set_business_key(kept.trace_id, key)
+
+        async def expired() -> bool:
+            await store.due(self.now(store))
+            return await self.business_key_index(store, key) == [kept.trace_id]
+
+        await self.until(store, expired, what="the expired runs leave the index of their key")
+        assert await store.get_run(before.trace_id) is None and await store.get_run(after.trace_id) is None
+        counted = await store.count_runs(pipeline=pipeline)
+        assert sum(counted.values()) == 0, "it left the listings of its pipeline as before"
+        assert await self.business_key_index(store, old) is None, "the key a run had leaves nothing behind"
+        await _finish(store, kept)
+
+        async def emptied() -> bool:
+            await store.due(self.now(store))
+            return await self.business_key_index(store, key) is None
+
+        await self.until(store, emptied, what="the index of a key whose runs all expired goes")
+        assert await store.run_notes.find_by_business_key(key) == []
+        await store.close()
+
+    @sync
+    async def test_with_no_time_to_keep_finished_runs_a_business_key_s_index_entry_goes_as_its_run_ends(
+        self, make_store: Callable[..., Store]
+    ) -> None:
+        store = make_store(ttl=0)
+        key = f"k-{uuid.uuid4().hex}"
+        run = new_run()
+        await store.create_run(run)
+        await store.run_notes.set_business_key(run.trace_id, key)
+        assert await self.business_key_index(store, key) == [run.trace_id]
+        await _finish(store, run)
+        await store.due(self.now(store))
+        assert await store.get_run(run.trace_id) is None
+        assert await self.business_key_index(store, key) is None
+        await store.close()
+
+    @sync
+    async def test_a_key_search_by_status_finds_the_first_runs_with_it_in_the_order_asked(
+        self, make_store: Callable[..., Store]
+    ) -> None:
+        store = make_store()
+        key = f"k-{uuid.uuid4().hex}"
+        everyone = await _keyed_runs(store, key, 8)
+        newest = _ids(everyone)
+        for info in everyone[-3:]:  # the three oldest end: more than the limit of newer runs go on
+            await _finish(store, info)
+        notes = store.run_notes
+        done = await notes.find_by_business_key(key, 2, status=RunStatus.DONE)
+        assert _ids(done) == newest[-3:-1], "the newest two that ended, past the newer ones running"
+        oldest = await notes.find_by_business_key(key, 2, oldest_first=True)
+        assert _ids(oldest) == newest[::-1][:2], "oldest first"
+        assert _ids(await notes.find_by_business_key(key, 8, oldest_first=True)) == newest[::-1]
+        oldest_running = await notes.find_by_business_key(key, 2, status=RunStatus.RUNNING, oldest_first=True)
+        assert _ids(oldest_running) == newest[::-1][3:5]
+        with pytest.raises(ValueError, match="unknown run status"):
+            await notes.find_by_business_key(key, status=cast(Any, "resting"))
+        await store.close()
+
+    @sync
+    async def test_a_key_search_by_pipeline_or_start_finds_the_first_runs_that_pass_in_the_order_asked(
+        self, make_store: Callable[..., Store]
+    ) -> None:
+        store = make_store()
+        key = f"k-{uuid.uuid4().hex}"
+        everyone = await _keyed_runs(store, key, 8)
+        notes = store.run_notes
+        of_a = [r.trace_id for r in everyone if r.pipeline == "keyed-a"]
+        assert _ids(await notes.find_by_business_key(key, 3, pipeline="keyed-a")) == of_a[:3]
+        first_of_a = await notes.find_by_business_key(key, 1, pipeline="keyed-a", oldest_first=True)
+        assert _ids(first_of_a) == of_a[-1:]
+        assert await notes.find_by_business_key(key, 5, pipeline="keyed-none") == []
+        window = StartedWindow(after=everyone[5].created)  # (the window counts milliseconds)
+        expected = [r.trace_id for r in everyone if window.holds(r.created)]
+        assert everyone[5].trace_id in expected
+        assert _ids(await notes.find_by_business_key(key, 8, window=window)) == expected
+        await store.close()
+
+
+def _ids(runs: list[RunInfo]) -> list[str]:
+    return [r.trace_id for r in runs]
+
+
+async def _keyed_runs(store: Store, key: str, n: int) -> list[RunInfo]:
+    """``n`` new runs given business key ``key``, of pipelines ``keyed-a`` and ``keyed-b`` in
+    turn, newest first (as a search by the key finds them)."""
+    runs = [new_run(pipeline="keyed-a" if i % 2 else "keyed-b") for i in range(n)]
+    for run in runs:
+        await store.create_run(run)
+        await store.run_notes.set_business_key(run.trace_id, key)
+    everyone = await store.run_notes.find_by_business_key(key, n)
+    assert sorted(_ids(everyone)) == sorted(r.trace_id for r in runs)
+    return everyone
+
+
+async def _finish(store: Store, run: NewRun | RunInfo) -> None:
+    """Run ``run`` (made by ``new_run``: at its second step, ``new_run``'s message) to its end."""
+    message = Message(run.trace_id, 1, KEYS[1])
+    claim = await store.claim(message, "w", 30)
+    assert claim is not None
+    await store.commit(claim, [rec(message)], {}, Finish(encode(1)))

@@ -310,7 +310,9 @@ def _keyed(order: dict[str, str]) -> str:
     return order["key"]
 
 
-def test_ls_finds_the_runs_a_step_gave_a_business_key_newest_first(redis_url: str, prefix: str) -> None:
+def test_ls_finds_the_runs_a_step_gave_a_business_key_newest_first_or_as_asked(
+    redis_url: str, prefix: str
+) -> None:
     store_url = f"{redis_url}?prefix={prefix}"
     dflow.configure(f"{redis_url}?stream={prefix}:steps", store_url, secret=SECRET)
     try:
@@ -334,5 +336,12 @@ def test_ls_finds_the_runs_a_step_gave_a_business_key_newest_first(redis_url: st
     assert "business key order-7" in shown.stdout, shown.stdout + shown.stderr
     none = dflow_cmd("ls", "--store", store_url, "--json", "--key", "order-1042", "--status", "failed")
     assert none.returncode == 0 and json.loads(none.stdout) == []
+    first = dflow_cmd("ls", "--store", store_url, "--json", "--key", "order-1042", "--oldest", "--limit", "1")
+    assert [r["trace_id"] for r in json.loads(first.stdout)] == [runs[0].trace_id], first.stderr
+    start = runs[0].trace_id[:12]  # (past a newer run with the key whose id does not start so)
+    by_id = dflow_cmd(
+        "ls", "--store", store_url, "--json", "--key", "order-1042", "--id", start, "--limit", "1"
+    )
+    assert [r["trace_id"] for r in json.loads(by_id.stdout)] == [runs[0].trace_id], by_id.stderr
     bad = dflow_cmd("ls", "--store", store_url, "--key", "x" * 201)
     assert bad.returncode == 2 and "1 to 200 characters" in bad.stderr, bad.stderr

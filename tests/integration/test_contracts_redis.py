@@ -34,6 +34,16 @@ from dflow.testing import (
 )
 
 
+async def redis_key_index(store: Store, key: str) -> list[str] | None:
+    """The trace ids in the indexes of business key ``key`` (``P:bk:<key>``) of every bucket of
+    a Redis store; ``None`` when there is none (Redis keeps no empty sorted set)."""
+    assert isinstance(store, RedisStore)
+    ids: list[str] = []
+    for p in store.keyspace.names(store.prefix, "prefix"):
+        ids += [bytes(t).decode() for t in await store.redis.zrange(f"{p}:bk:{key}", 0, -1)]
+    return ids or None
+
+
 class TestRedisStore(StoreContract, StepPartsContract, RunNotesContract):
     @pytest.fixture
     def make_store(self, redis_url: str, prefix: str) -> Callable[..., Store]:
@@ -41,6 +51,9 @@ class TestRedisStore(StoreContract, StepPartsContract, RunNotesContract):
             return RedisStore(redis_url, prefix=prefix, **opts)
 
         return make
+
+    async def business_key_index(self, store: Store, key: str) -> list[str] | None:
+        return await redis_key_index(store, key)
 
 
 class TestFusedRedisStore(FusedStoreContract):
@@ -102,6 +115,9 @@ class TestRedisStoreInBuckets(StoreContract, RunNotesContract):
             return RedisStore(redis_url, prefix=prefix, streams=4, **opts)
 
         return make
+
+    async def business_key_index(self, store: Store, key: str) -> list[str] | None:
+        return await redis_key_index(store, key)
 
 
 def same_bucket_ids(store: Store, n: int) -> list[str]:

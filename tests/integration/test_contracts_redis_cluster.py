@@ -31,7 +31,7 @@ from dflow.testing import (
     TransportContract,
 )
 
-from .test_contracts_redis import same_bucket_ids
+from .test_contracts_redis import redis_key_index, same_bucket_ids
 
 
 class TestClusterRedisStore(StoreContract, StepPartsContract, RunNotesContract):
@@ -41,6 +41,9 @@ class TestClusterRedisStore(StoreContract, StepPartsContract, RunNotesContract):
             return RedisStore(redis_cluster_url, prefix=cluster_prefix, **opts)
 
         return make
+
+    async def business_key_index(self, store: Store, key: str) -> list[str] | None:
+        return await redis_key_index(store, key)
 
 
 class TestClusterFusedRedisStore(FusedStoreContract):

@@ -1,7 +1,7 @@
 -- DUE: what is due at ``now``: timers that fired, outbox messages published and never
 -- claimed, leases that ran out (their steps run again), runs whose deadline passed (they end
 -- 'timed_out', with the branches they wait for: ``end_runs`` in ending), and finished runs
--- whose keys expired. Returns {messages to publish, the next due time or false, unreadable entries}.
+-- whose keys expired (out of the listings and the indexes of business keys). Returns {messages to publish, the next due time or false, unreadable entries}.
 --
 -- ARGV, as scripts.DUE lays it out (a test holds this list to it):
 --   ARGV[1]  prefix       P, before every key
@@ -102,22 +102,25 @@ for _, t in ipairs(redis.call('ZRANGEBYSCORE', P..':expiry', '-inf', now, 'LIMIT
 end
 soonest('expiry')
 end
--- the same for listed runs of a pipeline (see listed), whose entries name the pipeline too
+-- the same for listed runs of a pipeline and runs with a business key (see listed), whose
+-- entries name the pipeline ('' for none) and the key too
 if due('expiryp') then
 for _, m in ipairs(redis.call('ZRANGEBYSCORE', P..':expiryp', '-inf', now, 'LIMIT', 0, limit)) do
   redis.call('ZREM', P..':expiryp', m)
   local ok, f = pcall(cmsgpack.unpack, m)
   if ok and type(f) == 'table' and type(f[1]) == 'string' and type(f[2]) == 'string' then
-    local t, pl = f[1], f[2]
+    local t, pl, bkey = f[1], f[2] ~= '' and f[2], type(f[3]) == 'string' and f[3]
     local rk = P..':r:'..t
     local left = redis.call('PTTL', rk)
     if left == -2 then
       redis.call('ZREM', P..':runs', t)  -- gone
       unlisted(P, t, pl)
+      if bkey then redis.call('ZREM', P..':bk:'..bkey, t) end  -- (an index left empty goes)
     elseif left >= 0 then
       redis.call('ZADD', P..':expiryp', now + left / 1000 + 1, m)  -- not yet
-    elseif redis.call('HGET', rk, 'pipeline') ~= pl then
-      redis.call('ZREM', P..':ixp:'..pl, t)  -- started again under this id, by another pipeline
+    else  -- started again under this id: by another pipeline, without this key?
+      if pl and redis.call('HGET', rk, 'pipeline') ~= pl then redis.call('ZREM', P..':ixp:'..pl, t) end
+      if bkey and redis.call('HGET', rk, 'bkey') ~= bkey then redis.call('ZREM', P..':bk:'..bkey, t) end
     end
   else
     bad = bad + 1

@@ -1,7 +1,8 @@
 -- Fragment: finishing runs (assembled after listed, emit and blobs, before create and commit).
 -- ``finished`` clears a run that ended, hands its result to the join of its parent
 -- (``arrive``), tells the processes waiting for it, and lets its keys expire after the ttl
--- (``pl``: the pipeline of a listed run, else false; see listed).
+-- (``pl``: the pipeline of a listed run, else false; see listed: a run with a business key
+-- waits so that DUE takes it out of the key's index too, ``expiry_entry``).
 local function run_keys(P, t)
   return {P..':r:'..t, P..':d:'..t, P..':s:'..t, P..':c:'..t, P..':j:'..t, P..':js:'..t, P..':ja:'..t,
           P..':jc:'..t, P..':e:'..t, P..':m:'..t}
@@ -117,14 +118,13 @@ finished = function(P, t, rk, now, redispatch, ttl, out, pl)
   for _, channel in ipairs(redis.call('SMEMBERS', wk)) do redis.pcall('PUBLISH', channel, t) end
   redis.call('DEL', wk)
   tell_watchers(P, t)
+  local bkey = redis.call('HGET', rk, 'bkey')  -- (its business key: see business_key)
   if ttl > 0 then
     for _, k in ipairs(run_keys(P, t)) do redis.call('PEXPIRE', k, ttl) end
-    if pl then
-      redis.call('ZADD', P..':expiryp', now + ttl / 1000, cmsgpack.pack({t, pl}))
-    else
-      redis.call('ZADD', P..':expiry', now + ttl / 1000, t)
-    end
+    local set, member = expiry_entry(P, t, pl, bkey)
+    redis.call('ZADD', set, now + ttl / 1000, member)
   else
+    if bkey then redis.call('ZREM', P..':bk:'..bkey, t) end
     unlisted(P, t, pl)
     redis.call('DEL', unpack(run_keys(P, t)))
     redis.call('ZREM', P..':runs', t)

@@ -7,7 +7,9 @@
 -- run is in (the member stays, its score moves to its new band); a step that leaves the status
 -- as it was writes nothing here. A listed run of a pipeline that finished waits for its keys to
 -- expire in ``P:expiryp`` (member: msgpack [trace id, pipeline]) instead of ``P:expiry``, so
--- that DUE knows which listings it leaves. The ids of the listed runs are also in ``P:ids``, all
+-- that DUE knows which listings it leaves; so does a finished run with a business key (member:
+-- msgpack [trace id, pipeline or '', key]), so that DUE takes it out of the key's index
+-- ``P:bk:<key>`` too (``expiry_entry``). The ids of the listed runs are also in ``P:ids``, all
 -- scored 0 (in byte order: a search by an id's start is one ZRANGEBYLEX), from CREATE until
 -- they leave the listings.
 local LISTED_BAND = {running = 1, sleeping = 2, waiting = 3, done = 4, failed = 5, cancelled = 6, compensated = 7,
@@ -28,4 +30,12 @@ local function unlisted(P, t, pl)
   redis.call('ZREM', P..':ix', t)
   redis.call('ZREM', P..':ids', t)
   if pl then redis.call('ZREM', P..':ixp:'..pl, t) end
+end
+
+-- Where finished run ``t`` (of pipeline ``pl`` when listed, else false; with business key
+-- ``bkey``, else false) waits for its keys to expire: the sorted set and the member.
+local function expiry_entry(P, t, pl, bkey)
+  if bkey then return P..':expiryp', cmsgpack.pack({t, pl or '', bkey}) end
+  if pl then return P..':expiryp', cmsgpack.pack({t, pl}) end
+  return P..':expiry', t
 end

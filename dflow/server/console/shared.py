@@ -231,8 +231,9 @@ async def list_runs(console: Console, request: Request) -> RunsList:
     (with ``parked=1``, only the parked runs of that page; with ``after``/``before``, only
     the runs started in that window: see ``run_pages.StartedWindow``; with ``sort=oldest``,
     oldest first, else newest first; with ``id``, the runs whose id starts so, in id order,
-    filtered: one ``find_runs`` call and no next page; with ``key``, the runs with that
-    business key, newest first, filtered: one ``find_by_business_key`` call and no next page)."""
+    filtered: one ``find_runs`` call and no next page; with ``key``, the first runs with that
+    business key that pass the filters, in the order asked: one ``find_by_business_key`` call
+    and no next page)."""
     q = request.query_params
     status = _status_filter(q.get("status"))
     pipeline = _text_filter("pipeline", q.get("pipeline"))
@@ -245,9 +246,13 @@ async def list_runs(console: Console, request: Request) -> RunsList:
     key = _key_filter(q.get("key"))
     store = console.store
     try:
-        if key is not None:  # the runs with this business key, newest first: one page
-            runs = await console.on_store(_notes(store).find_by_business_key(key, limit))
-            found = RunPage(_kept(runs, status, pipeline, window), None)
+        if key is not None:  # the first runs with this business key that pass the filters: one page
+            runs = await console.on_store(
+                _notes(store).find_by_business_key(
+                    key, limit, status=status, pipeline=pipeline, window=window, oldest_first=oldest_first
+                )
+            )
+            found = RunPage(runs, None)
         elif id_start is not None:  # the runs whose id starts so, in id order: one page
             runs = await console.on_store(store.find_runs(id_start, limit))
             found = RunPage(_kept(runs, status, pipeline, window), None)
@@ -274,7 +279,7 @@ async def list_runs(console: Console, request: Request) -> RunsList:
 def _kept(
     runs: list[RunInfo], status: RunStatus | None, pipeline: str | None, window: StartedWindow
 ) -> list[RunInfo]:
-    """The runs found by id or by business key that the other filters keep."""
+    """The runs found by id that the other filters keep."""
     return [
         r
         for r in runs
