@@ -16,6 +16,7 @@ from collections import Counter
 import redis
 
 import dflow
+from dflow.workers import BEAT_PERIOD
 from tests.support.workers import Workers
 
 from .apps import idle_app
@@ -26,13 +27,17 @@ WINDOW = 5.0  # seconds counted
 LEASE = 2.0
 
 
-def count_commands(redis_url: str, prefix: str, seconds: float) -> tuple[Counter[str], Counter[str]]:
+def count_commands(
+    redis_url: str, prefix: str, seconds: float
+) -> tuple[Counter[str], Counter[str], Counter[str]]:
     """The commands on the database of ``redis_url`` that name ``prefix``, over ``seconds``:
-    those clients sent, and those scripts ran inside Redis."""
+    those clients sent and those scripts ran inside Redis, but for the workers' heartbeats
+    (the commands naming the workers' index, sent or run inside its script), counted apart."""
     r = redis.Redis.from_url(redis_url)
     db = r.connection_pool.connection_kwargs.get("db", 0)
     sent: Counter[str] = Counter()
     inner: Counter[str] = Counter()
+    beats: Counter[str] = Counter()
     started = threading.Event()
     end = [float("inf")]
 
@@ -45,7 +50,11 @@ def count_commands(redis_url: str, prefix: str, seconds: float) -> tuple[Counter
                 if c["time"] > end[0]:
                     return
                 if c["db"] == db and prefix in c["command"]:
-                    (inner if c["client_type"] == "lua" else sent)[c["command"].split(" ", 1)[0].upper()] += 1
+                    name = c["command"].split(" ", 1)[0].upper()
+                    if f"{prefix}:{{workers}}" in c["command"]:
+                        beats[name] += 1
+                    else:
+                        (inner if c["client_type"] == "lua" else sent)[name] += 1
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
@@ -56,7 +65,7 @@ def count_commands(redis_url: str, prefix: str, seconds: float) -> tuple[Counter
     r.ping()  # a command for the monitor to see after the end, if the workers send none
     reader.join(5)
     r.close()
-    return sent, inner
+    return sent, inner, beats
 
 
 def test_idle_workers_cost_little_yet_fire_timers_and_take_over_leases_at_once(
@@ -70,12 +79,15 @@ def test_idle_workers_cost_little_yet_fire_timers_and_take_over_leases_at_once(
     workers.start(WORKERS)
     try:
         time.sleep(1.0)  # past start-up
-        sent, inner = count_commands(redis_url, prefix, WINDOW)
+        sent, inner, beats = count_commands(redis_url, prefix, WINDOW)
         per = WORKERS * WINDOW
         assert sum(sent.values()) / per <= 5, (
             f"commands/s per idle worker: {sum(sent.values()) / per}: {sent}"
         )
         assert sum(inner.values()) / per <= 5, f"run in scripts, per idle worker and s: {inner}"
+        # (each worker beats every BEAT_PERIOD: one script of a few commands, for the workers page)
+        assert 0 < beats["EVALSHA"] <= WORKERS * (WINDOW / BEAT_PERIOD + 1), f"heartbeats: {beats}"
+        assert sum(beats.values()) <= 6 * beats["EVALSHA"], f"commands per heartbeat: {beats}"
         assert sent["XREADGROUP"] > 0 and sent["EVALSHA"] > 0, (
             "the workers read the stream and scan the timers"
         )
