@@ -28,6 +28,7 @@ from .context import RunStatus
 from .wire.ids import MAX_ID
 
 if TYPE_CHECKING:
+    from .context import RunInfo
     from .store import RunPage, RunReader
 
 __all__ = [
@@ -42,6 +43,7 @@ __all__ = [
     "created_ms",
     "decode_cursor",
     "encode_cursor",
+    "find_in_window",
     "page_in_window",
     "parse_sort",
     "parse_started",
@@ -239,6 +241,31 @@ async def page_in_window(
     )
     kept = [r for r in page.runs if window.keeps(r.created, oldest_first)]
     return replace(page, runs=kept, cursor=page.cursor if len(kept) == len(page.runs) else None)
+
+
+async def find_in_window(
+    store: RunReader,
+    id_start: str,
+    limit: int,
+    window: StartedWindow,
+    *,
+    status: RunStatus | None = None,
+    pipeline: str | None = None,
+) -> list[RunInfo]:
+    """``store.find_runs`` narrowed by the other filters: at most ``limit`` runs whose id
+    starts with ``id_start``, in id order, that have ``status``, ``pipeline`` and a start in
+    ``window``. With a filter, the first ``MAX_LIMIT`` runs the id starts are read and
+    filtered (not ``limit``, which the filter would leave short of matches it passed by)."""
+    filtered = status is not None or bool(pipeline) or window != ANY_TIME
+    runs = await store.find_runs(id_start, MAX_LIMIT if filtered else limit)
+    kept = [
+        r
+        for r in runs
+        if (status is None or r.status is status)
+        and (not pipeline or r.pipeline == pipeline)
+        and window.holds(r.created)
+    ]
+    return kept[:limit]
 
 
 def parse_started(name: str, text: str) -> float:

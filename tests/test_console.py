@@ -439,6 +439,24 @@ def test_a_business_key_search_with_filters_finds_the_first_runs_that_pass_them_
     assert found(status="failed") == []
 
 
+def test_an_id_search_with_filters_finds_the_runs_that_pass_them_past_the_first_the_id_starts(
+    browser: httpx.Client,
+) -> None:
+    start = f"con-ids-{time.time_ns()}-"
+    firsts = [keyed.call({"key": f"{start}k", "n": n}, trace_id=f"{start}{n}") for n in range(4)]
+    last = keyed_b.call({"key": f"{start}k", "n": 4}, trace_id=f"{start}4")
+    assert [r.result(10) for r in [*firsts, last]] == [0, 1, 2, 3, 4]
+
+    def found(**params: Any) -> list[str]:
+        got = browser.get("/console/api/runs", params={"id": start, **params})
+        assert got.status_code == 200, got.text
+        return [r["trace_id"] for r in got.json()["runs"]]
+
+    assert found(pipeline="con-keyed-b", limit=2) == [last.trace_id], "past the first runs the id starts"
+    assert found(limit=2) == [firsts[0].trace_id, firsts[1].trace_id], "unfiltered: in id order"
+    assert found(status="failed") == []
+
+
 def test_the_runs_list_shows_the_schedules_with_their_next_fire_times(
     runtime: dflow.Runtime, browser: httpx.Client
 ) -> None:

@@ -155,3 +155,29 @@ def test_a_window_read_oldest_first_starts_at_its_start_and_stops_at_its_end() -
     assert [window.keeps(t, oldest_first=True) for t in (5.0, 19.9995, 20.0)] == [True, True, False]
     with pytest.raises(ValueError, match="newest first, not oldest first"):
         decode_cursor(StartedWindow(None, 20.0).first_cursor() or "", oldest_first=True)
+
+
+def test_a_search_by_id_with_filters_finds_the_runs_that_pass_them_past_the_first_the_id_starts() -> None:
+    from dflow.run_pages import ANY_TIME, find_in_window
+
+    p = (
+        DFlow.from_call("listing-ship")
+        .flat_map(lambda order: DFlow.from_call("listing-paid").map(lambda paid: paid).id("listing-got"))
+        .id("listing-shipping")
+        .init("listing-ships")
+    )
+    runs = [p.call(i, trace_id=f"order-{i:02d}") for i in range(30)]
+    deadline = time.monotonic() + 10
+    while any(r.status() is not RunStatus.WAITING for r in runs):
+        assert time.monotonic() < deadline, "the runs did not all come to wait"
+        time.sleep(0.01)
+    for run in runs[:25]:  # the first 25 in id order end; the last 5 still wait
+        run.cancel("shipped elsewhere")
+    while any(r.status() is not RunStatus.CANCELLED for r in runs[:25]):
+        assert time.monotonic() < deadline, "the runs were not all cancelled"
+        time.sleep(0.01)
+
+    waiting = _on_loop(find_in_window(_store(), "order-", 10, ANY_TIME, status=RunStatus.WAITING))
+    assert [r.trace_id for r in waiting] == [f"order-{i}" for i in range(25, 30)]
+    firsts = _on_loop(find_in_window(_store(), "order-", 3, ANY_TIME))
+    assert [r.trace_id for r in firsts] == ["order-00", "order-01", "order-02"], "unfiltered: in id order"

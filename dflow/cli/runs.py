@@ -14,7 +14,15 @@ from typing import TYPE_CHECKING, Any
 from ..context import RunInfo, RunStatus
 from ..ops.tree import safe
 from ..run_notes import check_business_key
-from ..run_pages import SORTS, StartedWindow, check_find, page_in_window, parse_sort, parse_started
+from ..run_pages import (
+    SORTS,
+    StartedWindow,
+    check_find,
+    find_in_window,
+    page_in_window,
+    parse_sort,
+    parse_started,
+)
 from .circuits import circuit_notes
 from .options import add_store, count, store_url
 
@@ -215,7 +223,9 @@ async def _listed(store: Store, args: argparse.Namespace) -> list[RunInfo]:
     if args.key is not None:
         return await _keyed(store, args, status, window)
     if args.id is not None:
-        return _kept(await store.find_runs(args.id, min(args.limit, 1000)), status, args.pipeline, window)
+        return await find_in_window(
+            store, args.id, min(args.limit, 1000), window, status=status, pipeline=args.pipeline or None
+        )
     while len(runs) < args.limit:
         page = await page_in_window(
             store,
@@ -247,19 +257,6 @@ async def _keyed(
         oldest_first=parse_sort(args.sort),
     )
     return [r for r in runs if args.id is None or r.trace_id.startswith(args.id)][: args.limit]
-
-
-def _kept(
-    runs: list[RunInfo], status: RunStatus | None, pipeline: str | None, window: StartedWindow
-) -> list[RunInfo]:
-    """The runs found by id that the other filters keep."""
-    return [
-        r
-        for r in runs
-        if (status is None or r.status is status)
-        and (not pipeline or r.pipeline == pipeline)
-        and window.holds(r.created)
-    ]
 
 
 def _note(r: RunInfo) -> str:

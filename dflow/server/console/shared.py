@@ -15,7 +15,7 @@ from ...context import RunInfo, RunStatus
 from ...errors import ConfigurationError, RunNotFoundError
 from ...patterns.rerun import RERUN_KEY, link_of, replayed_until
 from ...run_notes import MAX_KEY_LENGTH, RunNotes, check_business_key
-from ...run_pages import ANY_TIME, StartedWindow, page_in_window, parse_sort, parse_started
+from ...run_pages import ANY_TIME, StartedWindow, find_in_window, page_in_window, parse_sort, parse_started
 from ...store import RunPage, Store
 from ...wire.ids import is_run_id
 from ...workers import WorkerBeat
@@ -254,8 +254,10 @@ async def list_runs(console: Console, request: Request) -> RunsList:
             )
             found = RunPage(runs, None)
         elif id_start is not None:  # the runs whose id starts so, in id order: one page
-            runs = await console.on_store(store.find_runs(id_start, limit))
-            found = RunPage(_kept(runs, status, pipeline, window), None)
+            runs = await console.on_store(
+                find_in_window(store, id_start, limit, window, status=status, pipeline=pipeline)
+            )
+            found = RunPage(runs, None)
         else:
             found = await console.on_store(
                 page_in_window(
@@ -274,19 +276,6 @@ async def list_runs(console: Console, request: Request) -> RunsList:
     if parked:  # (of this page: a parked run is running, its reason in its record)
         found = RunPage([r for r in found.runs if r.parked], found.cursor)
     return RunsList(found, counts, status, pipeline, cursor, limit, parked, window, oldest_first, key)
-
-
-def _kept(
-    runs: list[RunInfo], status: RunStatus | None, pipeline: str | None, window: StartedWindow
-) -> list[RunInfo]:
-    """The runs found by id that the other filters keep."""
-    return [
-        r
-        for r in runs
-        if (status is None or r.status is status)
-        and (pipeline is None or r.pipeline == pipeline)
-        and window.holds(r.created)
-    ]
 
 
 def _notes(store: Store) -> RunNotes:
