@@ -187,7 +187,9 @@ class RunNotes(ABC):
         """Record ``rerun`` as the newest rerun of run ``trace_id``, unless the run has one
         already and not ``again``: then nothing is written and its newest rerun is returned.
         ``None`` once recorded (a run names its last ``MAX_RERUNS``); the store keeps when,
-        by its own clock. ``RunNotFoundError`` for no such run.
+        by its own clock. ``RunNotFoundError`` for no such run. A ``rerun`` that is the
+        newest already is ``None`` with nothing written: the same call, sent again when its
+        answer was lost.
 
         With ``replacing`` (a rerun the caller found never created): when the run's newest
         rerun is ``replacing`` and was noted ``older_than`` seconds ago or more, it is

@@ -82,12 +82,17 @@ async def _disconnect_cluster(client: RedisCluster) -> None:
     read of the slot map that failed in a failover left the connections it opened), and
     a node dropped from the slot map is closed by a task of its own, which the loop's end
     may cut off: the sockets were left to the garbage collector."""
-    await client.aclose()
-    manager = client.nodes_manager
-    nodes = {id(n): n for n in [*manager.nodes_cache.values(), *manager.startup_nodes.values()]}
-    await asyncio.gather(*(n.disconnect() for n in nodes.values()), return_exceptions=True)
-    pending = list(getattr(manager, "_background_tasks", ()))  # (redis-py's, where it keeps them)
-    await asyncio.gather(*pending, return_exceptions=True)
+    try:
+        await client.aclose()
+    finally:  # (also when a node's close failed: the others' are closed all the same)
+        manager = client.nodes_manager
+        nodes = {id(n): n for n in [*manager.nodes_cache.values(), *manager.startup_nodes.values()]}
+        await asyncio.gather(*(n.disconnect() for n in nodes.values()), return_exceptions=True)
+        # (redis-py's own closing tasks, of the manager and of each node, where it keeps them)
+        pending = [*getattr(manager, "_background_tasks", ())]
+        for node in nodes.values():
+            pending += getattr(node, "_background_tasks", ())
+        await asyncio.gather(*pending, return_exceptions=True)
 
 
 class GatedCluster(RedisCluster):

@@ -43,6 +43,7 @@ __all__ = ["SCRIPTS", "RedisRunNotes"]
 SCRIPTS = ("rerun_note", "rerun_drop", "business_key")
 #: how many entries of an index a search with filters reads at a time (at least)
 FILTERED_BATCH = 100
+READ_AT_ONCE = 16  #: runs a search reads at once
 
 
 class RedisRunNotes(RunNotes):
@@ -127,24 +128,70 @@ class RedisRunNotes(RunNotes):
 
     async def _keyed_in(self, index: str, search: KeySearch) -> list[RunInfo]:
         """The first ``search.limit`` runs of one bucket's index of the key that ``search``
-        finds, in its order (an index's order within one score is by trace id, as a search's)."""
+        finds, in its order (an index's order within one score is by trace id, as a search's).
+        The index is read in batches by score (the runs' creation times, within the search's
+        window), each from the last score read on: an entry added or taken out meanwhile moves
+        no run out of the reads, and a run read once is not read again."""
         found: list[RunInfo] = []
         gone: list[bytes] = []
-        start = 0
+        seen: set[bytes] = set()
         batch = max(search.limit, FILTERED_BATCH) if search.filtered else search.limit
-        read = self.redis.zrange if search.oldest_first else self.redis.zrevrange
+        edge, end = _bounds(search)
+        at_edge = 0  # entries of score ``edge`` read already
         with store_errors():
             while len(found) < search.limit:
-                ids = cast("list[bytes]", await read(index, start, start + batch - 1))
-                if not ids:
+                rows = await self._batch(index, search.oldest_first, (edge, end), at_edge, batch)
+                fresh = [(t, score) for t, score in rows if t not in seen]
+                if fresh:
+                    last = fresh[-1][1]
+                    tied = sum(1 for _, score in fresh if score == last)
+                    at_edge, edge = (at_edge + tied if last == edge else tied), last
+                    seen.update(t for t, _ in fresh)
+                    await self._keep_found(fresh, search, found, gone)
+                else:
+                    at_edge += len(rows)  # (all read already: one was added at the edge meanwhile)
+                if len(rows) < batch:
                     break
-                infos = await asyncio.gather(*(self._get_run(bytes(t).decode()) for t in ids))
-                for t, info in zip(ids, infos, strict=True):
-                    if info is None or info.business_key != search.key:  # (expired, or its id taken)
-                        gone.append(t)
-                    elif len(found) < search.limit and search.finds(info):
-                        found.append(info)
-                start += len(ids)
             if gone:
                 await self.redis.zrem(index, *gone)
         return found
+
+    async def _keep_found(
+        self, rows: list[tuple[bytes, float]], search: KeySearch, found: list[RunInfo], gone: list[bytes]
+    ) -> None:
+        """Add to ``found`` the runs of ``rows`` the search finds; to ``gone``, the entries of
+        runs that are no more (expired, or their id taken by a new run)."""
+        infos = await self._runs([bytes(t).decode() for t, _ in rows])
+        for (t, _), info in zip(rows, infos, strict=True):
+            if info is None or info.business_key != search.key:
+                gone.append(t)
+            elif len(found) < search.limit and search.finds(info):
+                found.append(info)
+
+    async def _batch(
+        self, index: str, oldest_first: bool, span: tuple[float | str, float | str], skip: int, batch: int
+    ) -> list[tuple[bytes, float]]:
+        """Up to ``batch`` entries of ``index``, with their scores, from score ``span[0]`` to
+        ``span[1]`` in the search's order, past the first ``skip``."""
+        if oldest_first:
+            rows = await self.redis.zrangebyscore(index, *span, start=skip, num=batch, withscores=True)
+        else:
+            rows = await self.redis.zrevrangebyscore(index, *span, start=skip, num=batch, withscores=True)
+        return cast("list[tuple[bytes, float]]", rows)
+
+    async def _runs(self, ids: list[str]) -> list[RunInfo | None]:
+        """The runs ``ids``, read a few at a time (so a search holds few of the pool's
+        connections, which the steps of this process share)."""
+        out: list[RunInfo | None] = []
+        for i in range(0, len(ids), READ_AT_ONCE):
+            out += await asyncio.gather(*(self._get_run(t) for t in ids[i : i + READ_AT_ONCE]))
+        return out
+
+
+def _bounds(search: KeySearch) -> tuple[float | str, float | str]:
+    """The scores a search reads from and to, in its order: its window's bounds a
+    millisecond wider (the window itself, by the millisecond, is the filter's), or the ends."""
+    w = search.window
+    low: float | str = "-inf" if w.after is None else w.after - 0.001
+    high: float | str = "+inf" if w.before is None else w.before + 0.001
+    return (low, high) if search.oldest_first else (high, low)

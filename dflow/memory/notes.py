@@ -47,6 +47,8 @@ class MemoryRunNotes(RunNotes):
         run = self._run(trace_id)
         now = self.clock.time()
         reruns = run.reruns
+        if reruns and reruns[-1] == rerun:  # (noted already: this very call, sent again)
+            return None
         if reruns and replacing is not None and reruns[-1] == replacing:
             if now - run.rerun_noted < older_than:
                 return replacing

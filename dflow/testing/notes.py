@@ -79,6 +79,21 @@ class RunNotesContract(StoreTime):
         await store.close()
 
     @sync
+    async def test_a_rerun_noted_again_by_a_call_sent_twice_is_noted_once(
+        self, make_store: Callable[..., Store]
+    ) -> None:
+        store = make_store()
+        trace = uuid.uuid4().hex
+        await store.create_run(new_run(trace))
+        notes = store.run_notes
+        assert await notes.note_rerun(trace, "first") is None
+        assert await notes.note_rerun(trace, "first") is None, "sent again (its reply lost): noted"
+        assert await notes.note_rerun(trace, "first", again=True) is None
+        info = await store.get_run(trace)
+        assert info is not None and info.reruns == ("first",), "once"
+        await store.close()
+
+    @sync
     async def test_of_reruns_noted_at_once_only_one_passes(self, make_store: Callable[..., Store]) -> None:
         store = make_store()
         trace = uuid.uuid4().hex

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from typing import Any
 
 import pytest
 
@@ -40,5 +41,44 @@ def test_run_notes_written_with_wait_and_no_replica_are_not_acknowledged(redis_u
         finally:
             await plain.close()
             await waiting.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_key_search_read_in_batches_lists_each_run_once_while_runs_get_the_key(
+    redis_url: str, prefix: str
+) -> None:
+    """A filtered search reads the key's index in batches; a run given the key while the
+    first batch is read (ahead of it, newest first) does not bring a run of the first batch
+    into the second, and none passes unread."""
+
+    async def scenario() -> None:
+        store = RedisStore(redis_url, prefix=prefix)
+        notes = store.run_notes
+        try:
+            older = []
+            for pipeline, n in (("listed-a", 60), ("listed-b", 99)):
+                for _ in range(n):
+                    trace = uuid.uuid4().hex
+                    await store.create_run(new_run(trace, pipeline=pipeline))
+                    await notes.set_business_key(trace, "K")
+                    if pipeline == "listed-a":
+                        older.append(trace)
+            read = notes._get_run
+            added: list[str] = []
+
+            async def get_run(trace_id: str) -> Any:
+                if not added:  # a new run gets the key while the first batch is read
+                    added.append(uuid.uuid4().hex)
+                    await store.create_run(new_run(added[0], pipeline="listed-b"))
+                    await notes.set_business_key(added[0], "K")
+                return await read(trace_id)
+
+            notes._get_run = get_run  # type: ignore[method-assign]
+            found = [r.trace_id for r in await notes.find_by_business_key("K", 50, pipeline="listed-a")]
+            assert added and len(found) == len(set(found)) == 50, "each run once"
+            assert set(found) == set(older[-50:]), "the newest 50 of the pipeline, none passed by"
+        finally:
+            await store.close()
 
     asyncio.run(scenario())

@@ -4,7 +4,8 @@
 -- so of two reruns asked at once one is refused. With replacing (a rerun the caller found
 -- never created), that rerun, when it is the newest and was recorded older_than seconds ago
 -- or more, is forgotten and the new one recorded in its place. The fields expire with the
--- run's hash. Returns {0} for no such run, {1} once recorded, {2, newest rerun} when refused
+-- run's hash. A rerun that is the newest already is noted (a call sent again). Returns {0}
+-- for no such run, {1} once recorded, {2, newest rerun} when refused
 -- (nothing written).
 --
 -- KEYS[1]  the run's hash, P:r:<trace>
@@ -24,6 +25,9 @@ local raw = redis.call('HGET', run, 'reruns')
 local reruns = {}
 if raw then
     reruns = cjson.decode(raw)
+end
+if #reruns > 0 and reruns[#reruns] == rerun then
+    return {1}  -- noted already: this very call, sent again (its reply was lost)
 end
 if #reruns > 0 and replacing ~= '' and reruns[#reruns] == replacing then
     local noted = tonumber(redis.call('HGET', run, 'rerun_noted')) or 0
