@@ -50,6 +50,13 @@ class TestMemoryStore(OnFakeClock, StoreContract, StepPartsContract, RunNotesCon
     def make_store(self) -> Callable[..., Store]:
         return lambda **opts: MemoryStore(clock=FakeClock(), **opts)
 
+    async def kept_record_bytes(self, store: Store, trace_id: str) -> int | None:
+        """The bytes of the distinct values the run's records hold (one object held by two
+        records is kept once)."""
+        assert isinstance(store, MemoryStore)
+        values = {id(v): v for r in store._runs[trace_id].records for v in (r.raw_input, r.raw_output) if v}
+        return sum(len(v) for v in values.values())
+
 
 class TestMemoryStoreOnTheSystemClock(RunWriterContract):
     """The write side on the system's clock too, as local mode runs it."""

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import msgpack
 
-from dflow.context import RunInfo, RunStatus, StepRecord, StepStatus
+from dflow.context import RunInfo, RunStatus, StepRecord
 from dflow.errors import RunNotFoundError, RunTimeoutError, StoreUnavailableError
 from dflow.run_pages import check_find, check_page, check_pipeline, encode_cursor
 from dflow.store import RunPage
@@ -25,6 +25,7 @@ from . import scripts
 from .client import Client, execute
 from .errors import store_errors
 from .finish_watch import FinishWatch, Waiter
+from .records import unpack_records
 
 if TYPE_CHECKING:
     from .replica_writes import NodeWrites
@@ -39,9 +40,12 @@ def _unpack(data: bytes) -> Any:
     return msgpack.unpackb(data, raw=False, strict_map_key=False)
 
 
-def _unrecord(data: bytes) -> StepRecord:
-    key, seq, status, attempt, worker, started, duration, inp, out, error, name = _unpack(data)
-    return StepRecord(key, seq, StepStatus(status), attempt, worker, started, duration, inp, out, error, name)
+def _records_from(raw: list[bytes], start: int) -> list[StepRecord]:
+    """The records of a list read from ``start - 1`` (from 0 when ``start`` is 0): the
+    first, when read only for what the records after it refer to, is left out."""
+    if start > 0:
+        return unpack_records(raw[1:], raw[0]) if raw else []
+    return unpack_records(raw)
 
 
 def _s(v: bytes | None) -> str | None:
@@ -149,9 +153,10 @@ class RunReads:
     async def get_steps(self, trace_id: str, start: int = 0) -> list[StepRecord]:
         with store_errors():
             raw = cast(
-                "list[bytes]", await self.redis.lrange(f"{self._p(trace_id)}:s:{trace_id}", max(0, start), -1)
+                "list[bytes]",
+                await self.redis.lrange(f"{self._p(trace_id)}:s:{trace_id}", max(0, start - 1), -1),
             )
-        return [_unrecord(r) for r in raw]
+        return _records_from(raw, start)
 
     async def watch_steps(
         self, trace_id: str, start: int, timeout: float
@@ -194,13 +199,13 @@ class RunReads:
                 if channel is not None:
                     pipe.sadd(ek, channel)
                     pipe.expire(ek, max(1, int(self.ttl)))
-                pipe.lrange(f"{P}:s:{trace_id}", max(0, start), -1)
+                pipe.lrange(f"{P}:s:{trace_id}", max(0, start - 1), -1)
                 pipe.hgetall(f"{P}:r:{trace_id}")
                 replies = await execute(self.redis, pipe)
         raw, h = replies[-2], replies[-1]
         if not h:
             return [], None
-        return [_unrecord(r) for r in raw], _info(trace_id, h)
+        return _records_from(raw, start), _info(trace_id, h)
 
     async def get_blob(self, ref: str) -> bytes | None:
         """The blob, from whichever bucket has it (each bucket keeps the blobs its runs use)."""

@@ -31,7 +31,7 @@ from dflow.testing import (
     TransportContract,
 )
 
-from .test_contracts_redis import same_bucket_ids
+from .test_contracts_redis import records_bytes, same_bucket_ids
 
 
 class TestClusterRedisStore(StoreContract, StepPartsContract, RunNotesContract):
@@ -41,6 +41,9 @@ class TestClusterRedisStore(StoreContract, StepPartsContract, RunNotesContract):
             return RedisStore(redis_cluster_url, prefix=cluster_prefix, **opts)
 
         return make
+
+    async def kept_record_bytes(self, store: Store, trace_id: str) -> int | None:
+        return await records_bytes(store, trace_id)
 
 
 class TestClusterFusedRedisStore(FusedStoreContract):
