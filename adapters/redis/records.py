@@ -65,6 +65,8 @@ def _refers(r: StepRecord, before: StepRecord) -> bool:
 def pack_records(records: list[StepRecord]) -> list[bytes]:
     """``records``, to be appended in this order, packed: each whose input is the output of
     the one before it in ``records`` refers to it (the first is packed in full)."""
+    if len(records) == 1:  # (most commits)
+        return [_pack(_fields(records[0], records[0].raw_input))]
     out = []
     for i, r in enumerate(records):
         same = i > 0 and _refers(r, records[i - 1])
