@@ -25,7 +25,7 @@ from . import scripts
 from .client import Client, execute
 from .errors import store_errors
 from .finish_watch import FinishWatch, Waiter
-from .records import unpack_records
+from .records import refers_before, unpack_records
 
 if TYPE_CHECKING:
     from .replica_writes import NodeWrites
@@ -38,14 +38,6 @@ T = TypeVar("T")
 
 def _unpack(data: bytes) -> Any:
     return msgpack.unpackb(data, raw=False, strict_map_key=False)
-
-
-def _records_from(raw: list[bytes], start: int) -> list[StepRecord]:
-    """The records of a list read from ``start - 1`` (from 0 when ``start`` is 0): the
-    first, when read only for what the records after it refer to, is left out."""
-    if start > 0:
-        return unpack_records(raw[1:], raw[0]) if raw else []
-    return unpack_records(raw)
 
 
 def _s(v: bytes | None) -> str | None:
@@ -151,12 +143,20 @@ class RunReads:
         return {k.decode(): v for k, v in h.items()}
 
     async def get_steps(self, trace_id: str, start: int = 0) -> list[StepRecord]:
+        key = f"{self._p(trace_id)}:s:{trace_id}"
         with store_errors():
-            raw = cast(
-                "list[bytes]",
-                await self.redis.lrange(f"{self._p(trace_id)}:s:{trace_id}", max(0, start - 1), -1),
-            )
-        return _records_from(raw, start)
+            raw = cast("list[bytes]", await self.redis.lrange(key, max(0, start), -1))
+        return await self._records_from(key, raw, start)
+
+    async def _records_from(self, key: str, raw: list[bytes], start: int) -> list[StepRecord]:
+        """The records ``raw`` read from index ``start`` of the list ``key``; when the first
+        refers to the record before it, that record is read too (records never change, and
+        the list goes as one key: it is there, unless the whole run has gone since)."""
+        before = None
+        if start > 0 and raw and refers_before(raw[0]):
+            with store_errors():
+                before = cast("bytes | None", await self.redis.lindex(key, start - 1))
+        return unpack_records(raw, before)
 
     async def watch_steps(
         self, trace_id: str, start: int, timeout: float
@@ -199,13 +199,13 @@ class RunReads:
                 if channel is not None:
                     pipe.sadd(ek, channel)
                     pipe.expire(ek, max(1, int(self.ttl)))
-                pipe.lrange(f"{P}:s:{trace_id}", max(0, start - 1), -1)
+                pipe.lrange(f"{P}:s:{trace_id}", max(0, start), -1)
                 pipe.hgetall(f"{P}:r:{trace_id}")
                 replies = await execute(self.redis, pipe)
         raw, h = replies[-2], replies[-1]
         if not h:
             return [], None
-        return _records_from(raw, start), _info(trace_id, h)
+        return await self._records_from(f"{P}:s:{trace_id}", raw, start), _info(trace_id, h)
 
     async def get_blob(self, ref: str) -> bytes | None:
         """The blob, from whichever bucket has it (each bucket keeps the blobs its runs use)."""

@@ -25,7 +25,15 @@ import msgpack
 
 from dflow.context import StepRecord, StepStatus
 
-__all__ = ["INLINE_BELOW", "SAME_AS_BEFORE", "lean_first", "pack_records", "record", "unpack_records"]
+__all__ = [
+    "INLINE_BELOW",
+    "SAME_AS_BEFORE",
+    "lean_first",
+    "pack_records",
+    "record",
+    "refers_before",
+    "unpack_records",
+]
 
 _pack = msgpack.Packer(use_bin_type=True).pack
 
@@ -91,9 +99,21 @@ def _unpack(data: bytes) -> list[Any]:
     return out
 
 
+def refers_before(packed: bytes) -> bool:
+    """Whether the packed record's input is the output of the record before it."""
+    unpacker = msgpack.Unpacker(raw=False)
+    unpacker.feed(packed)
+    if unpacker.read_array_header() != 11:
+        return False
+    for _ in range(_INPUT):
+        unpacker.skip()
+    return unpacker.unpack() is SAME_AS_BEFORE
+
+
 def unpack_records(raw: list[bytes], before: bytes | None = None) -> list[StepRecord]:
     """The records ``raw`` read from a run's list, their inputs resolved; ``before`` is the
-    record that comes before the first of them in the list (``None``: they start it)."""
+    record that comes before the first of them in the list (``None``: they start it, or the
+    first does not refer to it)."""
     prior_output = _unpack(before)[8] if before is not None else None
     out = []
     for data in raw:
