@@ -55,6 +55,13 @@ class TestMemoryStore(OnFakeClock, StoreContract, StepPartsContract, RunNotesCon
         runs = store.run_notes._keyed.get(key)  # (the index as it is: a search drops what it finds gone)
         return None if runs is None else list(runs)
 
+    async def kept_record_bytes(self, store: Store, trace_id: str) -> int | None:
+        """The bytes of the distinct values the run's records hold (one object held by two
+        records is kept once)."""
+        assert isinstance(store, MemoryStore)
+        values = {id(v): v for r in store._runs[trace_id].records for v in (r.raw_input, r.raw_output) if v}
+        return sum(len(v) for v in values.values())
+
 
 class TestMemoryStoreOnTheSystemClock(RunWriterContract):
     """The write side on the system's clock too, as local mode runs it."""

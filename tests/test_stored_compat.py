@@ -36,6 +36,8 @@ from tests.support import compat_flows as flows
 
 ROOT = Path(__file__).resolve().parent / "data" / "compat"
 FIXTURES = sorted(ROOT.glob("*/*.msgpack"))
+#: the step records of a run as a release's Redis store keeps them (tests/support/records_writer.py)
+RECORDS = sorted((ROOT / "records").glob("*.records"))
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -153,3 +155,26 @@ def test_the_module_paths_old_blobs_name_are_gone_and_load_through_the_alias_tab
         assert found is getattr(home, name)
     with pytest.raises(ModuleNotFoundError):
         pickle.Unpickler(io.BytesIO(b"")).find_class("dflow._model", "_chain_from")
+
+
+def test_there_are_records_of_the_release_before_values_were_kept_once_and_of_this_form() -> None:
+    full, lean = (_read(ROOT / "records" / f"{name}.records") for name in ("full_bytes", "by_reference"))
+    assert [p.stem for p in RECORDS] == ["by_reference", "full_bytes"]
+    inputs = [msgpack.unpackb(p, raw=False)[7] for p in full["packed"]]
+    assert all(i is None or isinstance(i, bytes) for i in inputs), "every input in full"
+    assert sum(map(len, lean["packed"])) < sum(map(len, full["packed"])), "the later form refers to values"
+
+
+@pytest.mark.parametrize("path", RECORDS, ids=lambda p: p.stem)
+def test_step_records_a_redis_store_kept_read_with_their_inputs_and_outputs_from_any_index(
+    path: Path,
+) -> None:
+    from dflow.adapters.redis.records import unpack_records
+
+    f = _read(path)
+    packed, expected = f["packed"], [tuple(pair) for pair in f["expected"]]
+    assert [(r.raw_input, r.raw_output) for r in unpack_records(packed)] == expected
+    for start in range(1, len(packed)):
+        tail = unpack_records(packed[start:], packed[start - 1])
+        assert [(r.raw_input, r.raw_output) for r in tail] == expected[start:], f"from {start}"
+    assert [r.key for r in unpack_records(packed)] == ["entry", "a", "b", "c", "d", "e"]

@@ -23,7 +23,6 @@ from typing import Any
 
 import msgpack
 
-from dflow.context import StepRecord
 from dflow.store import (
     Advance,
     BranchResult,
@@ -39,6 +38,7 @@ from dflow.store import (
 from dflow.wire.values import JOIN, Message
 
 from .reads import _unpack
+from .records import record
 
 __all__ = ["Encoded", "claimed", "encode_transition", "first_step", "parent_link", "record"]
 
@@ -138,24 +138,6 @@ def encode_transition(transition: Transition, claim: Claim) -> Encoded:
     if encoder is None:
         raise TypeError(f"unknown transition {transition!r}")
     return encoder(transition, claim)
-
-
-def record(r: StepRecord) -> bytes:
-    return _pack(
-        [
-            r.key,
-            r.seq,
-            r.status.value,
-            r.attempt,
-            r.worker,
-            r.started,
-            r.duration,
-            r.raw_input,
-            r.raw_output,
-            r.error,
-            r.name,
-        ]
-    )
 
 
 def first_step(msg: Message | None) -> dict[str, Any]:

@@ -18,8 +18,9 @@ from dflow.store import Claim, NewRun, Taken, compensations_in
 from dflow.wire.values import Message
 
 from . import scripts
-from .codec import Encoded, claimed, record
+from .codec import Encoded, claimed
 from .errors import store_errors
+from .records import lean_first, pack_records
 
 if TYPE_CHECKING:
     from .store import RedisStore
@@ -70,7 +71,8 @@ def commit_args(
         children=" ".join(encoded.children),
         transition=encoded.kind,
         compensations=flag.value if flag is not None else "",
-        records=[record(r) for r in records],
+        lean_record=lean_first(records),
+        records=pack_records(records),
         sets=[x for k, v in changes.items() if v is not None for x in (k, v)],
         dels=[k for k, v in changes.items() if v is None],
         fields=encoded.fields,

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import msgpack
 
-from dflow.context import RunInfo, RunStatus, StepRecord, StepStatus
+from dflow.context import RunInfo, RunStatus, StepRecord
 from dflow.errors import RunNotFoundError, RunTimeoutError, StoreUnavailableError
 from dflow.run_pages import check_find, check_page, check_pipeline, encode_cursor
 from dflow.store import RunPage
@@ -25,6 +25,7 @@ from . import scripts
 from .client import Client, execute
 from .errors import store_errors
 from .finish_watch import FinishWatch, Waiter
+from .records import refers_before, unpack_records
 
 if TYPE_CHECKING:
     from .replica_writes import NodeWrites
@@ -37,11 +38,6 @@ T = TypeVar("T")
 
 def _unpack(data: bytes) -> Any:
     return msgpack.unpackb(data, raw=False, strict_map_key=False)
-
-
-def _unrecord(data: bytes) -> StepRecord:
-    key, seq, status, attempt, worker, started, duration, inp, out, error, name = _unpack(data)
-    return StepRecord(key, seq, StepStatus(status), attempt, worker, started, duration, inp, out, error, name)
 
 
 def _s(v: bytes | None) -> str | None:
@@ -147,11 +143,20 @@ class RunReads:
         return {k.decode(): v for k, v in h.items()}
 
     async def get_steps(self, trace_id: str, start: int = 0) -> list[StepRecord]:
+        key = f"{self._p(trace_id)}:s:{trace_id}"
         with store_errors():
-            raw = cast(
-                "list[bytes]", await self.redis.lrange(f"{self._p(trace_id)}:s:{trace_id}", max(0, start), -1)
-            )
-        return [_unrecord(r) for r in raw]
+            raw = cast("list[bytes]", await self.redis.lrange(key, max(0, start), -1))
+        return await self._records_from(key, raw, start)
+
+    async def _records_from(self, key: str, raw: list[bytes], start: int) -> list[StepRecord]:
+        """The records ``raw`` read from index ``start`` of the list ``key``; when the first
+        refers to the record before it, that record is read too (records never change, and
+        the list goes as one key: it is there, unless the whole run has gone since)."""
+        before = None
+        if start > 0 and raw and refers_before(raw[0]):
+            with store_errors():
+                before = cast("bytes | None", await self.redis.lindex(key, start - 1))
+        return unpack_records(raw, before)
 
     async def watch_steps(
         self, trace_id: str, start: int, timeout: float
@@ -200,7 +205,7 @@ class RunReads:
         raw, h = replies[-2], replies[-1]
         if not h:
             return [], None
-        return [_unrecord(r) for r in raw], _info(trace_id, h)
+        return await self._records_from(f"{P}:s:{trace_id}", raw, start), _info(trace_id, h)
 
     async def get_blob(self, ref: str) -> bytes | None:
         """The blob, from whichever bucket has it (each bucket keeps the blobs its runs use)."""

@@ -250,6 +250,7 @@ COMMIT = Script(
         "children",
         "transition",
         "compensations",
+        "lean_record",
     ),
     ("records", "sets", "dels", "fields"),
     packed=True,

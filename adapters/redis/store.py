@@ -47,7 +47,7 @@ from .client import (
     disconnect,
     is_cluster,
 )
-from .codec import claimed, encode_transition, first_step, parent_link, record
+from .codec import claimed, encode_transition, first_step, parent_link
 from .errors import store_errors
 from .finish_watch import FinishWatch
 from .fusable import fused_streams
@@ -57,6 +57,7 @@ from .notes import RedisRunNotes
 from .parts import RedisParts
 from .rate_limits import RedisTokenBucket
 from .reads import RunReads, _s
+from .records import pack_records
 from .replica_writes import check_wait
 from .schedules import KeepsSchedules
 from .state import RedisStateBackend
@@ -254,7 +255,7 @@ class RedisStore(RunReads, KeepsSchedules, Store, StepParts):
             token=self._token(),
             compensations=flag.value,
             deadline="" if run.deadline is None else deadline_text(run.deadline),
-            records=[record(r) for r in run.records],
+            records=pack_records(run.records),
             data=[x for kv in run.data.items() for x in kv],
         )
 

@@ -12,7 +12,25 @@ from ..mailbox import MailboxEntry
 from ..store import BranchResult, Compensations, Parent
 from ..wire.values import RUN, Message
 
-__all__ = ["JoinState", "Lease", "RunState"]
+__all__ = ["JoinState", "Lease", "RunState", "append_records"]
+
+
+def append_records(kept: list[StepRecord], records: list[StepRecord]) -> None:
+    """``records`` appended to a run's ``kept`` ones, a value passed along kept once: a
+    record whose input is byte for byte the output of the one before it holds that very
+    ``bytes`` object, not a copy of it. Nothing is trimmed, so the one before stays."""
+    before = kept[-1] if kept else None
+    for r in records:
+        inp = r.raw_input
+        if (
+            before is not None
+            and inp is not None
+            and inp is not before.raw_output
+            and inp == before.raw_output
+        ):
+            r.raw_input = before.raw_output
+        kept.append(r)
+        before = r
 
 
 @dataclass(slots=True)

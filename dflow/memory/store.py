@@ -56,7 +56,7 @@ from .live import MemoryLiveFeed
 from .notes import MemoryRunNotes
 from .parts import PartTable
 from .rate_limits import MemoryTokenBucket
-from .runs import Lease, RunState
+from .runs import Lease, RunState, append_records
 from .schedule import Outbox, Timers
 from .schedules import KeepsSchedules
 from .state import MemoryStateBackend
@@ -172,7 +172,7 @@ class MemoryStore(RunEnds, RunDeadlines, RunListing, KeepsSchedules, Store, Step
             frames=run.frames.record if run.frames is not None else None,
             value=run.value,
             data=dict(run.data),
-            records=list(run.records),
+            records=[],
             parent=run.parent,
             created=now,
             updated=now,
@@ -181,6 +181,7 @@ class MemoryStore(RunEnds, RunDeadlines, RunListing, KeepsSchedules, Store, Step
             pipeline=run.pipeline or None,
             compensations=raised(Compensations.NONE, compensations_in(run.trace_id, run.data)),
         )
+        append_records(r.records, run.records)
         if run.frames is not None:
             self._blobs.hold(r, run.frames.blobs, now, self.blob_ttl)
         self._runs[run.trace_id] = r

@@ -15,7 +15,7 @@ from ..errors import RunExistsError
 from ..mailbox import take_mail
 from ..store import Advance, Claim, Fail, Finish, Fork, Frames, Transition, Wait, compensations_in, raised
 from ..wire.values import CONTINUE, FAIL, JOIN, Message
-from .runs import JoinState, Lease, RunState
+from .runs import JoinState, Lease, RunState, append_records
 
 if TYPE_CHECKING:
     from .store import MemoryStore
@@ -59,7 +59,7 @@ def apply(
     run.parked = None
     run.due = None
     run.updated = now
-    run.records.extend(records)
+    append_records(run.records, records)
     if run.trace_id in store._followers.watchers:
         store._followers.wake_watchers(run.trace_id)
     if changes:

@@ -36,6 +36,7 @@ from .rate_limits import TokenBucketContract
 from .reads import RunReaderContract
 from .saga import SagaStoreContract
 from .state import StateBackendContract
+from .step_records import StepRecordsContract
 from .transport import TransportContract
 from .workers import WorkerBeatsContract
 from .writes import RunWriterContract
@@ -67,6 +68,7 @@ class StoreContract(
     MailboxContract,
     DeadlineContract,
     WorkerBeatsContract,
+    StepRecordsContract,
 ):
     """What a ``Store`` must do: every part of it. Needs the fixture
     ``make_store(**options) -> Store``, a plain store (one that returns the messages to

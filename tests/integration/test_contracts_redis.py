@@ -44,6 +44,12 @@ async def redis_key_index(store: Store, key: str) -> list[str] | None:
     return ids or None
 
 
+async def records_bytes(store: Store, trace_id: str) -> int:
+    """The bytes of the run's packed records as its list holds them."""
+    assert isinstance(store, RedisStore)
+    return sum(len(r) for r in await store.redis.lrange(f"{store._p(trace_id)}:s:{trace_id}", 0, -1))
+
+
 class TestRedisStore(StoreContract, StepPartsContract, RunNotesContract):
     @pytest.fixture
     def make_store(self, redis_url: str, prefix: str) -> Callable[..., Store]:
@@ -54,6 +60,9 @@ class TestRedisStore(StoreContract, StepPartsContract, RunNotesContract):
 
     async def business_key_index(self, store: Store, key: str) -> list[str] | None:
         return await redis_key_index(store, key)
+
+    async def kept_record_bytes(self, store: Store, trace_id: str) -> int | None:
+        return await records_bytes(store, trace_id)
 
 
 class TestFusedRedisStore(FusedStoreContract):

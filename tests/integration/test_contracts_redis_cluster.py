@@ -31,7 +31,7 @@ from dflow.testing import (
     TransportContract,
 )
 
-from .test_contracts_redis import redis_key_index, same_bucket_ids
+from .test_contracts_redis import records_bytes, redis_key_index, same_bucket_ids
 
 
 class TestClusterRedisStore(StoreContract, StepPartsContract, RunNotesContract):
@@ -44,6 +44,9 @@ class TestClusterRedisStore(StoreContract, StepPartsContract, RunNotesContract):
 
     async def business_key_index(self, store: Store, key: str) -> list[str] | None:
         return await redis_key_index(store, key)
+
+    async def kept_record_bytes(self, store: Store, trace_id: str) -> int | None:
+        return await records_bytes(store, trace_id)
 
 
 class TestClusterFusedRedisStore(FusedStoreContract):

@@ -24,11 +24,14 @@
 --   ARGV[16] children        the ids of the branches it creates, space-separated
 --   ARGV[17] transition      advance, wait, fork, finish or fail: what its fields are (below)
 --   ARGV[18] compensations   the run's compensations flag from now: held or running ('' to leave it)
---   ARGV[19] n_records       how many ARGV slots each part takes
---   ARGV[20] n_sets
---   ARGV[21] n_dels
---   ARGV[22] n_fields
---   ARGV[23..] records, sets, dels, fields   the parts, in this order: step records; (field,
+--   ARGV[19] lean_record     the first step record with its input left out ('' for none): kept in
+--                            place of the full one when its input is the output of the list's last
+--                            record (records.py)
+--   ARGV[20] n_records       how many ARGV slots each part takes
+--   ARGV[21] n_sets
+--   ARGV[22] n_dels
+--   ARGV[23] n_fields
+--   ARGV[24..] records, sets, dels, fields   the parts, in this order: step records; (field,
 --            value) pairs to set; fields to delete; the transition's fields
 -- KEYS: not read (every key is built from P; on a cluster the store declares those it can name: scripts).
 -- With a stream: the delivery ``receipt`` is acknowledged, and when ``taker`` is given the
@@ -136,9 +139,53 @@ local function take()
   end
   return false
 end
+-- The position after the msgpack value at ``i`` of ``s``, for the types a packed step record
+-- holds before its error (records.py; cmsgpack reads no bin): nil for any other.
+local function skip(s, i)
+  local c = string.byte(s, i)
+  if not c then return nil end
+  if c <= 0x7f or c >= 0xe0 or c == 0xc0 or c == 0xc2 or c == 0xc3 then return i + 1 end
+  if c >= 0xa0 and c <= 0xbf then return i + 1 + c - 0xa0 end
+  if c == 0xcc or c == 0xd0 then return i + 2 end
+  if c == 0xcd or c == 0xd1 then return i + 3 end
+  if c == 0xce or c == 0xd2 or c == 0xca then return i + 5 end
+  if c == 0xcf or c == 0xd3 or c == 0xcb then return i + 9 end
+  if c == 0xc4 or c == 0xd9 then return i + 2 + string.byte(s, i + 1) end
+  if c == 0xc5 or c == 0xda then
+    local a, b = string.byte(s, i + 1, i + 2)
+    return i + 3 + a * 256 + b
+  end
+  if c == 0xc6 or c == 0xdb then
+    local a, b, d, e = string.byte(s, i + 1, i + 4)
+    return i + 5 + ((a * 256 + b) * 256 + d) * 256 + e
+  end
+  return nil
+end
+
+-- Field ``n`` of a packed step record (an array of 11) as packed, when it is bytes (bin), else nil.
+local function packed_field(s, n)
+  if string.byte(s, 1) ~= 0x9b then return nil end
+  local i = 2
+  for _ = 1, n - 1 do
+    i = skip(s, i)
+    if not i then return nil end
+  end
+  local c, j = string.byte(s, i), skip(s, i)
+  if not j or c < 0xc4 or c > 0xc6 then return nil end
+  return string.sub(s, i, j - 1)
+end
+
 local dk = P..':d:'..t
 local child = lease[4] ~= false
-if n_records > 0 then redis.call('RPUSH', P..':s:'..t, unpack(ARGV, at_records, at_records + n_records - 1)) end
+if n_records > 0 then
+  local sk = P..':s:'..t
+  if lean_record ~= '' then  -- a value passed along is kept once: the record refers to the one before
+    local last = redis.call('LINDEX', sk, -1)
+    local output = last and packed_field(last, 9)
+    if output and output == packed_field(ARGV[at_records], 8) then ARGV[at_records] = lean_record end
+  end
+  redis.call('RPUSH', sk, unpack(ARGV, at_records, at_records + n_records - 1))
+end
 tell_watchers(P, t)
 if n_sets > 0 then
   redis.call('HSET', dk, unpack(ARGV, at_sets, at_sets + n_sets - 1))
