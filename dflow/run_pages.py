@@ -254,18 +254,25 @@ async def find_in_window(
 ) -> list[RunInfo]:
     """``store.find_runs`` narrowed by the other filters: at most ``limit`` runs whose id
     starts with ``id_start``, in id order, that have ``status``, ``pipeline`` and a start in
-    ``window``. With a filter, the first ``MAX_LIMIT`` runs the id starts are read and
-    filtered (not ``limit``, which the filter would leave short of matches it passed by)."""
+    ``window``. With a filter, more runs the id starts are read than ``limit`` (four times
+    as many, then up to the first ``MAX_LIMIT``) until enough pass it: ``limit`` alone would
+    leave the search short of matches it passed by."""
     filtered = status is not None or bool(pipeline) or window != ANY_TIME
-    runs = await store.find_runs(id_start, MAX_LIMIT if filtered else limit)
-    kept = [
-        r
-        for r in runs
-        if (status is None or r.status is status)
-        and (not pipeline or r.pipeline == pipeline)
-        and window.holds(r.created)
-    ]
-    return kept[:limit]
+    if not filtered:
+        return await store.find_runs(id_start, limit)
+    read = min(4 * limit, MAX_LIMIT)  # (most often enough: then no more is read)
+    while True:
+        runs = await store.find_runs(id_start, read)
+        kept = [
+            r
+            for r in runs
+            if (status is None or r.status is status)
+            and (not pipeline or r.pipeline == pipeline)
+            and window.holds(r.created)
+        ]
+        if len(kept) >= limit or len(runs) < read or read == MAX_LIMIT:
+            return kept[:limit]
+        read = MAX_LIMIT
 
 
 def parse_started(name: str, text: str) -> float:

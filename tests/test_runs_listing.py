@@ -179,5 +179,7 @@ def test_a_search_by_id_with_filters_finds_the_runs_that_pass_them_past_the_firs
 
     waiting = _on_loop(find_in_window(_store(), "order-", 10, ANY_TIME, status=RunStatus.WAITING))
     assert [r.trace_id for r in waiting] == [f"order-{i}" for i in range(25, 30)]
+    two = _on_loop(find_in_window(_store(), "order-", 2, ANY_TIME, status=RunStatus.WAITING))
+    assert [r.trace_id for r in two] == ["order-25", "order-26"], "read on past the first reads"
     firsts = _on_loop(find_in_window(_store(), "order-", 3, ANY_TIME))
     assert [r.trace_id for r in firsts] == ["order-00", "order-01", "order-02"], "unfiltered: in id order"
