@@ -86,7 +86,8 @@ class TimerScan:
                 next_due = self.clock.time() + outage.failed(exc, backoff, "scanning the store's timers")
             deadline = now + longest * _jitter.uniform(0.8, 1.0)
             if next_due is not None:
-                deadline = min(deadline, next_due + 0.001)  # (a hair after: it is due by then)
+                # (at its time: it is due then; a wake a little early scans again at once)
+                deadline = min(deadline, next_due)
             await self._wait_until(deadline)
 
     async def _wait_until(self, deadline: float) -> None:
@@ -94,7 +95,7 @@ class TimerScan:
         wake = self._wake
         assert wake is not None
         while not self.life.stopping:
-            until = deadline if self._due_hint is None else min(deadline, self._due_hint + 0.001)
+            until = deadline if self._due_hint is None else min(deadline, self._due_hint)
             if until <= self.clock.time():
                 return
             wake.clear()
