@@ -45,7 +45,7 @@ def _until(check: Callable[[], bool], timeout: float = 10.0) -> None:
         time.sleep(0.002)
 
 
-HAIR = 0.002  #: past a timer's time by which the test's clock is moved to fire it
+HAIR = 0.002  #: past a token's time by which the test moves its clock (a float sum may fall short of it)
 
 
 def _bucket() -> str:
@@ -83,7 +83,7 @@ def test_a_limited_step_starts_its_burst_at_once_then_one_each_interval(fake_clo
     advance(0.49)
     assert calls.count() == 3, "no token is free before its time"
     for n in range(4, 10):  # the tokens of 0.5, 1.0, 1.5, 2.0, 2.5 and 3.0 s
-        # (to a hair past the token's time: the timer scan wakes a hair after a timer's time)
+        # (to a hair past the token's time: the sum of the steps may round just short of it)
         advance(start + (n - 3) * 0.5 + HAIR - clock.time())
         _until(lambda n=n: calls.count() == n)
     assert dflow.gather(runs, timeout=10) == list(range(9))
