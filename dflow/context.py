@@ -163,6 +163,7 @@ class ContextStack:
         "_kept",
         "_key",
         "_parts",
+        "_parts_kept",
         "_readonly",
         "_steps",
         "_waits",
@@ -180,10 +181,12 @@ class ContextStack:
         attempt: int = 0,
         steps: tuple[StepRecord, ...] | None = None,
         parts: StepParts | None = None,
+        parts_kept: bool = True,
         key: str = "",
     ) -> None:
         self.trace_id = trace_id
         self._parts = parts  #: the store that keeps the parts of this step (``once``), if any
+        self._parts_kept = parts_kept  #: whether the step may have kept parts when claimed (``Claim``)
         self._key = key  #: the step's key (``seq``'s node), named in errors
         self._kept: PartsOfStep | None = None  #: made by the first ``once`` on a store that keeps parts
         self.seq = seq
@@ -219,7 +222,9 @@ class ContextStack:
         if kept is None:
             if self._parts is None:
                 return await call_part(fn, args)
-            kept = self._kept = PartsOfStep(self._parts, self.trace_id, self.seq, self._key)
+            kept = self._kept = PartsOfStep(
+                self._parts, self.trace_id, self.seq, self._key, parts_kept=self._parts_kept
+            )
         return await kept.once(part, fn, args)
 
     def get(self, key: str, default: Any = None) -> Any:

@@ -12,7 +12,11 @@ event loop, as a plain step function is (keep it quick: give blocking work to a 
 ``asyncio.to_thread``, or make it async); when it returns an awaitable, that is awaited.
 
 A step pays for parts only when it calls ``once``: its ``PartsOfStep`` is made then, and
-the store is asked to drop the step's parts at its commit only when one was kept.
+the store is asked to drop the step's parts after its commit only when one was kept. A store
+that says so (``StepParts.parts_in_claim_and_commit``) does better: its claim tells whether
+the step has kept parts (``Claim.parts_kept``), so that a step that has none (it runs for the
+first time) saves its parts without reading first, and its commit drops the step's parts in
+the same write, without the call after it.
 
 Several parts may run at once (``asyncio.gather`` of ``ctx.once`` calls): each is kept when
 it returns, so a crash redoes only those that had not. When two executions of one step race
@@ -39,6 +43,11 @@ MAX_PART_NAME = 200
 
 class StepParts(ABC):
     """What a store implements to keep the parts of a step (see the module)."""
+
+    #: whether the store's claims say if the step has kept parts (``Claim.parts_kept``) and
+    #: its commits drop the committed step's parts (unless its run stays at the step: a
+    #: retry), so that the runtime does not call ``drop_parts`` after them
+    parts_in_claim_and_commit: bool = False
 
     @abstractmethod
     async def save_part(self, trace_id: str, seq: int, part: str, blob: bytes) -> bytes:
@@ -93,25 +102,35 @@ class PartsOfStep:
     """The parts of one execution of one step, on a store that keeps them (made by the
     step's first ``ctx.once``)."""
 
-    __slots__ = ("key", "seq", "some_kept", "store", "trace_id")
+    __slots__ = ("key", "saved_here", "seq", "some_kept", "store", "trace_id")
 
-    def __init__(self, store: StepParts, trace_id: str, seq: int, key: str) -> None:
+    def __init__(
+        self, store: StepParts, trace_id: str, seq: int, key: str, *, parts_kept: bool = True
+    ) -> None:
         self.store = store
         self.trace_id = trace_id
         self.seq = seq
         self.key = key
         #: whether a part of the step is kept (found, or saved here): its parts are then dropped once it commits
         self.some_kept = False
+        #: the names saved by this execution, when its claim said the step had kept none
+        #: (``None``: it may have, so each part is read first): only those can be found kept
+        #: (an execution racing this one may keep others: ``save_part`` returns its result)
+        self.saved_here: set[str] | None = None if parts_kept else set()
 
     async def once(self, part: str, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
         """The kept result of ``part``, or ``fn(*args)``'s, kept before it is returned."""
-        kept = await self.store.saved_part(self.trace_id, self.seq, part)
-        if kept is not None:
-            self.some_kept = True
-            return decode(kept)
+        saved_here = self.saved_here
+        if saved_here is None or part in saved_here:
+            kept = await self.store.saved_part(self.trace_id, self.seq, part)
+            if kept is not None:
+                self.some_kept = True
+                return decode(kept)
         value = await call_part(fn, args)
         blob = encode(value, f"the result of part {part!r} of step", self.key)
         self.some_kept = True  # (before the save: one that failed half way may have kept it)
+        if saved_here is not None:
+            saved_here.add(part)
         kept = await self.store.save_part(self.trace_id, self.seq, part, blob)
         if kept == blob:
             return value

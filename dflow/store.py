@@ -169,6 +169,9 @@ class Claim:
     init_only: bool = False  #: the wait is registered; only ``on_init`` is left to run
     branches: list[BranchResult] | None = None  #: for JOIN messages, in arrival order
     blobs: tuple[str, ...] = ()  #: the flow blobs the run's frames refer to
+    #: whether the step may have kept parts (``dflow.parts``) when it was claimed: ``False``
+    #: only from a store that knows it has none, so its first ``ctx.once`` need not look
+    parts_kept: bool = True
 
 
 @dataclass(slots=True)

@@ -138,17 +138,30 @@ def test_a_part_that_is_not_a_function_is_refused_saying_what_to_pass() -> None:
     assert asyncio.run(ctx.once("charge", charge, 1)) == "charged 1"
 
 
-def test_only_a_step_that_kept_a_part_asks_the_store_to_drop_its_parts() -> None:
+def _counted(store: dflow.MemoryStore, name: str) -> list[object]:
+    """The calls of the store's method ``name`` from now on: the first argument after the
+    run id of each (a seq, or a part's name)."""
+    calls = recorder()
+    method = getattr(store, name)
+
+    async def counted(trace_id: str, *args: object) -> object:
+        calls.append(args[1] if name == "saved_part" else args[0])
+        return await method(trace_id, *args)
+
+    setattr(store, name, counted)
+    return calls
+
+
+def _store() -> dflow.MemoryStore:
     store = dflow.client._current().runtime.store
     assert isinstance(store, dflow.MemoryStore)
-    dropped = recorder()
-    drop = store.drop_parts
+    return store
 
-    async def counted(trace_id: str, seq: int) -> None:
-        dropped.append(seq)
-        await drop(trace_id, seq)
 
-    store.drop_parts = counted  # type: ignore[method-assign]
+def test_only_a_step_that_kept_a_part_asks_a_store_to_drop_its_parts_when_its_commit_does_not() -> None:
+    store = _store()
+    store.parts_in_claim_and_commit = False  # (as a store whose commit does not drop them)
+    dropped = _counted(store, "drop_parts")
 
     async def keeps(ctx: ContextStack, x: int) -> int:
         async def add() -> int:
@@ -165,3 +178,59 @@ def test_only_a_step_that_kept_a_part_asks_the_store_to_drop_its_parts() -> None
     assert run.result(10) == 3
     kept_by = [s.seq for s in run.context().steps if s.key.startswith("b")]
     assert list(dropped) == kept_by, "the steps that called no ctx.once cost the store nothing"
+
+
+def test_a_store_whose_commit_drops_the_parts_is_not_asked_to_drop_them_after() -> None:
+    store = _store()
+    dropped = _counted(store, "drop_parts")
+
+    async def keeps(ctx: ContextStack, x: int) -> int:
+        async def add() -> int:
+            return x + 1
+
+        return await ctx.once("add", add)
+
+    run = DFlow.direct_run(0, lambda x: DFlow.just(x).map(keeps).id("a").map(keeps).id("b"))
+    assert run.result(10) == 2
+    assert list(dropped) == [] and len(store._parts) == 0, "dropped by the commits themselves"
+
+
+def test_a_step_claimed_with_no_kept_part_reads_none_before_its_parts_and_a_retried_one_reads_each() -> None:
+    reads = _counted(_store(), "saved_part")
+    calls = recorder()
+
+    async def charge_then_ship(ctx: ContextStack, order: int) -> str:
+        async def charge() -> str:
+            calls.append("charge")
+            return f"charged {order}"
+
+        async def ship() -> str:
+            calls.append("ship")
+            if calls.items.count("ship") < 2:
+                raise ConnectionError("the carrier did not answer")
+            return f"shipped {order}"
+
+        return " and ".join([await ctx.once("charge", charge), await ctx.once("ship", ship)])
+
+    run = DFlow.direct_run(
+        7, lambda x: DFlow.just(x).map(charge_then_ship).id("order").retry(2, backoff=0.01)
+    )
+    assert run.result(10) == "charged 7 and shipped 7"
+    assert Counter(calls) == {"charge": 1, "ship": 2}
+    assert list(reads) == ["charge", "ship"], "the first attempt read nothing; the retry read each part"
+
+
+def test_a_part_named_again_in_the_same_execution_returns_the_result_kept_first() -> None:
+    reads = _counted(_store(), "saved_part")
+    calls = recorder()
+
+    async def twice(ctx: ContextStack, x: int) -> list[int]:
+        async def part() -> int:
+            calls.append(x)
+            return len(calls)
+
+        return [await ctx.once("same", part), await ctx.once("same", part)]
+
+    run = DFlow.direct_run(5, lambda x: DFlow.just(x).map(twice).id("a"))
+    assert run.result(10) == [1, 1] and list(calls) == [5]
+    assert list(reads) == ["same"], "only the name saved here was read"

@@ -49,13 +49,15 @@ _pack = msgpack.Packer(use_bin_type=True).pack
 class Encoded:
     """A transition as ``commit.lua`` takes it: its ``kind`` and ``fields``; the blobs the
     write refers to (``refs``: the store must have them) and brings (``blobs``), and the ids
-    of the branches it creates (``children``)."""
+    of the branches it creates (``children``); the step whose parts go with it (``parts_seq``,
+    '' for none: a retry keeps them)."""
 
     kind: str
     fields: list[Any] = field(default_factory=list)
     refs: set[str] = field(default_factory=set)
     blobs: dict[str, bytes] = field(default_factory=dict)
     children: list[str] = field(default_factory=list)
+    parts_seq: str = ""
 
     def refer(self, frames: Frames) -> str:
         """Note the blobs ``frames`` refers to and brings; their refs as the script takes them."""
@@ -137,7 +139,11 @@ def encode_transition(transition: Transition, claim: Claim) -> Encoded:
     encoder = _ENCODERS.get(type(transition))
     if encoder is None:
         raise TypeError(f"unknown transition {transition!r}")
-    return encoder(transition, claim)
+    out = encoder(transition, claim)
+    seq = claim.message.seq
+    if type(transition) is not Advance or transition.message.seq != seq:  # (a retry stays at the step)
+        out.parts_seq = str(seq)
+    return out
 
 
 def first_step(msg: Message | None) -> dict[str, Any]:
@@ -156,7 +162,7 @@ def parent_link(parent: Parent | None) -> dict[str, Any]:
 
 def claimed(message: Message, token: str, reply: bytes) -> Claim:
     """The claim of ``message`` with lease ``token`` from the packed claim a script returned."""
-    raw_frames, value, init_only, data_flat, slots, blobs = msgpack.unpackb(reply, raw=True)
+    raw_frames, value, init_only, data_flat, slots, blobs, parts_kept = msgpack.unpackb(reply, raw=True)
     data = {data_flat[i].decode(): data_flat[i + 1] for i in range(0, len(data_flat), 2)}
     branches = [_branch(s) for s in slots] if message.kind == JOIN and slots else None
     return Claim(
@@ -168,6 +174,7 @@ def claimed(message: Message, token: str, reply: bytes) -> Claim:
         bool(init_only),
         branches,
         tuple(blobs.decode().split()) if blobs else (),
+        bool(parts_kept),
     )
 
 

@@ -25,7 +25,16 @@ from .records import lean_first, pack_records
 if TYPE_CHECKING:
     from .store import RedisStore
 
-__all__ = ["commit_args", "commit_keys", "orphaned", "read_taken", "receipt_here", "same_bucket"]
+__all__ = [
+    "claim_keys",
+    "commit_args",
+    "commit_keys",
+    "orphaned",
+    "parts_key",
+    "read_taken",
+    "receipt_here",
+    "same_bucket",
+]
 
 log = logging.getLogger("dflow.redis")
 
@@ -72,6 +81,7 @@ def commit_args(
         transition=encoded.kind,
         compensations=flag.value if flag is not None else "",
         lean_record=lean_first(records),
+        parts_seq=encoded.parts_seq,
         records=pack_records(records),
         sets=[x for k, v in changes.items() if v is not None for x in (k, v)],
         dels=[k for k, v in changes.items() if v is None],
@@ -79,11 +89,29 @@ def commit_args(
     )
 
 
+def parts_key(store: RedisStore, at: int, trace_id: str, seq: int) -> str:
+    """The key of the parts of step ``seq`` of a run (``RedisParts``), in bucket ``at``."""
+    return f"{store._prefixes[at]}:pt:{trace_id}:{seq}"
+
+
+def claim_keys(store: RedisStore, at: int, message: Message) -> list[str]:
+    """The keys a claim declares on a cluster: the run's, and its step's parts (the claim
+    says whether they exist)."""
+    keys = store._keys(at, message.trace_id)
+    if keys:
+        keys.append(parts_key(store, at, message.trace_id, message.seq))
+    return keys
+
+
 def commit_keys(store: RedisStore, at: int, claim: Claim, encoded: Encoded) -> list[str]:
-    """The keys a commit declares on a cluster: the run's, the blobs', the branches'."""
+    """The keys a commit declares on a cluster: the run's, the blobs', the branches', the
+    step's parts when they go."""
     if not store.cluster:
         return []
-    keys = store._keys(at, claim.message.trace_id, encoded.refs.union(claim.blobs))
+    m = claim.message
+    keys = store._keys(at, m.trace_id, encoded.refs.union(claim.blobs))
+    if encoded.parts_seq:
+        keys.append(parts_key(store, at, m.trace_id, m.seq))
     for child in encoded.children:
         keys += [f"{store._prefixes[at]}:{k}:{child}" for k in ("r", "d", "s", "c", "w", "e")]
     return keys

@@ -251,6 +251,7 @@ COMMIT = Script(
         "transition",
         "compensations",
         "lean_record",
+        "parts_seq",
     ),
     ("records", "sets", "dels", "fields"),
     packed=True,

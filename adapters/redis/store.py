@@ -279,7 +279,8 @@ class RedisStore(RunReads, KeepsSchedules, Store, StepParts):
             lease=lease,
             token=token,
         )
-        r = await self._run_script("CLAIM", args, at=at, keys=self._keys(at, message.trace_id), writes=False)
+        keys = commits.claim_keys(self, at, message)
+        r = await self._run_script("CLAIM", args, at=at, keys=keys, writes=False)
         if r is None:
             return None
         if type(r) is list:  # ['refused', why]; a claim comes packed (bytes)
@@ -306,9 +307,8 @@ class RedisStore(RunReads, KeepsSchedules, Store, StepParts):
         if isinstance(transition, Fork):
             await commits.same_bucket(self, at, claim.message.trace_id, transition.children)
         args = commits.commit_args(self, at, claim, records, changes, encoded, ack, take_token, take_lease)
-        reply = await self._run_script(
-            "COMMIT", args, encoded.blobs, at=at, keys=commits.commit_keys(self, at, claim, encoded)
-        )
+        keys = commits.commit_keys(self, at, claim, encoded)
+        reply = await self._run_script("COMMIT", args, encoded.blobs, at=at, keys=keys)
         if reply is None:
             if fused:
                 await commits.orphaned(self, at, claim.message)
@@ -475,6 +475,8 @@ class RedisStore(RunReads, KeepsSchedules, Store, StepParts):
         return await self.get_run(trace_id), [Message.decode(m) for m in r[1]]
 
     # -- StepParts (see dflow.parts) ---------------------------------------------------
+
+    parts_in_claim_and_commit = True  # (claim_step.lua tells, commit.lua drops)
 
     async def save_part(self, trace_id: str, seq: int, part: str, blob: bytes) -> bytes:
         return await self._parts.save(trace_id, seq, part, blob)

@@ -9,32 +9,38 @@ __all__ = ["PartTable"]
 class PartTable:
     """Parts kept, by run."""
 
-    __slots__ = ("_runs",)
+    __slots__ = ("runs",)
 
     def __init__(self) -> None:
-        self._runs: dict[str, dict[tuple[int, str], bytes]] = {}
+        #: the runs with kept parts (a claim or commit of a run not in it has none to look up)
+        self.runs: dict[str, dict[tuple[int, str], bytes]] = {}
 
     def save(self, trace_id: str, seq: int, part: str, blob: bytes) -> bytes:
         """Keep ``blob`` unless a part of that name is kept for the step; the one kept."""
-        return self._runs.setdefault(trace_id, {}).setdefault((seq, part), blob)
+        return self.runs.setdefault(trace_id, {}).setdefault((seq, part), blob)
 
     def saved(self, trace_id: str, seq: int, part: str) -> bytes | None:
-        kept = self._runs.get(trace_id)
+        kept = self.runs.get(trace_id)
         return None if kept is None else kept.get((seq, part))
+
+    def has(self, trace_id: str, seq: int) -> bool:
+        """Whether a part of step ``seq`` is kept."""
+        kept = self.runs.get(trace_id)
+        return kept is not None and any(k[0] == seq for k in kept)
 
     def drop(self, trace_id: str, seq: int) -> None:
         """Forget the parts of step ``seq`` (and the run's entry when none is left)."""
-        kept = self._runs.get(trace_id)
+        kept = self.runs.get(trace_id)
         if kept is None:
             return
         for k in [k for k in kept if k[0] == seq]:
             del kept[k]
         if not kept:
-            del self._runs[trace_id]
+            del self.runs[trace_id]
 
     def forget(self, trace_id: str) -> None:
         """Forget every part of a run (it has gone)."""
-        self._runs.pop(trace_id, None)
+        self.runs.pop(trace_id, None)
 
     def __len__(self) -> int:
-        return sum(len(k) for k in self._runs.values())
+        return sum(len(k) for k in self.runs.values())

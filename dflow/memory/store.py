@@ -244,7 +244,8 @@ class MemoryStore(RunEnds, RunDeadlines, RunListing, KeepsSchedules, Store, Step
         run.lease = Lease(token, now + lease, lease, message)
         self._leased[run.trace_id] = run
         branches = run.join.slots if message.kind == JOIN and run.join is not None else None
-        return Claim(message, token, run.frames, run.value, run.data, init_only, branches, run.blobs)
+        kept = self._parts.has(run.trace_id, message.seq)
+        return Claim(message, token, run.frames, run.value, run.data, init_only, branches, run.blobs, kept)
 
     def _refuse_unexpected(self, run: RunState, message: Message, now: float) -> None:
         """``RefusedMessageError`` for a message that names the run's current step but not
@@ -427,6 +428,8 @@ class MemoryStore(RunEnds, RunDeadlines, RunListing, KeepsSchedules, Store, Step
             next_due.append(expiry[0][0])
 
     # -- StepParts ---------------------------------------------------------------------
+
+    parts_in_claim_and_commit = True  # (claim: Claim.parts_kept; commit: transitions.apply)
 
     async def save_part(self, trace_id: str, seq: int, part: str, blob: bytes) -> bytes:
         return self._parts.save(trace_id, seq, part, blob)

@@ -74,6 +74,11 @@ def apply(
         run.compensations = raised(run.compensations, compensations_in(run.trace_id, changes))
     if claim.message.kind == JOIN:
         run.join = None
+    step = claim.message
+    if step.trace_id in store._parts.runs and (
+        type(transition) is not Advance or transition.message.seq != step.seq
+    ):
+        store._parts.drop(step.trace_id, step.seq)  # the step's parts go with its commit (a retry keeps them)
     out: list[Message] = []
     if type(transition) is Advance:  # (most steps: no lookup)
         advance(store, run, transition, lease, now, out)

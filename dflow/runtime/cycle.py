@@ -197,7 +197,13 @@ class StepCycle:
         follows the commit; the observer sees it start, then finish or be aborted."""
         msg = claim.message
         ctx = ContextStack(
-            msg.trace_id, claim.data, seq=msg.seq, attempt=msg.attempt, parts=self.parts, key=msg.key
+            msg.trace_id,
+            claim.data,
+            seq=msg.seq,
+            attempt=msg.attempt,
+            parts=self.parts,
+            parts_kept=claim.parts_kept,
+            key=msg.key,
         )
         if claim.init_only:
             await self._on_init(node, ctx, msg)

@@ -43,8 +43,11 @@ async def _keep_business_key(store: Store, trace_id: str, key: str) -> None:
 
 async def _drop_parts(parts: PartsOfStep, transition: Transition) -> None:
     """The parts a committed step kept are forgotten, unless it runs again (a retry, whose
-    ``once`` returns them). When the store fails to forget them, they expire."""
-    if not parts.some_kept or (type(transition) is Advance and transition.message.seq == parts.seq):
+    ``once`` returns them). When the store fails to forget them, they expire. A store whose
+    commit drops them (``StepParts.parts_in_claim_and_commit``) is not asked again."""
+    if not parts.some_kept or parts.store.parts_in_claim_and_commit:  # (the commit dropped them)
+        return
+    if type(transition) is Advance and transition.message.seq == parts.seq:
         return
     try:
         await parts.store.drop_parts(parts.trace_id, parts.seq)

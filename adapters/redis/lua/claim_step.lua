@@ -1,7 +1,8 @@
 -- Fragment: claiming a step (assembled before claim and commit): check the message is the
 -- run's expected transition and take its lease. Returns the claim packed (one msgpack array,
 -- which codec.claimed unpacks: frames, value, init_only, the run's data as a flat list of
--- fields and values, the join's slots or false, blobs), false for a stale message
+-- fields and values, the join's slots or false, blobs, and 1 when the step has kept parts
+-- (its hash P:pt:<trace>:<seq>, parts.py) else 0), false for a stale message
 -- (its step was committed, or is another attempt, or the run is gone), or {'refused', why} for
 -- one that names the current step but not as the run expects it (a forged kind, or a timer's
 -- message before its time). A sleeping run that is claimed runs again (and is listed so).
@@ -35,5 +36,7 @@ local function claim_step(P, t, msg, seq, attempt, key, kind, now, lease, token)
   redis.call('ZADD', P..':leases', until_, t)
   local slots = false
   if kind == '2' then slots = redis.call('LRANGE', P..':js:'..t, 0, -1) end
-  return cmsgpack.pack({r[7] or '', r[8] or '', init_only, redis.call('HGETALL', P..':d:'..t), slots, r[11] or ''})
+  local parts_kept = redis.call('EXISTS', P..':pt:'..t..':'..seq)
+  return cmsgpack.pack({r[7] or '', r[8] or '', init_only, redis.call('HGETALL', P..':d:'..t), slots, r[11] or '',
+                        parts_kept})
 end

@@ -27,11 +27,13 @@
 --   ARGV[19] lean_record     the first step record with its input left out ('' for none): kept in
 --                            place of the full one when its input is the output of the list's last
 --                            record (records.py)
---   ARGV[20] n_records       how many ARGV slots each part takes
---   ARGV[21] n_sets
---   ARGV[22] n_dels
---   ARGV[23] n_fields
---   ARGV[24..] records, sets, dels, fields   the parts, in this order: step records; (field,
+--   ARGV[20] parts_seq       the step whose parts (P:pt:<trace>:<seq>, parts.py) go with the commit
+--                            ('' for none: the run stays at the step, a retry, and keeps them)
+--   ARGV[21] n_records       how many ARGV slots each part takes
+--   ARGV[22] n_sets
+--   ARGV[23] n_dels
+--   ARGV[24] n_fields
+--   ARGV[25..] records, sets, dels, fields   the parts, in this order: step records; (field,
 --            value) pairs to set; fields to delete; the transition's fields
 -- KEYS: not read (every key is built from P; on a cluster the store declares those it can name: scripts).
 -- With a stream: the delivery ``receipt`` is acknowledged, and when ``taker`` is given the
@@ -205,6 +207,7 @@ redis.call('HDEL', rk, 'lease_token', 'lease_until', 'lease_len', 'lease_msg', '
 redis.call('ZREM', P..':leases', t)
 redis.call('HSET', rk, 'updated', updated)
 if claim_kind == '2' then redis.call('DEL', P..':j:'..t, P..':js:'..t, P..':ja:'..t, P..':jc:'..t) end
+if parts_seq ~= '' then redis.call('DEL', P..':pt:'..t..':'..parts_seq) end
 local out = {}
 -- the run's status is now ``status``: a root run whose status changed moves in the listings
 local function moved(status)
