@@ -236,7 +236,8 @@ def render(res: dict[str, Any]) -> str:
         "- The model and the tools answer at once, so this is each framework's own cost per turn; "
         "with a real model a turn's time is the model's.",
         "- dflow runs with its defaults (the loop guard on); every turn's state is committed to the store, and "
-        "on Redis each tool call is a step any worker may take. LangGraph without a checkpointer "
+        "on Redis a turn's tool calls are one step any worker may take, each call's result kept as it "
+        "ends. LangGraph without a checkpointer "
         "persists nothing (a crash loses the run); InMemorySaver keeps checkpoints in the process only; "
         "PostgresSaver is the durable comparison.",
         "- Redis and PostgreSQL run on the same 2 cores as the client and the worker.",
