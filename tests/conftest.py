@@ -67,3 +67,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         for fixture, group in ONE_AT_A_TIME.items():
             if fixture in getattr(item, "fixturenames", ()):
                 item.add_marker(pytest.mark.xdist_group(group))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Under ``--dist loadgroup``, fail at once if pytest-xdist did not name the groups in the
+    node ids, which is how it keeps a group on one process: some pytest and pytest-xdist releases
+    together silently stop grouping (pytest 9.2 with pytest-xdist 3.8)."""
+    if not session.config.getvalue("loadgroup"):
+        return
+    for item in session.items:
+        if item.get_closest_marker("xdist_group") and "@" not in item.nodeid:
+            raise pytest.UsageError(
+                f"pytest-xdist did not group {item.nodeid} (its xdist_group is not in its node id):"
+                " these pytest and pytest-xdist releases do not work together under --dist"
+                " loadgroup; install the pytest the dev extra asks for (pyproject.toml)"
+            )

@@ -89,8 +89,9 @@ def installed_layout() -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def tree() -> Path:
     """A copy of the packages in their installed layout, with the EXTRAS (mtimes kept, so
-    that mypy's cache stays warm)."""
-    out = WORK / "tree"
+    that mypy's cache stays warm), one for each process of the run: under ``make test`` the two
+    checkers may run at once on two processes."""
+    out = WORK / f"tree-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}"
     shutil.rmtree(out, ignore_errors=True)
     for name, folder in installed_layout().items():
         dest = out / Path(*name.split("."))
