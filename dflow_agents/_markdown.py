@@ -23,7 +23,7 @@ from html_to_markdown import (
     PreprocessingOptions,
     convert,
 )
-from w3lib.encoding import html_to_unicode
+from w3lib.encoding import html_body_declared_encoding, read_bom, to_unicode
 from w3lib.url import canonicalize_url
 
 __all__ = ["MAX_URL", "html_to_markdown", "normalize_url", "origin_of", "trim_open_link"]
@@ -293,4 +293,11 @@ def _decoded(html: str | bytes, encoding: str | None) -> str:
     try:
         return html.decode("utf-8")
     except UnicodeDecodeError:
-        return html_to_unicode(None, html, auto_detect_fun=lambda _: "cp1252")[1]
+        pass
+    found, bom = read_bom(html)  # (w3lib's own guess, html_to_unicode's, changes between releases)
+    if found is not None and bom is not None:
+        return to_unicode(html[len(bom) :], found)
+    try:
+        return to_unicode(html, html_body_declared_encoding(html) or "cp1252")
+    except LookupError:  # a declared encoding Python does not know
+        return to_unicode(html, "cp1252")

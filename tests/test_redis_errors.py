@@ -128,6 +128,17 @@ def test_the_credentials_refused_say_so() -> None:
     assert err is not None and "refused the credentials" in str(err)
 
 
+def test_a_cluster_none_of_whose_nodes_answers_is_a_store_redis_cannot_reach() -> None:
+    exc = rex.RedisClusterException(
+        "Redis Cluster cannot be connected. Please provide at least one reachable node:"
+        " Error 104 while writing to socket. Connection reset by peer."
+    )
+    err = mapped(exc, StoreError)
+    assert isinstance(err, StoreUnavailableError)
+    assert "cannot reach Redis" in str(err) and "no node of the cluster answers" in str(err)
+    assert "failover" not in str(err), "no node answering is not a failover"
+
+
 def _writer_gone() -> AttributeError:
     """An ``AttributeError`` raised inside redis-py's send, the form redis-py before 8.2
     gave a connection closed under a command by another task: a writer without ``writelines``."""

@@ -107,6 +107,9 @@ def _describe(exc: BaseException, what: str) -> str:
         return f"Redis refused the credentials for the {what}: {exc}"
     if isinstance(exc, (rex.ConnectionError, rex.TimeoutError, OSError, EOFError)):
         return f"cannot reach Redis for the {what}: {exc}"
+    if isinstance(exc, rex.RedisClusterException) and "cannot be connected" in str(exc):
+        # (the cluster client's own word when no node it knows answers: not a failover)
+        return f"cannot reach Redis for the {what} (no node of the cluster answers): {exc}"
     if isinstance(exc, _INTERNAL):
         return (
             f"the Redis client lost its connection under a {what} command (a failover or a reconnect): "

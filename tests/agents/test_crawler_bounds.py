@@ -192,7 +192,8 @@ def test_charsets_python_cannot_decode_text_with_fall_back_to_utf8() -> None:
         f"/{c}.{kind}": S.file(
             f"text/{kind}; charset={c}", b"<p>" + body + b"</p>" if kind == "html" else body
         )
-        for c in ("idna", "base64", "rot13", "x-user-defined", "bogus")
+        # (not x-user-defined: w3lib 2.6 registers a codec of that name, as browsers decode it)
+        for c in ("idna", "base64", "rot13", "uu", "bogus")
         for kind in ("plain", "html")
     }
     with S.Site(answers) as site:
@@ -230,7 +231,8 @@ def test_the_fetcher_keeps_to_public_addresses_unless_allowed(shop: S.Site) -> N
         f"http://[::1]:{port}/": "::1 is",
         f"http://[::ffff:127.0.0.1]:{port}/": "::ffff:7f00:1",
         f"http://0.0.0.0:{port}/": "0.0.0.0 is",
-        f"http://2130706433:{port}/": "2130706433 (127.0.0.1)",
+        # w3lib 2.6 reads the number as the address, as browsers do; earlier releases leave it
+        f"http://2130706433:{port}/": "127.0.0.1",
         "http://169.254.169.254/latest/meta-data/": "169.254.169.254 is",
         "http://10.0.0.1/": "10.0.0.1 is",
         "http://192.168.1.1/": "192.168.1.1 is",
