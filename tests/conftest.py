@@ -56,8 +56,8 @@ ONE_AT_A_TIME = {"fresh_redis_cluster": "redis-cluster-faults"}
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark what ``make test-fast`` leaves out (``-m "not integration and not checks and not
     slow"``): the tests under ``tests/integration/`` and those of ``ON_PROCESSES`` are
-    ``integration`` tests, those of ``CHECKS`` are ``checks``; and group the tests of
-    ``ONE_AT_A_TIME``."""
+    ``integration`` tests, those of ``CHECKS`` are ``checks``; group the tests of
+    ``ONE_AT_A_TIME``; and run the integration, slow and checks tests first."""
     for item in items:
         path = item.path
         if TESTS / "integration" in path.parents or any(path.match(p) for p in ON_PROCESSES):
@@ -67,6 +67,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         for fixture, group in ONE_AT_A_TIME.items():
             if fixture in getattr(item, "fixturenames", ()):
                 item.add_marker(pytest.mark.xdist_group(group))
+    # the long tests first, so that on several processes the short ones fill the end of the run
+    # (a stable sort: the tests of a module stay together, in their order)
+    items.sort(
+        key=lambda item: (
+            1 if any(item.get_closest_marker(m) for m in ("integration", "checks", "slow")) else 2
+        )
+    )
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
