@@ -73,7 +73,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     """Under ``--dist loadgroup``, fail at once if pytest-xdist did not name the groups in the
     node ids, which is how it keeps a group on one process: some pytest and pytest-xdist releases
     together silently stop grouping (pytest 9.2 with pytest-xdist 3.8)."""
-    if not session.config.getvalue("loadgroup"):
+    if not session.config.getoption("loadgroup", False):  # (set on the processes of --dist loadgroup only)
         return
     for item in session.items:
         if item.get_closest_marker("xdist_group") and "@" not in item.nodeid:
