@@ -42,6 +42,22 @@ class RunEnds:
     ``blob_ttl`` seconds after no live run refers to them), its finished runs' ``expiry``
     (each kept ``ttl`` seconds), the ``followers`` a finished run wakes, and the ``clock``."""
 
+    __slots__ = (
+        "_blobs",
+        "_deadlines",
+        "_emit",
+        "_expiry",
+        "_followers",
+        "_leased",
+        "_outbox",
+        "_runs",
+        "_status",
+        "_timers",
+        "blob_ttl",
+        "clock",
+        "ttl",
+    )
+
     def __init__(
         self,
         runs: dict[str, RunState],
