@@ -122,7 +122,7 @@ def test_a_run_that_ends_before_its_deadline_leaves_none_behind(advance: Callabl
         DFlow.from_call("go").map(lambda v: v + 1).id("inc").init(_name("deadline-done")).call(1, deadline=5)
     )
     assert run.result(10) == 2
-    assert _store()._deadline_of == {} and _store()._deadline_heap == []
+    assert _store()._deadlines._of == {} and _store()._deadlines._heap == []
     advance(6)
     assert run.status() is RunStatus.DONE
 

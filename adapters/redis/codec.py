@@ -2,7 +2,8 @@
 first step and parent link as ``CREATE``'s slots, a claim as a script returns it, and each
 transition as ``COMMIT`` takes it: one encoder per transition, each giving the name the
 script dispatches on and the transition's fields in the order ``commit.lua`` reads them,
-and noting the blobs the write refers to and brings. The fields of each transition:
+and noting the blobs the write refers to and brings; and what ``RESUME``'s reply says
+(``resumed``). The fields of each transition:
 
 advance: frames, value, msg, seq, attempt, key, at, message kind, blobs ('=' when
 unchanged); wait: call_type, init_pending; fork: kind, join msg, join seq, join key, n,
@@ -23,6 +24,10 @@ from typing import Any
 
 import msgpack
 
+from dflow.context import RunInfo, RunStatus
+from dflow.errors import MailboxFullError, NotWaitingError, RunNotFoundError
+from dflow.mailbox import Mailbox, mailbox_full
+from dflow.memory.refusals import not_waiting
 from dflow.store import (
     Advance,
     BranchResult,
@@ -37,10 +42,10 @@ from dflow.store import (
 )
 from dflow.wire.values import JOIN, Message
 
-from .reads import _unpack
+from .reads import _s, _unpack
 from .records import record
 
-__all__ = ["Encoded", "claimed", "encode_transition", "first_step", "parent_link", "record"]
+__all__ = ["Encoded", "claimed", "encode_transition", "first_step", "parent_link", "record", "resumed"]
 
 _pack = msgpack.Packer(use_bin_type=True).pack
 
@@ -176,6 +181,26 @@ def claimed(message: Message, token: str, reply: bytes) -> Claim:
         tuple(blobs.decode().split()) if blobs else (),
         bool(parts_kept),
     )
+
+
+def resumed(r: list[Any], trace_id: str, call_type: str, keep: Mailbox | None) -> list[Message]:
+    """The messages ``RESUME``'s reply ``r`` gives (none when the call was kept for later), or
+    the error it says: the mailbox is full, the run does not exist or does not wait for it."""
+    if r[0] == b"kept":
+        return []
+    if r[0] == b"full":
+        assert keep is not None
+        why = mailbox_full(trace_id, call_type, keep, int(r[2]), int(r[3]))
+        raise MailboxFullError(why or f"the mailbox of run {trace_id!r} is full", trace_id=trace_id)
+    if r[0] == b"missing":
+        raise RunNotFoundError(
+            f"no run with trace id {trace_id!r} (never started, or expired)", trace_id=trace_id
+        )
+    if r[0] == b"not":
+        waiting = _s(r[2]) or ("join" if r[3] == b"1" else None)
+        info = RunInfo(trace_id, RunStatus(r[1].decode()), 0, 0.0, 0.0, waiting_for=waiting)
+        raise NotWaitingError(not_waiting(info, call_type), trace_id=trace_id)
+    return [Message.decode(m) for m in r[1]]
 
 
 def _branch(slot: bytes) -> BranchResult:

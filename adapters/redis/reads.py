@@ -1,7 +1,7 @@
 """What the Redis store reads: runs, their data and step records, waits for runs to finish
 and for new records, the blobs, and the run listings (one page from the newest of each
 bucket's pages). ``RunReads`` is the part of ``RedisStore`` that only reads (it registers
-waiters, nothing else)."""
+waiters, nothing else): the store owns one and hands it its reads."""
 
 from __future__ import annotations
 
@@ -28,7 +28,8 @@ from .finish_watch import FinishWatch, Waiter
 from .records import refers_before, unpack_records
 
 if TYPE_CHECKING:
-    from .replica_writes import NodeWrites
+    from .calls import ScriptCalls
+    from .keyspace import Keyspace
 
 __all__ = ["RunReads"]
 
@@ -99,33 +100,48 @@ _INFO_KEYS = tuple(f.encode() for f in _INFO_FIELDS)
 
 
 class RunReads:
-    """The reading half of ``RedisStore`` (which sets what is declared here)."""
+    """The reads of ``RedisStore``, on its ``client``: the runs of each bucket (the keys of
+    ``keyspace``, whose key prefixes are ``prefixes``), read through its script ``calls``
+    where a script reads them; waits for runs and their records heard of on the
+    notification channel it opens under ``prefix`` (``FinishWatch``, closed by ``close``),
+    registered with a run for ``ttl`` seconds at most. With ``wait``, a run is read as ended
+    only once ``wait`` replicas have its end (waiting up to ``wait_timeout`` seconds). It
+    writes nothing but the registrations of its waiters."""
 
-    redis: Client
-    prefix: str
-    ttl: float
-    _prefixes: tuple[str, ...]
-    _watch: FinishWatch | None
-    wait: int
-    wait_timeout: float
-    _node_writes: NodeWrites | None
-    _mark: Any = None  # the script of ``_replicas_have`` on a cluster, once registered
     _poll_pause = 0.1  # first pause before a waiter polls every run it waits for
 
-    def _p(self, trace_id: str) -> str:  # pragma: no cover - RedisStore's
-        raise NotImplementedError
-
-    async def _run_script(
+    def __init__(
         self,
-        name: str,
-        args: list[Any],
-        blobs: dict[str, bytes] | None = None,
+        client: Client,
+        calls: ScriptCalls,
+        keyspace: Keyspace,
+        prefixes: tuple[str, ...],
         *,
-        at: int = 0,
-        keys: list[str] | None = None,
-        writes: bool = True,
-    ) -> Any:  # pragma: no cover
-        raise NotImplementedError
+        prefix: str,
+        ttl: float,
+        wait: int,
+        wait_timeout: float,
+    ) -> None:
+        self.redis = client
+        self._calls = calls
+        self._keyspace = keyspace
+        self._prefixes = prefixes
+        self.prefix = prefix
+        self.ttl = ttl
+        self.wait, self.wait_timeout = wait, wait_timeout
+        self._node_writes = calls.node_writes  # (the WAIT on a cluster's node, as the store's writes)
+        self._watch: FinishWatch | None = None
+        self._mark: Any = None  # the script of ``_replicas_have`` on a cluster, once registered
+
+    def _p(self, trace_id: str) -> str:
+        """The key prefix of a run's bucket."""
+        return self._prefixes[self._keyspace.index(trace_id)]
+
+    async def close(self) -> None:
+        """Stop listening for the runs' notifications."""
+        if self._watch is not None:
+            await self._watch.close()
+            self._watch = None
 
     # The client replies with bytes (it does not decode responses); redis-py's annotations
     # cannot say so and give bytes | str: the casts say it.
@@ -367,7 +383,7 @@ class RunReads:
             oldest="1" if page.oldest_first else "",
             fields=fields,
         )
-        packed, ms, trace = await self._run_script("PAGE", args, at=at, writes=False)
+        packed, ms, trace = await self._calls.run("PAGE", args, at=at, writes=False)
         flat = msgpack.unpackb(packed, raw=True) or ()
         for i in range(0, len(flat), 2):
             h = {k: v for k, v in zip(_INFO_KEYS + (b"ix",), flat[i + 1]) if v is not False}
@@ -394,7 +410,7 @@ class RunReads:
         check_pipeline(pipeline)
         counts: dict[RunStatus, int] = {}
         for at, prefix in enumerate(self._prefixes):
-            r = await self._run_script(
+            r = await self._calls.run(
                 "COUNT", scripts.COUNT.args(prefix=prefix, pipeline=pipeline or ""), at=at, writes=False
             )
             for i in range(0, len(r), 2):

@@ -127,18 +127,3 @@ class RedisScheduleBook(ScheduleBook):
             [name, tick, next_at, b"" if fired is None else fired.dump()],
         )
         return int(reply) == 1
-
-
-class KeepsSchedules:
-    """What gives the Redis store its ``schedules`` (on its client and prefix)."""
-
-    redis: Client
-    prefix: str
-    _schedules: RedisScheduleBook | None = None
-
-    @property
-    def schedules(self) -> RedisScheduleBook:
-        """The schedules beside this store."""
-        if self._schedules is None:
-            self._schedules = RedisScheduleBook(self.redis, self.prefix)
-        return self._schedules

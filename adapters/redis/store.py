@@ -1,7 +1,8 @@
 """``RedisStore``: runs, data, step records, timers, leases and joins in Redis.
 
 Here are its writes, one script call each; what a commit sends and reads back is in
-``commits``, its reads in ``reads``, its script calls in ``calls``.
+``commits``, its script calls in ``calls``. It hands its reads to a part it owns, ``RunReads``
+(``reads``), and its scans of what falls due to another, ``DueScan`` (``due_scan``).
 """
 
 from __future__ import annotations
@@ -16,14 +17,10 @@ import msgpack
 
 from dflow.context import RunInfo, RunStatus, StepRecord
 from dflow.errors import (
-    MailboxFullError,
-    NotWaitingError,
     RefusedMessageError,
     RunExistsError,
-    RunNotFoundError,
 )
-from dflow.mailbox import Mailbox, mailbox_full
-from dflow.memory.store import not_waiting
+from dflow.mailbox import Mailbox
 from dflow.parts import StepParts
 from dflow.run_pages import created_ms
 from dflow.store import (
@@ -32,6 +29,7 @@ from dflow.store import (
     Compensations,
     Fork,
     NewRun,
+    RunPage,
     Store,
     Transition,
     compensations_in,
@@ -47,19 +45,19 @@ from .client import (
     disconnect,
     is_cluster,
 )
-from .codec import claimed, encode_transition, first_step, parent_link
+from .codec import claimed, encode_transition, first_step, parent_link, resumed
+from .due_scan import DueScan
 from .errors import store_errors
-from .finish_watch import FinishWatch
 from .fusable import fused_streams
 from .keyspace import Keyspace
 from .live import RedisLiveFeed
 from .notes import RedisRunNotes
 from .parts import RedisParts
 from .rate_limits import RedisTokenBucket
-from .reads import RunReads, _s
+from .reads import RunReads
 from .records import pack_records
 from .replica_writes import check_wait
-from .schedules import KeepsSchedules
+from .schedules import RedisScheduleBook
 from .state import RedisStateBackend
 from .workers import RedisWorkerBeats
 
@@ -73,7 +71,7 @@ log = logging.getLogger("dflow.redis")
 _pack = msgpack.Packer(use_bin_type=True).pack
 
 
-class RedisStore(RunReads, KeepsSchedules, Store, StepParts):
+class RedisStore(Store, StepParts):
     """``Store`` on Redis (redis-py's asyncio client), one server or a Redis Cluster.
 
     ``url``: ``redis://[user:password@]host:port/db`` or ``rediss://`` for TLS, or
@@ -141,18 +139,26 @@ class RedisStore(RunReads, KeepsSchedules, Store, StepParts):
             wait_timeout=wait_timeout,
             blob_ttl=blob_ttl,
         )
-        self._node_writes = self._calls.node_writes  # (the reads' WAIT on a cluster's node, as its writes)
-        # DUE: each bucket's soonest entry as last seen, the buckets written to since, and
-        # where the round of the others is
-        self._due_at = [0.0] * keyspace.n
-        self._turn = 0
-        self._watch: FinishWatch | None = None
+        self._reads = RunReads(
+            self.redis,
+            self._calls,
+            keyspace,
+            self._prefixes,
+            prefix=prefix,
+            ttl=ttl,
+            wait=wait,
+            wait_timeout=wait_timeout,
+        )
+        self._due = DueScan(
+            self._calls, self._prefixes, self._streams, redispatch_after=redispatch_after, ttl=ttl
+        )
         self._state: RedisStateBackend | None = None
         self._live: RedisLiveFeed | None = None
         self._beats: RedisWorkerBeats | None = None
         self._parts = RedisParts(self.redis, ttl, self._p)
         self._buckets: RedisTokenBucket | None = None
         self._notes: RedisRunNotes | None = None
+        self._schedules: RedisScheduleBook | None = None
 
     @property
     def shared_state(self) -> RedisStateBackend:
@@ -160,6 +166,13 @@ class RedisStore(RunReads, KeepsSchedules, Store, StepParts):
         if self._state is None:
             self._state = RedisStateBackend(self.redis, self.prefix)
         return self._state
+
+    @property
+    def schedules(self) -> RedisScheduleBook:
+        """The schedules beside this store (on its client and prefix)."""
+        if self._schedules is None:
+            self._schedules = RedisScheduleBook(self.redis, self.prefix)
+        return self._schedules
 
     @property
     def live(self) -> RedisLiveFeed:
@@ -397,61 +410,10 @@ class RedisStore(RunReads, KeepsSchedules, Store, StepParts):
             at=at,
             keys=self._keys(at, trace_id),
         )
-        if r[0] == b"kept":
-            return []
-        if r[0] == b"full":
-            assert keep is not None
-            why = mailbox_full(trace_id, call_type, keep, int(r[2]), int(r[3]))
-            raise MailboxFullError(why or f"the mailbox of run {trace_id!r} is full", trace_id=trace_id)
-        if r[0] == b"missing":
-            raise RunNotFoundError(
-                f"no run with trace id {trace_id!r} (never started, or expired)", trace_id=trace_id
-            )
-        if r[0] == b"not":
-            waiting = _s(r[2]) or ("join" if r[3] == b"1" else None)
-            info = RunInfo(trace_id, RunStatus(r[1].decode()), 0, 0.0, 0.0, waiting_for=waiting)
-            raise NotWaitingError(not_waiting(info, call_type), trace_id=trace_id)
-        return [Message.decode(m) for m in r[1]]
+        return resumed(r, trace_id, call_type, keep)
 
     async def due(self, now: float, limit: int = 1000) -> tuple[list[Message], float | None]:
-        """The timers, outbox and leases of the buckets worth a look, one script a bucket:
-        with up to 4 buckets all of them; with more, those this store wrote to since it last
-        looked, those whose soonest entry (as last seen) has come, and a quarter of the rest
-        in turn (so an idle worker's scans cost a quarter, and a bucket nobody here writes
-        to, where a dead worker left a lease, is seen within four calls)."""
-        n = len(self._prefixes)
-        if n <= 4:
-            look = list(range(n))
-        else:
-            k = (n + 3) // 4
-            turn = {(self._turn + j) % n for j in range(k)}
-            self._turn = (self._turn + k) % n
-            look = [i for i in range(n) if i in turn or i in self._calls.touched or self._due_at[i] <= now]
-        messages: list[Message] = []
-        for at in look:
-            self._calls.touched.discard(at)  # (before the call: a write meanwhile marks it again)
-            self._due_at[at] = float("inf")
-            out, nxt, bad = await self._run_script(
-                "DUE",
-                scripts.DUE.args(
-                    prefix=self._prefixes[at],
-                    now=now,
-                    limit=limit,
-                    redispatch=self.redispatch_after,
-                    stream=self._streams[at],
-                    ttl_ms=int(self.ttl * 1000),
-                ),
-                at=at,
-            )
-            if bad:
-                log.error(
-                    "dflow: dropped %d unreadable timer, outbox or lease entries of the Redis store", bad
-                )
-            messages += [Message.decode(m) for m in out]
-            if nxt:
-                self._due_at[at] = min(self._due_at[at], float(nxt))
-        soonest = min(self._due_at)
-        return messages, (None if soonest == float("inf") else soonest)
+        return await self._due.due(now, limit)
 
     async def cancel(self, trace_id: str, reason: str) -> tuple[RunInfo | None, list[Message]]:
         error = msgpack.packb({"type": "dflow.RunCancelled", "message": reason, "step": ""})
@@ -487,13 +449,52 @@ class RedisStore(RunReads, KeepsSchedules, Store, StepParts):
     async def drop_parts(self, trace_id: str, seq: int) -> None:
         await self._parts.drop(trace_id, seq)
 
+    # -- RunReader (see reads) -------------------------------------------------------
+
+    async def get_run(self, trace_id: str) -> RunInfo | None:
+        return await self._reads.get_run(trace_id)
+
+    async def get_data(self, trace_id: str) -> dict[str, bytes]:
+        return await self._reads.get_data(trace_id)
+
+    async def get_steps(self, trace_id: str, start: int = 0) -> list[StepRecord]:
+        return await self._reads.get_steps(trace_id, start)
+
+    async def watch_steps(
+        self, trace_id: str, start: int, timeout: float
+    ) -> tuple[list[StepRecord], RunInfo | None]:
+        return await self._reads.watch_steps(trace_id, start, timeout)
+
+    async def get_blob(self, ref: str) -> bytes | None:
+        return await self._reads.get_blob(ref)
+
+    async def wait_many(self, trace_ids: list[str], timeout: float | None) -> list[RunInfo]:
+        return await self._reads.wait_many(trace_ids, timeout)
+
+    async def page_runs(
+        self,
+        limit: int = 50,
+        *,
+        status: RunStatus | None = None,
+        pipeline: str | None = None,
+        cursor: str | None = None,
+        oldest_first: bool = False,
+    ) -> RunPage:
+        return await self._reads.page_runs(
+            limit, status=status, pipeline=pipeline, cursor=cursor, oldest_first=oldest_first
+        )
+
+    async def find_runs(self, id_start: str, limit: int = 20) -> list[RunInfo]:
+        return await self._reads.find_runs(id_start, limit)
+
+    async def count_runs(self, *, pipeline: str | None = None) -> dict[RunStatus, int]:
+        return await self._reads.count_runs(pipeline=pipeline)
+
     async def ping(self) -> None:
         with store_errors():
             await self.redis.ping()
 
     async def close(self) -> None:
-        if self._watch is not None:
-            await self._watch.close()
-            self._watch = None
+        await self._reads.close()
         await self._calls.close()
         await disconnect(self.redis)

@@ -5,8 +5,9 @@ contract suite is held to.
 the Redis store: atomic steps, leases, timers, joins, listings; built with its
 ``MemoryTransport`` (``transport``, on a ``MemoryBroker``) it is fused, as the Redis store is
 with a stream on its server. Its parts: the run records (``runs``), the flow blobs
-(``blobs``), the endings of runs and branches (``endings``), the listings (``listings``),
-the callers waiting for runs (``followers``), its timers and outbox (``schedule``) and the shared state of ``dflow.State`` and
+(``blobs``), the endings of runs and branches (``endings``), their deadlines
+(``deadlines``), the listings (``listings``), what it refuses (``refusals``), the callers
+waiting for runs (``followers``), its timers and outbox (``schedule``) and the shared state of ``dflow.State`` and
 ``dflow.Circuit`` (``state``). Public: ``MemoryStore``, ``MemoryTransport``,
 ``MemoryBroker``, also exported by ``dflow``.
 """

@@ -10,14 +10,17 @@ whose compensations flag is ``HELD`` is sent a FAIL message instead of ending (s
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 from ..clock import Clock
 from ..context import RunInfo, RunStatus
-from ..store import BranchResult, Compensations
+from ..store import BranchResult, Compensations, deadline_text, timed_out_error
 from ..wire.values import FAIL, Message, encode
 from .blobs import BlobTable
+from .deadlines import RunDeadlines
 from .followers import Followers
+from .listings import RunListing
 from .runs import JoinState, RunState
 from .schedule import Outbox, Timers
 
@@ -32,27 +35,64 @@ CANCELLED = {
 
 
 class RunEnds:
-    """The part of ``MemoryStore`` that ends runs; the store sets these attributes."""
+    """How the runs of ``runs`` (the in-memory store's table of them) end. What it is given
+    is the store's: the runs holding a lease (``leased``), ``emit`` to send a message,
+    the ``listing`` that sets a run's status, the runs' ``deadlines``, the ``timers`` and
+    ``outbox`` whose messages a cancelled run's go from, its flow ``blobs`` (let go
+    ``blob_ttl`` seconds after no live run refers to them), its finished runs' ``expiry``
+    (each kept ``ttl`` seconds), the ``followers`` a finished run wakes, and the ``clock``."""
 
-    ttl: float
-    blob_ttl: float
-    clock: Clock
-    _runs: dict[str, RunState]
-    _leased: dict[str, RunState]
-    _outbox: Outbox
-    _timers: Timers
-    _expiry: deque[tuple[float, str]]
-    _blobs: BlobTable
-    _followers: Followers
+    __slots__ = (
+        "_blobs",
+        "_deadlines",
+        "_emit",
+        "_expiry",
+        "_followers",
+        "_leased",
+        "_outbox",
+        "_runs",
+        "_status",
+        "_timers",
+        "blob_ttl",
+        "clock",
+        "ttl",
+    )
 
-    if TYPE_CHECKING:
+    def __init__(
+        self,
+        runs: dict[str, RunState],
+        leased: dict[str, RunState],
+        *,
+        emit: Callable[[Message, float, list[Message]], None],
+        listing: RunListing,
+        deadlines: RunDeadlines,
+        timers: Timers,
+        outbox: Outbox,
+        blobs: BlobTable,
+        followers: Followers,
+        expiry: deque[tuple[float, str]],
+        clock: Clock,
+        ttl: float,
+        blob_ttl: float,
+    ) -> None:
+        self._runs = runs
+        self._leased = leased
+        self._emit = emit
+        self._status = listing.status
+        self._deadlines = deadlines
+        self._timers = timers
+        self._outbox = outbox
+        self._blobs = blobs
+        self._followers = followers
+        self._expiry = expiry
+        self.clock = clock
+        self.ttl = ttl
+        self.blob_ttl = blob_ttl
 
-        def _emit(self, msg: Message, now: float, out: list[Message]) -> None: ...
-        def _status(self, run: RunState, status: RunStatus) -> None: ...
-        def _drop_deadline(self, trace_id: str) -> None: ...
-
-    def _finished(self, run: RunState, now: float, out: list[Message]) -> None:
-        self._drop_deadline(run.trace_id)
+    def finished(self, run: RunState, now: float, out: list[Message]) -> None:
+        """``run`` has ended (its status is set): it is kept ``ttl`` seconds, without its
+        lease, frames and blobs; its followers wake, and a branch arrives at its join."""
+        self._deadlines.drop(run.trace_id)
         run.lease = None
         run.frames = None
         run.due = None
@@ -97,9 +137,9 @@ class RunEnds:
             other.waiting_for = None
             other.init_pending = False
             self._leased.pop(trace_id, None)
-            self._finished(other, now, out)
+            self.finished(other, now, out)
 
-    async def cancel(self, trace_id: str, reason: str) -> tuple[RunInfo | None, list[Message]]:
+    def cancel(self, trace_id: str, reason: str) -> tuple[RunInfo | None, list[Message]]:
         run = self._runs.get(trace_id)
         if run is None:
             return None, []
@@ -112,6 +152,20 @@ class RunEnds:
                 self._timers.drop(gone)
                 self._outbox.drop(gone)
         return run.info(), out
+
+    def time_out(self, now: float, out: list[Message], next_due: list[float]) -> None:
+        """The runs whose deadline passed by ``now`` end ``timed_out``, as ``cancel`` ends
+        a run; when the next deadline falls due goes to ``next_due``."""
+        gone: set[str] = set()
+        for run, seconds in self._deadlines.due(now):
+            error = timed_out_error(deadline_text(seconds), run.key)
+            self._cancel(run, error, now, out, gone, RunStatus.TIMED_OUT)
+        if gone:  # their timers and unclaimed messages go too
+            self._timers.drop(gone)
+            self._outbox.drop(gone)
+        soonest = self._deadlines.soonest()
+        if soonest is not None:
+            next_due.append(soonest)
 
     def _cancel(
         self,
@@ -143,7 +197,7 @@ class RunEnds:
                 if child is not None and not child.status.finished:
                     self._cancel(child, error, now, out, gone, status)
         if not compensates:
-            self._finished(run, now, out)
+            self.finished(run, now, out)
 
     def _compensates(self, run: RunState, error: dict[str, Any], now: float, out: list[Message]) -> bool:
         """Whether ``run`` runs its compensations (its flag is ``RUNNING``: then it is left
@@ -154,10 +208,10 @@ class RunEnds:
         if run.compensations is not Compensations.HELD:
             return False
         run.parked = None
-        self._next_step(run, FAIL, encode(dict(error)), now, out)
+        self.next_step(run, FAIL, encode(dict(error)), now, out)
         return True
 
-    def _next_step(self, run: RunState, kind: int, value: bytes, now: float, out: list[Message]) -> None:
+    def next_step(self, run: RunState, kind: int, value: bytes, now: float, out: list[Message]) -> None:
         """``run`` goes on, one seq on at its key, with a message of ``kind`` carrying
         ``value``: what it waited for (a call, a timer, a lease) goes."""
         run.seq += 1

@@ -12,6 +12,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from bisect import bisect_left, bisect_right, insort
+from collections.abc import Mapping
 
 from ..context import RunInfo, RunStatus
 from ..run_pages import check_find, check_page, check_pipeline, created_ms, encode_cursor
@@ -120,13 +121,19 @@ def _later(positions: list[_Position], after: _Position | None, n: int) -> list[
 
 
 class RunListing:
-    """The part of ``MemoryStore`` that lists its runs; the store sets these attributes
-    and sets each run's status through ``_status``."""
+    """The listings of the in-memory store's root runs (``Store.page_runs``, ``find_runs``,
+    ``count_runs``), read from ``index``, the positions the store keeps as it creates runs
+    and lets them go, with each run's record from ``runs``, its table of them. A run's
+    status is set through ``status``, which moves a root run to the listings of its new
+    status."""
 
-    _runs: dict[str, RunState]
-    _index: RunIndex
+    __slots__ = ("_index", "_runs")
 
-    def _status(self, run: RunState, status: RunStatus) -> None:
+    def __init__(self, runs: Mapping[str, RunState], index: RunIndex) -> None:
+        self._runs = runs
+        self._index = index
+
+    def status(self, run: RunState, status: RunStatus) -> None:
         """Set ``run``'s status; a root run moves to the listings of its new status."""
         old = run.status
         if old is not status:
@@ -134,7 +141,7 @@ class RunListing:
             if run.parent is None:
                 self._index.move(run, old)
 
-    async def page_runs(
+    def page_runs(
         self,
         limit: int = 50,
         *,
@@ -147,10 +154,10 @@ class RunListing:
         ids, nxt = self._index.page(limit, status, pipeline, after, oldest_first)
         return RunPage([self._runs[t].info() for t in ids], nxt)
 
-    async def find_runs(self, id_start: str, limit: int = 20) -> list[RunInfo]:
+    def find_runs(self, id_start: str, limit: int = 20) -> list[RunInfo]:
         check_find(id_start, limit)
         return [self._runs[t].info() for t in self._index.starting(id_start, limit)]
 
-    async def count_runs(self, *, pipeline: str | None = None) -> dict[RunStatus, int]:
+    def count_runs(self, *, pipeline: str | None = None) -> dict[RunStatus, int]:
         check_pipeline(pipeline)
         return self._index.count(pipeline)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from ..schedules import Fired, Schedule, ScheduleBook, ScheduleEntry
 
-__all__ = ["KeepsSchedules", "MemoryScheduleBook"]
+__all__ = ["MemoryScheduleBook"]
 
 
 @dataclass(slots=True)
@@ -84,19 +84,6 @@ class MemoryScheduleBook(ScheduleBook):
         if fired is not None:
             kept.last = fired
         return True
-
-
-class KeepsSchedules:
-    """What gives the in-memory store its ``schedules``."""
-
-    _schedules: MemoryScheduleBook | None = None
-
-    @property
-    def schedules(self) -> MemoryScheduleBook:
-        """The schedules beside this store."""
-        if self._schedules is None:
-            self._schedules = MemoryScheduleBook()
-        return self._schedules
 
 
 def _soonest(kept: _Kept) -> tuple[int, str]:

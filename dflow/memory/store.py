@@ -9,9 +9,12 @@ delivery it finishes and may take the worker's next step, in one call; local mod
 that path. It belongs to one event loop and is not thread-safe.
 
 Here are its steps' claims and commits and what falls due; how a commit's transition is
-applied is in ``memory.transitions``, how its runs end (finishing, joins,
-cancelling) is in ``memory.endings``, what it keeps of a run in ``memory.runs``, its blobs in
-``memory.blobs``, and the callers waiting for its runs in ``memory.followers``.
+applied is in ``memory.transitions``, what it keeps of a run in ``memory.runs``, its blobs in
+``memory.blobs``, and the callers waiting for its runs in ``memory.followers``. Its parts
+are objects it owns, each built with the tables it reads and writes, to which its methods
+hand their work: how its runs end (finishing, joins, cancelling: ``RunEnds``, in
+``memory.endings``), their deadlines (``RunDeadlines``, ``memory.deadlines``) and their
+listings (``RunListing``, ``memory.listings``).
 """
 
 from __future__ import annotations
@@ -25,10 +28,8 @@ from ..clock import SYSTEM_CLOCK, Clock
 from ..context import RunInfo, RunStatus, StepRecord
 from ..errors import (
     NotWaitingError,
-    RefusedMessageError,
     RunExistsError,
     RunNotFoundError,
-    SerializationError,
 )
 from ..mailbox import Mailbox, keep_mail
 from ..parts import StepParts
@@ -38,8 +39,8 @@ from ..store import (
     Committed,
     Compensations,
     NewRun,
+    RunPage,
     Store,
-    Taken,
     Transition,
     compensations_in,
     fused_variant,
@@ -56,18 +57,20 @@ from .live import MemoryLiveFeed
 from .notes import MemoryRunNotes
 from .parts import PartTable
 from .rate_limits import MemoryTokenBucket
+from .refusals import not_waiting as not_waiting
+from .refusals import refuse_unexpected
 from .runs import Lease, RunState, append_records
 from .schedule import Outbox, Timers
-from .schedules import KeepsSchedules
+from .schedules import MemoryScheduleBook
 from .state import MemoryStateBackend
-from .transitions import apply, check_writes
+from .transitions import apply, check_writes, take
 from .transport import MemoryBroker, MemoryTransport
 from .workers import MemoryWorkerBeats
 
 __all__ = ["MemoryBroker", "MemoryStore", "MemoryTransport"]
 
 
-class MemoryStore(RunEnds, RunDeadlines, RunListing, KeepsSchedules, Store, StepParts):
+class MemoryStore(Store, StepParts):
     """``Store`` in a dict. ``ttl``: seconds a finished run is kept; ``blob_ttl``: seconds
     a flow blob no live run references is kept; ``redispatch_after``: seconds after which a
     committed but unclaimed next message is handed out again (outbox; not fused).
@@ -113,7 +116,25 @@ class MemoryStore(RunEnds, RunDeadlines, RunListing, KeepsSchedules, Store, Step
         self._parts = PartTable()
         self._buckets: MemoryTokenBucket | None = None
         self._notes = MemoryRunNotes(self._runs, self.clock)
-        self._init_deadlines()
+        self._schedules: MemoryScheduleBook | None = None
+        # Its parts, each given what it reads and writes of the store's tables.
+        self._listing = RunListing(self._runs, self._index)
+        self._deadlines = RunDeadlines(self._runs)
+        self._ends = RunEnds(
+            self._runs,
+            self._leased,
+            emit=self._emit,
+            listing=self._listing,
+            deadlines=self._deadlines,
+            timers=self._timers,
+            outbox=self._outbox,
+            blobs=self._blobs,
+            followers=self._followers,
+            expiry=self._expiry,
+            clock=clock,
+            ttl=ttl,
+            blob_ttl=blob_ttl,
+        )
 
     @property
     def shared_state(self) -> MemoryStateBackend:
@@ -121,6 +142,13 @@ class MemoryStore(RunEnds, RunDeadlines, RunListing, KeepsSchedules, Store, Step
         if self._state is None:
             self._state = MemoryStateBackend(self.clock)
         return self._state
+
+    @property
+    def schedules(self) -> MemoryScheduleBook:
+        """The schedules beside this store."""
+        if self._schedules is None:
+            self._schedules = MemoryScheduleBook()
+        return self._schedules
 
     @property
     def live(self) -> MemoryLiveFeed:
@@ -213,10 +241,10 @@ class MemoryStore(RunEnds, RunDeadlines, RunListing, KeepsSchedules, Store, Step
         out: list[Message] = []
         if run.message is None:
             r.result = run.result
-            self._finished(r, now, out)
+            self._ends.finished(r, now, out)
         else:
             if run.deadline is not None and run.parent is None:
-                self._arm_deadline(run.trace_id, run.deadline, now)
+                self._deadlines.arm(run.trace_id, run.deadline, now)
             self._emit(run.message, now, out)
         return out
 
@@ -232,36 +260,20 @@ class MemoryStore(RunEnds, RunDeadlines, RunListing, KeepsSchedules, Store, Step
             return None
         now = self.clock.time()
         if message.kind != run.kind or (run.due is not None and run.due > now):
-            self._refuse_unexpected(run, message, now)
+            refuse_unexpected(run, message, now, self._timers)
         init_only = run.status is RunStatus.WAITING and run.init_pending and message.kind == RUN
         if not init_only and run.status not in (RunStatus.RUNNING, RunStatus.SLEEPING):
             return None
         if run.lease is not None and run.lease.until > now:
             return None
         if run.status is RunStatus.SLEEPING:
-            self._status(run, RunStatus.RUNNING)
+            self._listing.status(run, RunStatus.RUNNING)
         token = str(next(self._tokens))
         run.lease = Lease(token, now + lease, lease, message)
         self._leased[run.trace_id] = run
         branches = run.join.slots if message.kind == JOIN and run.join is not None else None
         kept = self._parts.has(run.trace_id, message.seq)
         return Claim(message, token, run.frames, run.value, run.data, init_only, branches, run.blobs, kept)
-
-    def _refuse_unexpected(self, run: RunState, message: Message, now: float) -> None:
-        """``RefusedMessageError`` for a message that names the run's current step but not
-        as the run expects it: another kind, or a timer's message before its time (the
-        timer stays armed)."""
-        if message.kind != run.kind:
-            raise RefusedMessageError(
-                f"the message of step {message.key!r} of run {message.trace_id!r} is refused: its kind "
-                f"({message.kind}) is not the one the run expects ({run.kind})"
-            )
-        if run.due is not None and run.due > now:
-            self._timers.arm(run.due, message)
-            raise RefusedMessageError(
-                f"the message of step {message.key!r} of run {message.trace_id!r} is refused: it came before "
-                "its due time"
-            )
 
     async def commit(
         self,
@@ -287,7 +299,7 @@ class MemoryStore(RunEnds, RunDeadlines, RunListing, KeepsSchedules, Store, Step
         self._quiet = take_lease is not None and self.transport is not None
         try:
             out = apply(self, run, claim, records, changes, transition)
-            taken = self._take(take_lease) if self._quiet and take_lease is not None else None
+            taken = take(self, take_lease) if self._quiet and take_lease is not None else None
         finally:
             if self._quiet:
                 self._quiet = False
@@ -295,30 +307,6 @@ class MemoryStore(RunEnds, RunDeadlines, RunListing, KeepsSchedules, Store, Step
                 if self.transport is not None and self.transport.broker.queue:
                     self.transport.broker.wake()  # what the take left, for the other consumers
         return Committed(True, out, acked, taken)
-
-    def _take(self, lease: float) -> Taken | None:
-        """Read and claim the worker's next step, as the Redis store's commit script does:
-        a stale message is dropped; anything else but a step goes back to the worker."""
-        transport = self.transport
-        assert transport is not None
-        for _ in range(8):
-            d = transport.take()
-            if d is None:
-                return None
-            msg = self._emitted.pop(d.body, None)
-            if msg is None:
-                try:
-                    msg = Message.decode(d.body)
-                except SerializationError:
-                    return Taken(d.body, d.tag, None)
-            try:
-                claim = self._claim(msg, lease)
-            except RefusedMessageError:
-                return Taken(d.body, d.tag, None)  # the worker's own claim refuses it too
-            if claim is not None:
-                return Taken(d.body, d.tag, claim)
-            transport.settle(d.tag)  # stale: its step was committed or is leased
-        return None
 
     async def extend(self, claims: list[Claim], lease: float) -> None:
         now = self.clock.time()
@@ -378,7 +366,7 @@ class MemoryStore(RunEnds, RunDeadlines, RunListing, KeepsSchedules, Store, Step
             return []
         now = self.clock.time()
         out: list[Message] = []
-        self._next_step(run, FAIL if failed else CONTINUE, payload, now, out)
+        self._ends.next_step(run, FAIL if failed else CONTINUE, payload, now, out)
         return out
 
     async def due(self, now: float, limit: int = 1000) -> tuple[list[Message], float | None]:
@@ -389,10 +377,13 @@ class MemoryStore(RunEnds, RunDeadlines, RunListing, KeepsSchedules, Store, Step
         out += self._outbox.due(now, limit - len(out), self._current)
         next_due += [t for t in (self._timers.soonest(), self._outbox.soonest()) if t is not None]
         self._due_leases(now, out, next_due)
-        self._due_deadlines(now, out, next_due)
+        self._ends.time_out(now, out, next_due)
         self._expire_runs(now, next_due)
         self._blobs.expire(now)
         return out, (min(next_due) if next_due else None)
+
+    async def cancel(self, trace_id: str, reason: str) -> tuple[RunInfo | None, list[Message]]:
+        return self._ends.cancel(trace_id, reason)
 
     def _current(self, msg: Message) -> bool:
         """Whether ``msg`` is the current attempt of its run's step."""
@@ -471,22 +462,25 @@ class MemoryStore(RunEnds, RunDeadlines, RunListing, KeepsSchedules, Store, Step
     async def wait_many(self, trace_ids: list[str], timeout: float | None) -> list[RunInfo]:
         return await self._followers.wait_many(self._runs, trace_ids, timeout)
 
+    async def page_runs(
+        self,
+        limit: int = 50,
+        *,
+        status: RunStatus | None = None,
+        pipeline: str | None = None,
+        cursor: str | None = None,
+        oldest_first: bool = False,
+    ) -> RunPage:
+        return self._listing.page_runs(
+            limit, status=status, pipeline=pipeline, cursor=cursor, oldest_first=oldest_first
+        )
+
+    async def find_runs(self, id_start: str, limit: int = 20) -> list[RunInfo]:
+        return self._listing.find_runs(id_start, limit)
+
+    async def count_runs(self, *, pipeline: str | None = None) -> dict[RunStatus, int]:
+        return self._listing.count_runs(pipeline=pipeline)
+
     async def close(self) -> None:
         """Wake every waiter: the store is going away."""
         self._followers.close()
-
-
-def not_waiting(info: RunInfo, call_type: str) -> str:
-    """Why run ``info`` takes no call of ``call_type`` now: the message of ``NotWaitingError``."""
-    t = info.trace_id
-    if info.status.finished:
-        return f"run {t!r} has finished ({info.status.value}); it takes no more calls (got {call_type!r})"
-    if info.waiting_for == "join":
-        return f"run {t!r} is waiting for its zip/any branches, not for call {call_type!r}"
-    if info.waiting_for:
-        return f"run {t!r} waits for call {info.waiting_for!r}, not {call_type!r}"
-    return (
-        f"run {t!r} is running, not waiting for call {call_type!r}: the call was already answered, or "
-        f"the run has not reached from_call({call_type!r}) yet (start the outside job from on_init "
-        "to avoid that race)"
-    )

@@ -1,8 +1,9 @@
 """How the in-memory store applies a step's commit: the lease goes, the records and data
 changes go in, and the run takes the transition the step named (``Advance``, ``Wait``,
 ``Fork``, ``Finish``, ``Fail``); before anything changes, a transition that names blobs the
-store lacks, or a fork that would overwrite a run, is refused. Plain functions taking the
-store (``MemoryStore.commit`` calls ``apply``).
+store lacks, or a fork that would overwrite a run, is refused; a fused store's commit then
+takes the worker's next step (``take``). Plain functions taking the store
+(``MemoryStore.commit`` calls ``apply``, then ``take``).
 """
 
 from __future__ import annotations
@@ -11,16 +12,28 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..context import RunStatus, StepRecord
-from ..errors import RunExistsError
+from ..errors import RefusedMessageError, RunExistsError, SerializationError
 from ..mailbox import take_mail
-from ..store import Advance, Claim, Fail, Finish, Fork, Frames, Transition, Wait, compensations_in, raised
+from ..store import (
+    Advance,
+    Claim,
+    Fail,
+    Finish,
+    Fork,
+    Frames,
+    Taken,
+    Transition,
+    Wait,
+    compensations_in,
+    raised,
+)
 from ..wire.values import CONTINUE, FAIL, JOIN, Message
 from .runs import JoinState, Lease, RunState, append_records
 
 if TYPE_CHECKING:
     from .store import MemoryStore
 
-__all__ = ["apply", "check_writes"]
+__all__ = ["apply", "check_writes", "take"]
 
 
 def check_writes(store: MemoryStore, run: RunState, transition: Transition) -> None:
@@ -90,6 +103,31 @@ def apply(
     return out
 
 
+def take(store: MemoryStore, lease: float) -> Taken | None:
+    """Read and claim the worker's next step, as the Redis store's commit script does:
+    a stale message is dropped; anything else but a step goes back to the worker."""
+    transport = store.transport
+    assert transport is not None
+    for _ in range(8):
+        d = transport.take()
+        if d is None:
+            return None
+        msg = store._emitted.pop(d.body, None)
+        if msg is None:
+            try:
+                msg = Message.decode(d.body)
+            except SerializationError:
+                return Taken(d.body, d.tag, None)
+        try:
+            claim = store._claim(msg, lease)
+        except RefusedMessageError:
+            return Taken(d.body, d.tag, None)  # the worker's own claim refuses it too
+        if claim is not None:
+            return Taken(d.body, d.tag, claim)
+        transport.settle(d.tag)  # stale: its step was committed or is leased
+    return None
+
+
 def moved(store: MemoryStore, run: RunState, frames: Frames | None, msg: Message, now: float) -> None:
     """``run``'s current step is now ``msg``'s (at ``frames``, when it moves on)."""
     if frames is not None:
@@ -108,21 +146,21 @@ def advance(
     run.seq, run.attempt, run.key, run.kind = msg.seq, msg.attempt, msg.key, msg.kind
     run.value = t.value
     if t.at is not None and t.at > now:
-        store._status(run, RunStatus.SLEEPING)
+        store._listing.status(run, RunStatus.SLEEPING)
         run.due = t.at
         store._timers.arm(t.at, t.message)
     else:
         if run.status is not RunStatus.RUNNING:  # (a step that moves on changes nothing listed)
-            store._status(run, RunStatus.RUNNING)
+            store._listing.status(run, RunStatus.RUNNING)
         store._emit(msg, now, out)
 
 
 def wait(store: MemoryStore, run: RunState, t: Wait, lease: Lease, now: float, out: list[Message]) -> None:
     early = take_mail(run.mailbox, t.call_type)
     if early is not None:  # the call came first: the run goes on with it
-        store._next_step(run, FAIL if early[2] else CONTINUE, early[1], now, out)
+        store._ends.next_step(run, FAIL if early[2] else CONTINUE, early[1], now, out)
         return
-    store._status(run, RunStatus.WAITING)
+    store._listing.status(run, RunStatus.WAITING)
     run.waiting_for = t.call_type
     run.init_pending = t.init_pending
     if t.init_pending:  # keep a lease so a crash before on_init re-runs it
@@ -132,7 +170,7 @@ def wait(store: MemoryStore, run: RunState, t: Wait, lease: Lease, now: float, o
 
 def fork(store: MemoryStore, run: RunState, t: Fork, lease: Lease, now: float, out: list[Message]) -> None:
     moved(store, run, t.frames, t.join, now)
-    store._status(run, RunStatus.WAITING)
+    store._listing.status(run, RunStatus.WAITING)
     run.join = JoinState(t.kind, len(t.children), t.join, [c.trace_id for c in t.children])
     for child in t.children:
         store._new(child, now)
@@ -143,15 +181,15 @@ def fork(store: MemoryStore, run: RunState, t: Fork, lease: Lease, now: float, o
 def finish(
     store: MemoryStore, run: RunState, t: Finish, lease: Lease, now: float, out: list[Message]
 ) -> None:
-    store._status(run, RunStatus.DONE)
+    store._listing.status(run, RunStatus.DONE)
     run.result = t.result
-    store._finished(run, now, out)
+    store._ends.finished(run, now, out)
 
 
 def fail(store: MemoryStore, run: RunState, t: Fail, lease: Lease, now: float, out: list[Message]) -> None:
-    store._status(run, RunStatus.COMPENSATED if t.compensated else RunStatus.FAILED)
+    store._listing.status(run, RunStatus.COMPENSATED if t.compensated else RunStatus.FAILED)
     run.error = t.error
-    store._finished(run, now, out)
+    store._ends.finished(run, now, out)
 
 
 #: How ``MemoryStore`` applies each transition a commit names.

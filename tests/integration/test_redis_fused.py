@@ -19,6 +19,7 @@ from dflow import DFlow
 from dflow.adapters.redis import RedisStore, RedisStreamsTransport
 from dflow.adapters.redis.client import connect
 from dflow.adapters.redis.fusable import fusable
+from dflow.adapters.redis.reads import RunReads
 from dflow.context import RunStatus, StepStatus
 from dflow.model.nodes import Frame
 from dflow.runtime.connect import store_from_url
@@ -151,13 +152,13 @@ def test_waiters_are_woken_by_the_run_that_finishes(redis_url: str, prefix: str)
             await store.close()
             await worker.close()
 
-    store_cls: Any = RedisStore
-    original = store_cls._poll_pause
-    store_cls._poll_pause = 60.0
+    reads_cls: Any = RunReads
+    original = reads_cls._poll_pause
+    reads_cls._poll_pause = 60.0
     try:
         run(body())
     finally:
-        store_cls._poll_pause = original
+        reads_cls._poll_pause = original
 
 
 def test_a_lease_renewed_past_its_index_entry_stays_watched(redis_url: str, prefix: str) -> None:
@@ -240,7 +241,8 @@ def test_process_takes_nothing_and_a_cancelled_wait_leaves_no_waiter(redis_url: 
             await asyncio.sleep(0.05)
             waiting.cancel()
             await asyncio.gather(waiting, return_exceptions=True)
-            assert store._watch is not None and not store._watch._waiters
+            watch = store._reads._watch
+            assert watch is not None and not watch._waiters
 
     run(body())
     assert r.xpending(stream, "dflow-workers")["pending"] == 1  # only d, which process() does not ack
