@@ -190,3 +190,18 @@ def test_a_store_that_keeps_no_deadlines_refuses_a_run_with_one() -> None:
         assert pipeline.call(2).trace_id, "without one it starts"
     finally:
         dflow.shutdown()
+
+
+def test_a_former_run_s_deadline_does_not_end_a_new_run_of_the_same_trace_id() -> None:
+    from types import SimpleNamespace
+
+    from dflow.memory.deadlines import RunDeadlines
+
+    runs: dict[str, Any] = {"t": SimpleNamespace(status=RunStatus.RUNNING)}
+    deadlines = RunDeadlines(runs)
+    deadlines.arm("gone", 10, now=0)  # a run no longer in the table (expired), due first
+    deadlines.arm("t", 100, now=0)
+    deadlines.drop("t")  # the first run of "t" ended; its entry stays inside the heap
+    deadlines.arm("t", 500, now=50)  # a new run of "t", with a later deadline
+    assert list(deadlines.due(120)) == [], "the new run's deadline has not passed"
+    assert [seconds for _, seconds in deadlines.due(550)] == [500]

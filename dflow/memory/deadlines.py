@@ -48,10 +48,13 @@ class RunDeadlines:
         (which may end others, and drop their deadlines)."""
         heap = self._heap
         while heap and heap[0][0] <= now:
-            _, trace_id = heapq.heappop(heap)
-            entry = self._of.pop(trace_id, None)
+            at, trace_id = heapq.heappop(heap)
+            entry = self._of.get(trace_id)
+            if entry is None or entry[0] != at:  # a deadline dropped, or a former run's of that id
+                continue
+            del self._of[trace_id]
             run = self._runs.get(trace_id)
-            if entry is None or run is None or run.status.finished:
+            if run is None or run.status.finished:
                 continue
             yield run, entry[1]
             self._prune()
