@@ -31,16 +31,22 @@ class Transcript:
     def __init__(self, turn: int, recorded: int, last: list[tuple[int, Any]]) -> None:
         self.turn, self.recorded, self.last = turn, recorded, last
         self.kept: Any = None  # the record of turn ``turn`` as it was kept
+        self._sent = [m for _, m in last]  # the last request's messages
+        self._runs: list[list[int]] = _runs(p for p, _ in last)  # their positions, as runs
 
     def parts(self, sent: Sequence[Any], cut: Callable[[Any], Any]) -> tuple[list[Any], list[int]]:
         """``sent`` (a request's messages) as message parts, and where its new ones are in
         them (each ``cut(m)``, a recorded message from now on); ``sent`` becomes the last
         request."""
+        n = len(self.last)
+        if n and len(sent) >= n and sent[:n] == self._sent:  # (most turns: the last request, and more)
+            return self._parts_after_last(sent, cut)
         parts: list[Any] = []
         new_at: list[int] = []
         last, after, now = self.last, 0, []
         for m in sent:
-            found = after if after < len(last) and last[after][1] == m else _find(last, m, after)
+            same = after < len(last) and (last[after][1] is m or last[after][1] == m)
+            found = after if same else _find(last, m, after)
             if found is None:
                 new_at.append(len(parts))
                 parts.append(cut(m))
@@ -54,8 +60,40 @@ class Transcript:
                 parts[-1][1] += 1
             else:
                 parts.append([at, 1])
-        self.last = now
+        self.last, self._sent = now, list(sent)
+        self._runs = _runs(p for p, _ in now)
         return parts, new_at
+
+    def _parts_after_last(
+        self, sent: Sequence[Any], cut: Callable[[Any], Any]
+    ) -> tuple[list[Any], list[int]]:
+        """``parts`` of a request that begins with the last one: its runs, then what is new
+        (as many steps whatever the length of the conversation)."""
+        parts: list[Any] = [list(r) for r in self._runs]
+        first, new = self.recorded, sent[len(self.last) :]
+        new_at = list(range(len(parts), len(parts) + len(new)))
+        parts += [cut(m) for m in new]
+        self.last = self.last + [(first + i, m) for i, m in enumerate(new)]
+        self._sent = list(sent)
+        self.recorded += len(new)
+        if new:
+            runs = self._runs = [list(r) for r in self._runs]
+            if runs and sum(runs[-1]) == first:
+                runs[-1][1] += len(new)
+            else:
+                runs.append([first, len(new)])
+        return parts, new_at
+
+
+def _runs(positions: Any) -> list[list[int]]:
+    """``positions`` as ``[start, count]`` runs of consecutive ones."""
+    runs: list[list[int]] = []
+    for p in positions:
+        if runs and sum(runs[-1]) == p:
+            runs[-1][1] += 1
+        else:
+            runs.append([p, 1])
+    return runs
 
 
 def _find(last: list[tuple[int, Any]], message: Any, after: int) -> int | None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import threading
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from typing import Any
@@ -122,25 +123,61 @@ def model_label(model: object) -> str:
 
 
 @contextlib.contextmanager
-def recording() -> Iterator[list[dict[str, Any]]]:
-    """Note every model call made inside the block (in this task) in the list it gives."""
+def recording(enabled: bool = True) -> Iterator[list[dict[str, Any]]]:
+    """Note every model call made inside the block (in this task) in the list it gives;
+    ``enabled=False``: none (no request is made into a record), the list stays empty."""
     calls: list[dict[str, Any]] = []
-    token = _calls.set(calls)
+    token = _calls.set(calls if enabled else None)
     try:
         yield calls
     finally:
         _calls.reset(token)
 
 
+class _Dumps:
+    """The JSON data of the messages and tool specs of recent requests, by object: a turn's
+    request repeats the conversation so far, whose messages are the same (frozen) objects
+    from turn to turn, so each is dumped once, not once a turn. An entry holds its object,
+    so the id it is found by is not reused while it is there. The dicts are shared between
+    requests: what reads a request copies what it changes (``_cut_texts``, the redact hook's
+    copy)."""
+
+    def __init__(self, size: int = 8192) -> None:
+        self._size = size
+        self._entries: dict[int, tuple[Any, dict[str, Any]]] = {}
+        self._lock = threading.Lock()  # runtimes of one process may record from their own threads
+
+    def __call__(self, items: Sequence[ChatMessage] | Sequence[ToolSpec]) -> list[dict[str, Any]]:
+        entries, out, new = self._entries, [], []
+        for item in items:
+            hit = entries.get(id(item))
+            if hit is not None and hit[0] is item:
+                out.append(hit[1])
+                continue
+            dumped = item.model_dump(mode="json", exclude_defaults=True)
+            new.append((item, dumped))
+            out.append(dumped)
+        if new:
+            with self._lock:
+                if len(entries) + len(new) > self._size:  # the oldest half goes
+                    for k in list(entries)[: len(entries) // 2]:
+                        del entries[k]
+                for item, dumped in new:
+                    entries[id(item)] = (item, dumped)
+        return out
+
+
+_dumped = _Dumps()
+
+
 def chat_request(
     messages: Sequence[ChatMessage], tools: Sequence[ToolSpec] | None, options: Mapping[str, Any]
 ) -> dict[str, Any]:
-    """A chat request as a record notes it."""
-    request: dict[str, Any] = {
-        "messages": [m.model_dump(mode="json", exclude_defaults=True) for m in messages]
-    }
+    """A chat request as a record notes it (each message's and tool's data dumped once per
+    object: see :class:`_Dumps`)."""
+    request: dict[str, Any] = {"messages": _dumped(messages)}
     if tools:
-        request["tools"] = [t.model_dump(mode="json", exclude_defaults=True) for t in tools]
+        request["tools"] = _dumped(tools)
     if options:
         request["options"] = _plain(options)
     return request

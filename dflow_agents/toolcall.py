@@ -21,7 +21,8 @@ from typing import Any
 
 from dflow import ContextStack, DFlow, Run
 
-from ._ask import ask, fresh_call_ids, ids_in
+from ._ask import ask, fresh_call_ids
+from ._conversations import Conversation, Conversations
 from ._tool_calls import ToolCallsAgent, is_tool_source, tools_by_name
 from ._window import context_window, estimate_tokens
 from .agent import RUNNING, AgentResult, AgentStatus, add_usage, dump, load, stop
@@ -110,7 +111,19 @@ class ToolCallAgent(ToolCallsAgent):
         self.limits = limits
         self.model_calls = model_calls
         self.loop_guard = limits.loop_guard
+        self._conversations = Conversations()
+        self._system: list[ChatMessage] = []
         super().__init__(name, memory=memory, longterm=longterm)
+
+    def _system_messages(self) -> list[ChatMessage]:
+        """The system prompt as a message (the same object from turn to turn, while the prompt
+        is the same: its token count and its record's data are made once)."""
+        prompt = self.system_prompt
+        if not prompt:
+            return []
+        if not self._system or self._system[0].content != prompt:
+            self._system = [ChatMessage.system(prompt)]
+        return list(self._system)
 
     # -- running -----------------------------------------------------------------------
 
@@ -175,17 +188,11 @@ class ToolCallAgent(ToolCallsAgent):
         )
 
     def _conversation(self, ctx: ContextStack, state: dict[str, Any]) -> list[ChatMessage]:
-        """The session's history, the task, then every turn so far, from the run's data."""
-        ns = state["ns"]
-        read = self._turns.read
-        messages = list(read(ctx, f"{ns}/head"))
-        nudged = set(state["nudged"])
-        for k in range(state["step"]):
-            if k in nudged:
-                messages += read(ctx, f"{ns}/nudge/{k}")
-            messages += read(ctx, f"{ns}/think/{k}")
-            messages += read(ctx, f"{ns}/observe/{k}")
-        return messages
+        """The session's history, the task, then every turn so far, from the run's data (what
+        this process read of it at the last turn, and the turns since)."""
+        entry = self._conversations.take(ctx, state, self._turns.read)
+        self._conversations.give(entry)
+        return list(entry.messages)
 
     def _conversation_of_run(self, ctx: ContextStack, state: dict[str, Any]) -> list[ChatMessage]:
         messages = self._conversation(ctx, state)[state["history"] :]
@@ -200,10 +207,13 @@ class ToolCallAgent(ToolCallsAgent):
         state: dict[str, Any],
         conversation: list[ChatMessage],
         summary: ChatMessage | None = None,
+        read: Conversation | None = None,
     ) -> list[ChatMessage]:
         """What the model is sent this turn: system prompt, the user's recalled facts, the
         conversation that fits (the summary of its oldest turns, if any, right after the
-        task), the loop guard's prompt if it spoke, the next-step prompt."""
+        task), the loop guard's prompt if it spoke, the next-step prompt. ``read``: the run's
+        conversation as read, whose window is kept up to date when ``conversation`` is all of
+        it (not compressed, no nudge this turn)."""
         ns, step = state["ns"], state["step"]
         if state["nudge"]:  # the loop guard's prompt: kept in the conversation from now on
             nudge = ChatMessage(role="user", content=state["nudge"], name="loop-guard")
@@ -211,17 +221,22 @@ class ToolCallAgent(ToolCallsAgent):
             state["nudged"] = [*state["nudged"], step]
             state["nudge"] = None
             conversation.append(nudge)
-        system = [ChatMessage.system(self.system_prompt)] if self.system_prompt else []
+        system = self._system_messages()
         system += self._turns.read(ctx, f"{ns}/longterm")
         goal = ChatMessage.user(state["query"])
         budget = self.limits.context_tokens - (self._turns.tokens(summary) if summary is not None else 0)
-        window = context_window(
-            goal,
-            system + conversation,
-            max(1, budget),
-            count_tokens=self._turns.tokens,
-            max_observation_chars=self.limits.max_observation_chars,
-        )
+        window = None
+        limit = self.limits.max_observation_chars
+        if read is not None and summary is None and len(conversation) == len(read.messages):
+            window = read.window_of(self._turns.tokens, limit).fit(system, max(1, budget))
+        if window is None:
+            window = context_window(
+                goal,
+                system + conversation,
+                max(1, budget),
+                count_tokens=self._turns.tokens,
+                max_observation_chars=limit,
+            )
         if summary is not None:  # pinned after the task, whatever the window left out
             at = next(
                 (i for i, m in enumerate(window) if m.role == "user" and m.content == goal.content), None
@@ -241,7 +256,7 @@ class ToolCallAgent(ToolCallsAgent):
             why = f"reached max_steps ({self.limits.max_steps}) without finishing"
             return stop(state, AgentStatus.ERROR, why)
         prefix, turn, keep = f"{state['ns']}/call/", state["step"], self.model_calls.recording
-        with recording() as calls:
+        with recording(enabled=keep is not None) as calls:  # (nothing kept: nothing noted)
             try:
                 return await self._reply(ctx, state)
             finally:
@@ -250,9 +265,16 @@ class ToolCallAgent(ToolCallsAgent):
 
     async def _reply(self, ctx: ContextStack, state: dict[str, Any]) -> dict[str, Any]:
         """The turn's request (compressed when it would not fit), the model's reply, recorded."""
-        conversation = self._conversation(ctx, state)
+        read = self._conversations.take(ctx, state, self._turns.read)
+        try:
+            return await self._reply_to(ctx, state, read)
+        finally:
+            self._conversations.give(read)
+
+    async def _reply_to(self, ctx: ContextStack, state: dict[str, Any], read: Conversation) -> dict[str, Any]:
+        conversation = list(read.messages)
         shown, summary = await self._compressed(ctx, state, conversation)
-        prompt = self._prompt(ctx, state, shown, summary)
+        prompt = self._prompt(ctx, state, shown, summary, read if shown is conversation else None)
         over = self._over_budget(state, prompt)
         if over is not None:
             return stop(state, AgentStatus.ERROR, over)
@@ -272,7 +294,7 @@ class ToolCallAgent(ToolCallsAgent):
         except Exception as exc:
             return stop(state, AgentStatus.ERROR, f"the model call failed: {type(exc).__name__}: {exc}")
         add_usage(state, response.usage)
-        return self._record_reply(ctx, state, response, ids_in(conversation))
+        return self._record_reply(ctx, state, response, read.ids)
 
     async def _compressed(
         self, ctx: ContextStack, state: dict[str, Any], conversation: list[ChatMessage]
