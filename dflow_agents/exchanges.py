@@ -20,6 +20,7 @@ import contextlib
 import dataclasses
 import json
 import threading
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from typing import Any
@@ -137,17 +138,36 @@ def recording(enabled: bool = True) -> Iterator[list[dict[str, Any]]]:
 class _Dumps:
     """The JSON data of the messages and tool specs of recent requests, by object: a turn's
     request repeats the conversation so far, whose messages are the same (frozen) objects
-    from turn to turn, so each is dumped once, not once a turn. An entry holds its object,
-    so the id it is found by is not reused while it is there. The dicts are shared between
+    from turn to turn, so each is dumped once, not once a turn; and a request that begins
+    with the whole of an earlier one of its conversation (by its first two objects) takes
+    that one's data as it is, then dumps what follows. An entry holds its objects, so the
+    ids it is found by are not reused while it is there. The dicts are shared between
     requests: what reads a request copies what it changes (``_cut_texts``, the redact hook's
     copy)."""
 
-    def __init__(self, size: int = 8192) -> None:
-        self._size = size
+    def __init__(self, size: int = 8192, requests: int = 256) -> None:
+        self._size, self._requests = size, requests
         self._entries: dict[int, tuple[Any, dict[str, Any]]] = {}
+        self._last: OrderedDict[tuple[int, int], tuple[list[Any], list[dict[str, Any]]]] = OrderedDict()
         self._lock = threading.Lock()  # runtimes of one process may record from their own threads
 
     def __call__(self, items: Sequence[ChatMessage] | Sequence[ToolSpec]) -> list[dict[str, Any]]:
+        items = list(items)
+        key = (id(items[0]), id(items[1])) if len(items) > 1 else None
+        with self._lock:
+            last = self._last.pop(key, None) if key is not None else None
+        done: list[dict[str, Any]] = []
+        if last is not None and len(items) >= len(last[0]) and items[: len(last[0])] == last[0]:
+            done = list(last[1])
+        out = done + self._each(items[len(done) :])
+        if key is not None:
+            with self._lock:
+                self._last[key] = (items, list(out))
+                while len(self._last) > self._requests:
+                    self._last.popitem(last=False)
+        return out
+
+    def _each(self, items: Sequence[Any]) -> list[dict[str, Any]]:
         entries, out, new = self._entries, [], []
         for item in items:
             hit = entries.get(id(item))
