@@ -73,8 +73,8 @@ class Transcript:
         first, new = self.recorded, sent[len(self.last) :]
         new_at = list(range(len(parts), len(parts) + len(new)))
         parts += [cut(m) for m in new]
-        self.last = self.last + [(first + i, m) for i, m in enumerate(new)]
-        self._sent = list(sent)
+        self.last += [(first + i, m) for i, m in enumerate(new)]  # (in place: no copy a turn)
+        self._sent += new
         self.recorded += len(new)
         if new:
             runs = self._runs = [list(r) for r in self._runs]

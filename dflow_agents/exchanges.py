@@ -156,16 +156,19 @@ class _Dumps:
         key = (id(items[0]), id(items[1])) if len(items) > 1 else None
         with self._lock:
             last = self._last.pop(key, None) if key is not None else None
-        done: list[dict[str, Any]] = []
         if last is not None and len(items) >= len(last[0]) and items[: len(last[0])] == last[0]:
-            done = list(last[1])
-        out = done + self._each(items[len(done) :])
+            seen, done = last  # extended in place: no copy of the conversation's data a turn
+            new = items[len(seen) :]
+            seen += new
+            done += self._each(new)
+        else:
+            seen, done = items, self._each(items)
         if key is not None:
             with self._lock:
-                self._last[key] = (items, list(out))
+                self._last[key] = (seen, done)
                 while len(self._last) > self._requests:
                     self._last.popitem(last=False)
-        return out
+        return list(done)
 
     def _each(self, items: Sequence[Any]) -> list[dict[str, Any]]:
         entries, out, new = self._entries, [], []

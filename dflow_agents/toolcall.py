@@ -191,7 +191,8 @@ class ToolCallAgent(ToolCallsAgent):
         """The session's history, the task, then every turn so far, from the run's data (what
         this process read of it at the last turn, and the turns since)."""
         entry = self._conversations.take(ctx, state, self._turns.read)
-        self._conversations.give(entry)
+        if state["status"] == RUNNING:  # (an ended run's is not read again)
+            self._conversations.give(entry)
         return list(entry.messages)
 
     def _conversation_of_run(self, ctx: ContextStack, state: dict[str, Any]) -> list[ChatMessage]:
@@ -220,14 +221,14 @@ class ToolCallAgent(ToolCallsAgent):
             ctx.put(f"{ns}/nudge/{step}", dump([nudge]))
             state["nudged"] = [*state["nudged"], step]
             state["nudge"] = None
-            conversation.append(nudge)
+            conversation = [*conversation, nudge]
         system = self._system_messages()
         system += self._turns.read(ctx, f"{ns}/longterm")
         goal = ChatMessage.user(state["query"])
         budget = self.limits.context_tokens - (self._turns.tokens(summary) if summary is not None else 0)
         window = None
         limit = self.limits.max_observation_chars
-        if read is not None and summary is None and len(conversation) == len(read.messages):
+        if read is not None and summary is None and conversation is read.messages:
             window = read.window_of(self._turns.tokens, limit).fit(system, max(1, budget))
         if window is None:
             window = context_window(
@@ -266,15 +267,15 @@ class ToolCallAgent(ToolCallsAgent):
     async def _reply(self, ctx: ContextStack, state: dict[str, Any]) -> dict[str, Any]:
         """The turn's request (compressed when it would not fit), the model's reply, recorded."""
         read = self._conversations.take(ctx, state, self._turns.read)
-        try:
-            return await self._reply_to(ctx, state, read)
-        finally:
+        state = await self._reply_to(ctx, state, read)
+        if state["status"] == RUNNING:  # (an ended run's is not read again; nor one that raised)
             self._conversations.give(read)
+        return state
 
     async def _reply_to(self, ctx: ContextStack, state: dict[str, Any], read: Conversation) -> dict[str, Any]:
-        conversation = list(read.messages)
+        conversation = read.messages  # (not changed here: no copy a turn)
         shown, summary = await self._compressed(ctx, state, conversation)
-        prompt = self._prompt(ctx, state, shown, summary, read if shown is conversation else None)
+        prompt = self._prompt(ctx, state, shown, summary, read)
         over = self._over_budget(state, prompt)
         if over is not None:
             return stop(state, AgentStatus.ERROR, over)
