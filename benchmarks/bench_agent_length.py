@@ -98,7 +98,8 @@ def render(res: dict[str, Any]) -> str:
             " recording: CPU/turn less that of the same agent keeping no records (`recording=None`), run in"
             " turn. 40 ÷ 10: the median of each round's 40-turn figure over its 10-turn one.",
             "- The model doubles keep only their last request (`FunctionModel.requests` keeps all by default:"
-            " collecting their garbage would be counted in every later turn of the process).",
+            " collecting their garbage would be counted in every later turn of the process); before each run"
+            " (not timed), a full garbage collection of the process that times it (on Redis, the client).",
         ]
     )
 
