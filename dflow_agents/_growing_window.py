@@ -57,7 +57,7 @@ class GrowingWindow:
     def _take_in(self, pinned_at: int | None = None) -> None:
         """Take in the conversation's new messages; ``pinned_at``: where the goal is (else the
         first message equal to it; a later one takes it all in again)."""
-        messages, goal = self.conversation, self.goal
+        messages = self.conversation
         if len(messages) < self.seen:  # (it only grows: this is another list)
             self._restart()
         for i in range(self.seen, len(messages)):
@@ -70,19 +70,24 @@ class GrowingWindow:
                 if self.open_call:
                     self._add_to_last(m)
                 continue
-            if pinned_at is not None and i <= pinned_at:
-                is_goal = i == pinned_at
-            else:
-                is_goal = m.role == goal.role and m.content == goal.content and m == goal
-                if is_goal and self.goal_unit is not None:  # the goal is the last equal one
-                    self._restart()
-                    self._take_in(max(k for k in range(len(messages)) if messages[k] == goal))
-                    return
+            is_goal = self._is_goal(i, m, pinned_at)
+            if is_goal is None:  # the goal is the last message equal to it: all again
+                self._restart()
+                self._take_in(max(k for k in range(len(messages)) if messages[k] == self.goal))
+                return
             if is_goal:
                 self.goal_unit = len(self.starts) - 1
             self._new_unit(m, 0 if is_goal else self.count(m))
             self.open_call = not is_goal and m.role == "assistant" and bool(m.tool_calls)
         self.seen = len(messages)
+
+    def _is_goal(self, i: int, m: ChatMessage, pinned_at: int | None) -> bool | None:
+        """Whether message ``i`` is the goal; ``None`` for a second one equal to it."""
+        if pinned_at is not None and i <= pinned_at:
+            return i == pinned_at
+        goal = self.goal
+        same = m.role == goal.role and m.content == goal.content and m == goal
+        return None if same and self.goal_unit is not None else same
 
     def _new_unit(self, m: ChatMessage, tokens: int) -> None:
         self.monotone = self.monotone and tokens >= 0
