@@ -28,8 +28,9 @@ class Transcript:
     """What a conversation's model-call records hold, through turn ``turn``: how many recorded
     messages, and the last request's messages as (their position among those, as sent)."""
 
-    def __init__(self, turn: int, recorded: int, last: list[tuple[int, Any]]) -> None:
+    def __init__(self, turn: int, recorded: int, last: list[tuple[int, Any]], tools: Any = None) -> None:
         self.turn, self.recorded, self.last = turn, recorded, last
+        self.tools = tools  # the tools of the last request that named them, as recorded
         self.kept: Any = None  # the record of turn ``turn`` as it was kept
         self._sent = [m for _, m in last]  # the last request's messages
         self._runs: list[list[int]] = _runs(p for p, _ in last)  # their positions, as runs
@@ -146,7 +147,7 @@ def _read(ctx: ContextStack, prefix: str, turn: int) -> Transcript:
                 last = _positions(request["message_parts"], recorded.messages, before)
             elif isinstance(request, dict) and "messages" in request:
                 last = []  # an older record, its messages whole: none of them recorded ones
-    return Transcript(turn - 1, len(recorded.messages), last)
+    return Transcript(turn - 1, len(recorded.messages), last, recorded.tools)
 
 
 def _positions(parts: list[Any], recorded: list[Any], new: int) -> list[tuple[int, Any]]:

@@ -93,6 +93,13 @@ class CallRecording:
             ("message_parts" if k == "messages" else k): parts if k == "messages" else _cut_texts(v, limit)
             for k, v in request.items()
         }
+        if "tools" in sent:  # kept once while they stay the same: ``RecordedMessages`` puts them back
+            same, found.tools = found.tools is not None and sent["tools"] == found.tools, sent["tools"]
+            if same:
+                sent = {
+                    ("tools_as_before" if k == "tools" else k): True if k == "tools" else v
+                    for k, v in sent.items()
+                }
         out = {k: sent if k == "request" else _cut_texts(v, limit) for k, v in call.items()}
         droppable = [i for i in new_at if 0 < i < len(parts) - 1]
         while droppable and size(out) > max_chars:

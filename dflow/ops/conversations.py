@@ -20,6 +20,8 @@ items are either a message (a mapping; ``null`` for one left out to bound the re
 is new, or ``[start, count]``: ``count`` of the conversation's *recorded messages* from
 position ``start``. The recorded messages are the new items of every ``message_parts`` of the
 conversation's model-call records, in the order the records come (turn by turn, call by call).
+Such a request may hold ``"tools_as_before": true`` instead of its ``tools``: those of the
+last request of the conversation that named them.
 """
 
 from __future__ import annotations
@@ -152,11 +154,16 @@ class RecordedMessages:
 
     def __init__(self) -> None:
         self.messages: list[Any] = []  # every new item so far (None: left out)
+        self.tools: Any = None  # the tools of the last request that named them
 
     def rebuilt(self, call: Any) -> Any:
         """``call`` with its request's messages whole (a new mapping), after adding the new
-        messages of its ``message_parts`` to the recorded ones; any other ``call`` as it is."""
+        messages of its ``message_parts`` to the recorded ones, and its tools when it says
+        they are those of the request before (``"tools_as_before": true``); any other
+        ``call`` as it is."""
         request = call.get("request") if isinstance(call, Mapping) else None
+        if isinstance(request, Mapping) and "tools" in request:
+            self.tools = request["tools"]
         if not isinstance(request, Mapping) or not isinstance(request.get("message_parts"), list):
             return call
         messages, left_out = [], 0
@@ -171,6 +178,10 @@ class RecordedMessages:
             left_out += len(earlier) - len(kept)
         whole: dict[str, Any] = {}  # in the request's own order, the messages where their parts were
         for k, v in request.items():
+            if k == "tools_as_before":
+                if v is True and self.tools is not None:
+                    whole["tools"] = self.tools
+                continue
             whole["messages" if k == "message_parts" else k] = messages if k == "message_parts" else v
         if left_out:
             whole["left_out_messages"] = left_out + int(whole.get("left_out_messages") or 0)

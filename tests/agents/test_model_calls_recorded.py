@@ -86,7 +86,7 @@ def test_each_turn_keeps_the_request_the_model_got_and_its_reply(local: dflow.Ru
 
 def test_records_are_bounded_and_say_what_they_cut(local: dflow.Runtime) -> None:
     model = ScriptedModel([reply(calls=[call("lookup", key="k")]), reply("done")])
-    recording = CallRecording(text_chars=500, max_chars=1_000)
+    recording = CallRecording(text_chars=500, max_chars=600)
     run = ToolCallAgent(unique("bounded"), model, [lookup], model_calls=ModelCalls(recording=recording)).run(
         "k?"
     )
@@ -96,9 +96,12 @@ def test_records_are_bounded_and_say_what_they_cut(local: dflow.Runtime) -> None
     assert observation.startswith("secret-token-42") and observation.endswith(" more characters)")
     assert len(observation) < 600
     assert second["left_out_messages"] == 1
+    assert [t["name"] for t in second["tools"]] == ["terminate", "lookup"]
+    assert kept_calls(run)[1][0]["request"]["tools_as_before"] is True
     assert [m["role"] for m in second["messages"]] == ["system", "user", "tool"], (
         "the messages of the first turn's record are kept by reference; of the new ones, all"
-        " but the last are left out, as the tools alone take 1,000"
+        " but the last are left out, as the observation alone takes most of 600 (the tools, the same"
+        " as the first turn's, are kept once)"
     )
 
 
@@ -258,6 +261,10 @@ def test_requests_are_rebuilt_the_same_by_a_worker_that_did_not_record_the_turn_
         assert kept["request"]["messages"] == [
             m.model_dump(mode="json", exclude_defaults=True) for m in forgetful.requests[turn].messages
         ]
+        assert kept["request"]["tools"] == [
+            t.model_dump(mode="json", exclude_defaults=True) for t in forgetful.requests[turn].tools
+        ], "the tools, kept once, are put back in every request"
+    assert all(c[0]["request"].get("tools_as_before") for t, c in kept_calls(run).items() if t > 0)
     assert all(isinstance(p, list) for p in kept_calls(run)[6][0]["request"]["message_parts"][:1]), (
         "the earlier messages are still kept by reference"
     )
