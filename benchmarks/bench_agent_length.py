@@ -99,7 +99,7 @@ def render(res: dict[str, Any]) -> str:
             " turn. 40 ÷ 10: the median of each round's 40-turn figure over its 10-turn one.",
             "- The model doubles keep only their last request (`FunctionModel.requests` keeps all by default:"
             " collecting their garbage would be counted in every later turn of the process); before each run"
-            " (not timed), a full garbage collection of the process that times it (on Redis, the client).",
+            " (not timed), a full garbage collection in the processes that run it (on Redis, the worker and the client).",
         ]
     )
 
