@@ -93,14 +93,9 @@ class CallRecording:
             ("message_parts" if k == "messages" else k): parts if k == "messages" else _cut_texts(v, limit)
             for k, v in request.items()
         }
-        if "tools" in sent:  # kept once while they stay the same: ``RecordedMessages`` puts them back
-            same, found.tools = found.tools is not None and sent["tools"] == found.tools, sent["tools"]
-            if same:
-                sent = {
-                    ("tools_as_before" if k == "tools" else k): True if k == "tools" else v
-                    for k, v in sent.items()
-                }
-        out = {k: sent if k == "request" else _cut_texts(v, limit) for k, v in call.items()}
+        out = {
+            k: _tools_once(sent, found) if k == "request" else _cut_texts(v, limit) for k, v in call.items()
+        }
         droppable = [i for i in new_at if 0 < i < len(parts) - 1]
         while droppable and size(out) > max_chars:
             parts[droppable.pop(0)] = None
@@ -119,6 +114,19 @@ class CallRecording:
                 "model": call.get("model"),
                 "error": f"the redact hook failed ({type(exc).__name__}): not kept",
             }
+
+
+def _tools_once(request: dict[str, Any], found: Transcript) -> dict[str, Any]:
+    """``request`` with ``"tools_as_before": true`` for its tools when they are those of the
+    request before it in the records (``found``), which ``RecordedMessages`` puts back."""
+    if "tools" not in request:
+        return request
+    same, found.tools = found.tools is not None and request["tools"] == found.tools, request["tools"]
+    if not same:
+        return request
+    return {
+        ("tools_as_before" if k == "tools" else k): True if k == "tools" else v for k, v in request.items()
+    }
 
 
 def model_label(model: object) -> str:

@@ -176,16 +176,22 @@ class RecordedMessages:
             kept = [m for m in earlier if m is not None]
             messages += kept
             left_out += len(earlier) - len(kept)
-        whole: dict[str, Any] = {}  # in the request's own order, the messages where their parts were
+        whole = self._whole(request, messages)
+        if left_out:
+            whole["left_out_messages"] = left_out + int(whole.get("left_out_messages") or 0)
+        return {**call, "request": whole}
+
+    def _whole(self, request: Mapping[str, Any], messages: list[Any]) -> dict[str, Any]:
+        """``request`` with ``messages`` where its parts were, and its tools where it said they
+        were those before (in the request's own order)."""
+        whole: dict[str, Any] = {}
         for k, v in request.items():
             if k == "tools_as_before":
                 if v is True and self.tools is not None:
                     whole["tools"] = self.tools
                 continue
             whole["messages" if k == "message_parts" else k] = messages if k == "message_parts" else v
-        if left_out:
-            whole["left_out_messages"] = left_out + int(whole.get("left_out_messages") or 0)
-        return {**call, "request": whole}
+        return whole
 
     def _earlier(self, part: list[Any]) -> list[Any]:
         if len(part) != 2 or not all(isinstance(n, int) and not isinstance(n, bool) for n in part):

@@ -289,6 +289,20 @@ def test_a_run_of_whole_records_and_one_of_added_parts_show_the_same_conversatio
     assert now == before
 
 
+def test_a_run_recorded_with_its_tools_in_every_turn_shows_the_same_conversation(
+    local: dflow.Runtime, monkeypatch: Any
+) -> None:
+    now = run_of(counting(5))
+    assert all("tools_as_before" in c[0]["request"] for t, c in kept_calls(now).items() if t > 0)
+    # as the records of the version before kept them: the tools whole in every turn's request
+    ignored = property(lambda self: None, lambda self, v: None)
+    monkeypatch.setattr(_recorded.Transcript, "tools", ignored, raising=False)
+    before = run_of(counting(5))
+    assert all("tools" in c[0]["request"] for c in kept_calls(before).values())
+    assert shown(now) == shown(before)
+    assert model_calls(now) == model_calls(before)
+
+
 def run_of(model: Any) -> dflow.Run:
     run = ToolCallAgent(unique("same"), model, [short_lookup]).run("count")
     assert run.result(30).answer == "done"
