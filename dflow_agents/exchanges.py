@@ -166,8 +166,8 @@ class _Dumps:
         self._last: OrderedDict[tuple[int, int], tuple[list[Any], list[dict[str, Any]]]] = OrderedDict()
         self._lock = threading.Lock()  # runtimes of one process may record from their own threads
 
-    def __call__(self, items: Sequence[ChatMessage] | Sequence[ToolSpec]) -> list[dict[str, Any]]:
-        items = list(items)
+    def __call__(self, given: Sequence[ChatMessage] | Sequence[ToolSpec]) -> list[dict[str, Any]]:
+        items: list[Any] = list(given)
         key = (id(items[0]), id(items[1])) if len(items) > 1 else None
         with self._lock:
             last = self._last.pop(key, None) if key is not None else None
