@@ -117,9 +117,12 @@ def commit_keys(store: RedisStore, at: int, claim: Claim, encoded: Encoded) -> l
     return keys
 
 
-def read_taken(store: RedisStore, at: int, taken: Any, take_token: str) -> Taken | None:
+def read_taken(
+    store: RedisStore, at: int, taken: Any, take_token: str, data: Mapping[str, bytes]
+) -> Taken | None:
     """The next message the commit read for this worker: its claim, or none when it is
-    no step message (the worker sets it aside)."""
+    no step message (the worker sets it aside). ``data``: the committed run's data now, which
+    the claim of its next step comes without."""
     if not taken:
         return None
     if store.keyspace.n > 1:
@@ -127,10 +130,12 @@ def read_taken(store: RedisStore, at: int, taken: Any, take_token: str) -> Taken
     if len(taken) < 3:
         return Taken(taken[1], taken[0], None)
     try:
-        claim = claimed(Message.decode(taken[1]), take_token, taken[2])
+        m = Message.decode(taken[1])
+        claim, ctok = claimed(m, take_token, taken[2], data)
     except Exception as exc:  # the step stays leased: it runs again when its lease expires
         log.warning("dflow: could not read the next step %r after a commit: %s", taken[1], exc)
         return None
+    store._data.claimed(claim, ctok)
     return Taken(taken[1], taken[0], claim)
 
 

@@ -46,6 +46,7 @@ from .client import (
     is_cluster,
 )
 from .codec import claimed, encode_transition, first_step, parent_link, resumed
+from .data_cache import RunDataCache
 from .due_scan import DueScan
 from .errors import store_errors
 from .fusable import fused_streams
@@ -120,6 +121,7 @@ class RedisStore(Store, StepParts):
         self.cluster = is_cluster(self.redis)
         self._tokens = 0
         self._token_base = f"{os.getpid()}-{os.urandom(6).hex()}-"  # (unique across hosts and containers too)
+        self._data = RunDataCache()  # the runs' data a claim need not read again (data_cache)
         keyspace = Keyspace((16 if self.cluster else 1) if streams is None else streams, cluster=self.cluster)
         # The group and consumer this store writes step messages for (fused), if any, and
         # each bucket's stream ('' when not fused).
@@ -280,6 +282,7 @@ class RedisStore(Store, StepParts):
         token = self._token()
         body = message.encode()
         at = self._at(message.trace_id)
+        ctok, data = self._data.known(message)
         args = scripts.CLAIM.args(
             prefix=self._prefixes[at],
             trace=message.trace_id,
@@ -291,6 +294,7 @@ class RedisStore(Store, StepParts):
             now=time.time(),
             lease=lease,
             token=token,
+            known=ctok,
         )
         keys = commits.claim_keys(self, at, message)
         r = await self._run_script("CLAIM", args, at=at, keys=keys, writes=False)
@@ -300,7 +304,9 @@ class RedisStore(Store, StepParts):
             raise RefusedMessageError(
                 f"the message of step {message.key!r} of run {message.trace_id!r} is refused: {r[1].decode()}"
             )
-        return claimed(message, token, r)
+        claim, ctok = claimed(message, token, r, data)
+        self._data.claimed(claim, ctok)
+        return claim
 
     async def commit(
         self,
@@ -334,8 +340,12 @@ class RedisStore(Store, StepParts):
                 trace_id=child,
             )
         _, out, taken = reply
+        data = self._data.committed(claim, changes, transition)
         return Committed(
-            True, [Message.decode(m) for m in out], bool(ack), commits.read_taken(self, at, taken, take_token)
+            True,
+            [Message.decode(m) for m in out],
+            bool(ack),
+            commits.read_taken(self, at, taken, take_token, data),
         )
 
     async def extend(self, claims: list[Claim], lease: float) -> None:

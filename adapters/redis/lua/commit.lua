@@ -47,7 +47,7 @@ if receipt ~= '' then
 end
 local rk = P..':r:'..t
 local lease = redis.call('HMGET', rk, 'lease_token', 'lease_len', 'lease_msg', 'p_trace', 'status', 'ix',
-                         'pipeline', 'comp')
+                         'pipeline', 'comp', 'ctok')
 if lease[1] ~= token then return false end
 -- Nothing is written before these checks pass.
 local missing = {}
@@ -129,8 +129,10 @@ local function take()
     if not body then return {id, ''} end
     local f = as_step(body)
     if not f then return {id, body} end  -- not a step message: the worker sets it aside
+    -- the next step of this run: the worker knows its data (what it claimed, with the changes)
+    local known = (f[1] == t and lease[9]) or ''
     local c = claim_step(P, f[1], body, string.format('%d', f[2]), string.format('%d', f[4]), f[3],
-                         string.format('%d', f[5]), now, take_lease, take_token)
+                         string.format('%d', f[5]), now, take_lease, take_token, known)
     if type(c) == 'table' then return {id, body} end  -- refused: the worker's own claim refuses it too
     if c then return {id, body, c} end  -- c: the claim, packed
     -- no such run here: it may be another bucket's (a message published under another key),
