@@ -170,9 +170,11 @@ def claimed(
     message: Message, token: str, reply: bytes, known: Mapping[str, bytes] | None = None
 ) -> tuple[Claim, str]:
     """The claim of ``message`` with lease ``token`` from the packed claim a script returned,
-    and the run's create token. The script leaves the data out when the worker holds it for
-    this step (``data_cache``): it is ``known`` then."""
-    raw_frames, value, init_only, data_flat, slots, blobs, parts_kept, ctok = msgpack.unpackb(reply, raw=True)
+    and the version of the run's data. The script leaves the data out when the worker holds
+    that version (``data_cache``): it is ``known`` then."""
+    raw_frames, value, init_only, data_flat, slots, blobs, parts_kept, version = msgpack.unpackb(
+        reply, raw=True
+    )
     if data_flat is False:
         if known is None:
             raise StoreError(
@@ -193,7 +195,7 @@ def claimed(
         tuple(blobs.decode().split()) if blobs else (),
         bool(parts_kept),
     )
-    return claim, ctok.decode()
+    return claim, version.decode()
 
 
 def resumed(r: list[Any], trace_id: str, call_type: str, keep: Mailbox | None) -> list[Message]:

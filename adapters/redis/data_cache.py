@@ -1,27 +1,29 @@
 """The data of the runs a ``RedisStore`` stepped last, kept so that a claim need not read the
-run's data hash again when nothing can have changed it.
+run's data hash again when nothing has changed it.
 
-Only a step's commit changes a run's data once the run is created (``commit.lua``), and a
-commit always moves the run to another step or attempt, except a wait, which keeps its step
-until the call comes (then the step after). So after this store commits a step it knows the
-run's data exactly (what it claimed, with the commit's changes), and knows it for the steps
-its commit leads to: the next message's step and attempt (an advance, a fork's join), or the
-waiting step and the one after (a wait). A claim of one of those steps sends the run's create
-token (``ctok``: each run, and each new run of a trace id, has its own), and the script leaves
-the data out when the run's token is that one; any other claim reads the whole hash. A commit
-taken for this worker inside a commit (fused) of the same run leaves it out too.
+A run's data has a version in its run hash (``claim_step.lua``): the token of the claim whose
+commit wrote the run last (of its create, at first) and the time of that write. Every commit
+gives the run a new version, and only a create or a commit writes a run's data. After this
+store's commit is applied it knows the run's data exactly (what it claimed, with the commit's
+changes) and its version (the commit's reply says it). A claim of the run sends that version,
+and the script leaves the data out when it is still the run's; any other claim (another
+worker committed since, a commit whose reply was lost, a commit Redis lost in a failover, a
+new run of the trace id) reads the whole hash, whose version comes with it. A commit that takes
+the worker's next step (fused) of the same run leaves it out too.
 
-Bounded: the runs stepped last, up to ``MAX_RUNS`` and ``MAX_BYTES`` of values in all; a run
-whose data is larger than ``MAX_RUN_BYTES`` is not kept.
+Bounded: the runs stepped last, up to ``MAX_RUNS`` and ``MAX_BYTES`` of memory in all (the
+dicts, names and values, as ``sys.getsizeof`` counts them); a run whose data takes more than
+``MAX_RUN_BYTES`` is not kept.
 """
 
 from __future__ import annotations
 
+import sys
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from dflow.store import Advance, Claim, Fork, Transition, Wait
+from dflow.store import Claim
 from dflow.wire.values import Message
 
 __all__ = ["MAX_BYTES", "MAX_RUNS", "MAX_RUN_BYTES", "RunDataCache"]
@@ -30,36 +32,32 @@ MAX_RUNS = 256
 MAX_BYTES = 64 << 20
 MAX_RUN_BYTES = 4 << 20
 
+_size = sys.getsizeof
+
 
 @dataclass(slots=True)
 class _Kept:
-    ctok: str
-    steps: tuple[tuple[int, int], ...]  #: the (seq, attempt) of the claims it serves
+    version: str
     data: Mapping[str, bytes]
-    size: int  #: of the keys and values
+    fields: int  #: the memory of its names and values
 
 
-def _next_steps(message: Message, transition: Transition) -> tuple[tuple[int, int], ...]:
-    """The steps whose claims see the data a commit of ``message`` with ``transition`` left."""
-    if type(transition) is Advance:
-        return ((transition.message.seq, transition.message.attempt),)
-    if type(transition) is Fork:
-        return ((transition.join.seq, transition.join.attempt),)
-    if type(transition) is Wait:  # (its on_init's claim; RESUME's step, the one after)
-        return ((message.seq, message.attempt), (message.seq + 1, 0))
-    return ()  # the run ended
+def _fields(data: Mapping[str, bytes]) -> int:
+    return sum(_size(k) + _size(v) for k, v in data.items())
 
 
-def _changed(data: Mapping[str, bytes], changes: Mapping[str, bytes | None]) -> Mapping[str, bytes]:
-    if not changes:
-        return data
-    new = dict(data)
+def _changed(kept: _Kept, changes: Mapping[str, bytes | None]) -> tuple[dict[str, bytes], int]:
+    """``kept``'s data with ``changes`` applied, and the memory of its names and values."""
+    new = dict(kept.data)
+    fields = kept.fields
     for k, v in changes.items():
-        if v is None:
-            new.pop(k, None)
-        else:
+        old = new.pop(k, None)
+        if old is not None:
+            fields -= _size(k) + _size(old)
+        if v is not None:
             new[k] = v
-    return new
+            fields += _size(k) + _size(v)
+    return new, fields
 
 
 class RunDataCache:
@@ -72,56 +70,48 @@ class RunDataCache:
         self._bytes = 0
 
     def known(self, message: Message) -> tuple[str, Mapping[str, bytes] | None]:
-        """The run's create token and data when they are known for ``message``'s step, else
-        ``("", None)``: the claim then reads the data."""
+        """The version and data of ``message``'s run that this store holds, else ``("", None)``."""
         kept = self._kept.get(message.trace_id)
-        if kept is None or (message.seq, message.attempt) not in kept.steps:
-            return "", None
-        return kept.ctok, kept.data
+        return ("", None) if kept is None else (kept.version, kept.data)
 
-    def claimed(self, claim: Claim, ctok: str) -> None:
-        """Keep the data ``claim`` came with (read or known), for its commit."""
-        m = claim.message
-        if ctok:
-            self._keep(m.trace_id, ctok, ((m.seq, m.attempt),), claim.data)
-        else:  # a run of an earlier release, or a branch run: no token to check it by
-            self.forget(m.trace_id)
+    def claimed(self, claim: Claim, version: str) -> None:
+        """Keep the data ``claim`` came with (read, or known at ``version``), for its commit."""
+        trace = claim.message.trace_id
+        if not version:  # a run no commit of this release wrote: nothing to check it by
+            self.forget(trace)
+            return
+        old = self._kept.get(trace)
+        fields = old.fields if old is not None and old.data is claim.data else _fields(claim.data)
+        self._keep(trace, _Kept(version, claim.data, fields))
 
     def committed(
-        self, claim: Claim, changes: Mapping[str, bytes | None], transition: Transition
+        self, claim: Claim, changes: Mapping[str, bytes | None], version: str, *, ended: bool
     ) -> Mapping[str, bytes]:
-        """After ``claim``'s commit was applied: the run's data now, kept for the steps the
-        commit leads to (when the claim's was kept)."""
+        """After ``claim``'s commit was applied, which gave the run's data ``version``: the
+        run's data now, kept unless the run ``ended``."""
         trace = claim.message.trace_id
-        data = _changed(claim.data, changes)
         kept = self._kept.get(trace)
-        steps = _next_steps(claim.message, transition)
-        if kept is not None and kept.data is claim.data and steps:
-            self._keep(trace, kept.ctok, steps, data)
-        else:
+        if kept is None or kept.data is not claim.data:
+            kept = _Kept("", claim.data, _fields(claim.data))
+        data, fields = _changed(kept, changes) if changes else (claim.data, kept.fields)
+        if ended or not version:
             self.forget(trace)
+        else:
+            self._keep(trace, _Kept(version, data, fields))
         return data
 
     def forget(self, trace_id: str) -> None:
         kept = self._kept.pop(trace_id, None)
         if kept is not None:
-            self._bytes -= kept.size
+            self._bytes -= _size(kept.data) + kept.fields
 
-    def _keep(
-        self, trace_id: str, ctok: str, steps: tuple[tuple[int, int], ...], data: Mapping[str, bytes]
-    ) -> None:
-        old = self._kept.pop(trace_id, None)
-        if old is not None:
-            self._bytes -= old.size
-        size = (
-            old.size
-            if old is not None and old.data is data
-            else sum(len(k) + len(v) for k, v in data.items())
-        )
+    def _keep(self, trace_id: str, kept: _Kept) -> None:
+        self.forget(trace_id)
+        size = _size(kept.data) + kept.fields
         if size > MAX_RUN_BYTES:
             return
-        self._kept[trace_id] = _Kept(ctok, steps, data, size)
+        self._kept[trace_id] = kept
         self._bytes += size
-        while len(self._kept) > MAX_RUNS or self._bytes > MAX_BYTES:
+        while self._kept and (len(self._kept) > MAX_RUNS or self._bytes > MAX_BYTES):
             _, out = self._kept.popitem(last=False)
-            self._bytes -= out.size
+            self._bytes -= _size(out.data) + out.fields
