@@ -13,19 +13,20 @@ frames, value, msg, key, index, blobs; finish: result; fail: error, the status i
 (the text redis-py would send): ``COMMIT`` takes its slots packed (``scripts.Script.packed``).
 
 A claim comes back packed too: the script returns it as one msgpack array (``cmsgpack.pack``
-of its six fields, ``claim_step.lua``), which ``claimed`` unpacks in one call.
+of its eight fields, ``claim_step.lua``), which ``claimed`` unpacks in one call; its data
+is left out when the worker holds it (``data_cache``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
 
 from dflow.context import RunInfo, RunStatus
-from dflow.errors import MailboxFullError, NotWaitingError, RunNotFoundError
+from dflow.errors import MailboxFullError, NotWaitingError, RunNotFoundError, StoreError
 from dflow.mailbox import Mailbox, mailbox_full
 from dflow.memory.refusals import not_waiting
 from dflow.store import (
@@ -165,12 +166,25 @@ def parent_link(parent: Parent | None) -> dict[str, Any]:
     return {"parent_trace": parent.trace_id, "parent_seq": parent.seq, "parent_index": parent.index}
 
 
-def claimed(message: Message, token: str, reply: bytes) -> Claim:
-    """The claim of ``message`` with lease ``token`` from the packed claim a script returned."""
-    raw_frames, value, init_only, data_flat, slots, blobs, parts_kept = msgpack.unpackb(reply, raw=True)
-    data = {data_flat[i].decode(): data_flat[i + 1] for i in range(0, len(data_flat), 2)}
+def claimed(
+    message: Message, token: str, reply: bytes, known: Mapping[str, bytes] | None = None
+) -> tuple[Claim, str]:
+    """The claim of ``message`` with lease ``token`` from the packed claim a script returned,
+    and the version of the run's data. The script leaves the data out when the worker holds
+    that version (``data_cache``): it is ``known`` then."""
+    raw_frames, value, init_only, data_flat, slots, blobs, parts_kept, version = msgpack.unpackb(
+        reply, raw=True
+    )
+    if data_flat is False:
+        if known is None:
+            raise StoreError(
+                f"the claim of step {message.key!r} of run {message.trace_id!r} came without its data"
+            )
+        data: Mapping[str, bytes] = known
+    else:
+        data = {data_flat[i].decode(): data_flat[i + 1] for i in range(0, len(data_flat), 2)}
     branches = [_branch(s) for s in slots] if message.kind == JOIN and slots else None
-    return Claim(
+    claim = Claim(
         message,
         token,
         raw_frames or None,
@@ -181,6 +195,7 @@ def claimed(message: Message, token: str, reply: bytes) -> Claim:
         tuple(blobs.decode().split()) if blobs else (),
         bool(parts_kept),
     )
+    return claim, version.decode()
 
 
 def resumed(r: list[Any], trace_id: str, call_type: str, keep: Mailbox | None) -> list[Message]:

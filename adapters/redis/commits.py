@@ -1,5 +1,6 @@
-"""A commit of ``RedisStore``, around its COMMIT script: the arguments and keys it sends,
-the delivery it acknowledges and the next step it read back (fused), and what comes before
+"""A commit of ``RedisStore``, around its COMMIT script (and its CREATE script's arguments):
+the arguments and keys it sends, the delivery it acknowledges and the next step it read back
+(fused) with the data it already holds (``data_cache``), and what comes before
 and after the script: a fork's branches are checked to be in the run's bucket, and after a
 refused commit a claim lost with its primary sends its step again. Plain functions taking
 the store (``RedisStore.commit`` calls them).
@@ -14,11 +15,12 @@ from typing import TYPE_CHECKING, Any, cast
 
 from dflow.context import StepRecord
 from dflow.errors import RunExistsError, StoreError
-from dflow.store import Claim, NewRun, Taken, compensations_in
+from dflow.run_pages import created_ms
+from dflow.store import Claim, Compensations, NewRun, Taken, compensations_in, deadline_text
 from dflow.wire.values import Message
 
 from . import scripts
-from .codec import Encoded, claimed
+from .codec import Encoded, claimed, first_step, parent_link
 from .errors import store_errors
 from .records import lean_first, pack_records
 
@@ -29,6 +31,7 @@ __all__ = [
     "claim_keys",
     "commit_args",
     "commit_keys",
+    "create_args",
     "orphaned",
     "parts_key",
     "read_taken",
@@ -47,6 +50,34 @@ def receipt_here(store: RedisStore, at: int, receipt: Any) -> Any:
     if store.keyspace.n > 1:
         return receipt[1] if isinstance(receipt, tuple) and receipt[0] == at else ""
     return receipt
+
+
+def create_args(store: RedisStore, at: int, run: NewRun, now: float) -> list[Any]:
+    """The ``CREATE`` script's arguments for ``run``, in bucket ``at``."""
+    frames, msg, parent = run.frames, run.message, run.parent
+    flag = compensations_in(run.trace_id, run.data) or Compensations.NONE
+    return scripts.CREATE.args(
+        prefix=store._prefixes[at],
+        trace=run.trace_id,
+        now=now,
+        redispatch=store.redispatch_after,
+        ttl_ms=int(store.ttl * 1000),
+        stream=store._streams[at],
+        blob_grace_ms=int(store.blob_ttl * 1000),
+        blobs=" ".join(frames.blobs) if frames else "",
+        frames=frames.record if frames else b"",
+        value=run.value,
+        **first_step(msg),
+        result=run.result if run.result is not None else b"",
+        **parent_link(parent),
+        pipeline=run.pipeline or "",
+        listed_ms=created_ms(now) if parent is None else "",
+        token=store._token(),
+        compensations=flag.value,
+        deadline="" if run.deadline is None else deadline_text(run.deadline),
+        records=pack_records(run.records),
+        data=[x for kv in run.data.items() for x in kv],
+    )
 
 
 def commit_args(
@@ -117,9 +148,12 @@ def commit_keys(store: RedisStore, at: int, claim: Claim, encoded: Encoded) -> l
     return keys
 
 
-def read_taken(store: RedisStore, at: int, taken: Any, take_token: str) -> Taken | None:
+def read_taken(
+    store: RedisStore, at: int, taken: Any, take_token: str, committed: tuple[str, Mapping[str, bytes]]
+) -> Taken | None:
     """The next message the commit read for this worker: its claim, or none when it is
-    no step message (the worker sets it aside)."""
+    no step message (the worker sets it aside). ``committed``: the committed run's id and its
+    data now, which the claim of its next step comes without."""
     if not taken:
         return None
     if store.keyspace.n > 1:
@@ -127,10 +161,14 @@ def read_taken(store: RedisStore, at: int, taken: Any, take_token: str) -> Taken
     if len(taken) < 3:
         return Taken(taken[1], taken[0], None)
     try:
-        claim = claimed(Message.decode(taken[1]), take_token, taken[2])
+        m = Message.decode(taken[1])
+        claim, version = claimed(
+            m, take_token, taken[2], committed[1] if m.trace_id == committed[0] else None
+        )
     except Exception as exc:  # the step stays leased: it runs again when its lease expires
         log.warning("dflow: could not read the next step %r after a commit: %s", taken[1], exc)
         return None
+    store._data.claimed(claim, version)
     return Taken(taken[1], taken[0], claim)
 
 

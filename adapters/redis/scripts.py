@@ -223,7 +223,7 @@ CREATE = Script(
 CLAIM = Script(
     "CLAIM",
     ("listed", "claim_step", "claim"),
-    ("prefix", "trace", "msg", "seq", "attempt", "key", "kind", "now", "lease", "token"),
+    ("prefix", "trace", "msg", "seq", "attempt", "key", "kind", "now", "lease", "token", "known"),
     packed=True,
     numbers=("seq", "attempt", "kind", "now", "lease"),
 )

@@ -22,18 +22,16 @@ from dflow.errors import (
 )
 from dflow.mailbox import Mailbox
 from dflow.parts import StepParts
-from dflow.run_pages import created_ms
 from dflow.store import (
     Claim,
     Committed,
-    Compensations,
+    Fail,
+    Finish,
     Fork,
     NewRun,
     RunPage,
     Store,
     Transition,
-    compensations_in,
-    deadline_text,
     fused_variant,
 )
 from dflow.wire.values import Message
@@ -45,7 +43,8 @@ from .client import (
     disconnect,
     is_cluster,
 )
-from .codec import claimed, encode_transition, first_step, parent_link, resumed
+from .codec import claimed, encode_transition, resumed
+from .data_cache import RunDataCache
 from .due_scan import DueScan
 from .errors import store_errors
 from .fusable import fused_streams
@@ -55,7 +54,6 @@ from .notes import RedisRunNotes
 from .parts import RedisParts
 from .rate_limits import RedisTokenBucket
 from .reads import RunReads
-from .records import pack_records
 from .replica_writes import check_wait
 from .schedules import RedisScheduleBook
 from .state import RedisStateBackend
@@ -120,6 +118,7 @@ class RedisStore(Store, StepParts):
         self.cluster = is_cluster(self.redis)
         self._tokens = 0
         self._token_base = f"{os.getpid()}-{os.urandom(6).hex()}-"  # (unique across hosts and containers too)
+        self._data = RunDataCache()  # the runs' data a claim need not read again (data_cache)
         keyspace = Keyspace((16 if self.cluster else 1) if streams is None else streams, cluster=self.cluster)
         # The group and consumer this store writes step messages for (fused), if any, and
         # each bucket's stream ('' when not fused).
@@ -238,39 +237,13 @@ class RedisStore(Store, StepParts):
         keys = self._keys(at, run.trace_id, frames.blobs if frames else ())
         if keys and run.pipeline:
             keys.append(f"{self._prefixes[at]}:ixp:{run.pipeline}")
-        args = self._create_args(at, run, time.time())
+        args = commits.create_args(self, at, run, time.time())
         reply = await self._run_script("CREATE", args, frames.new_blobs if frames else None, at=at, keys=keys)
         if reply is None:
             raise RunExistsError(
                 f"a run with trace id {run.trace_id!r} already exists", trace_id=run.trace_id
             )
         return [Message.decode(m) for m in reply[1]]
-
-    def _create_args(self, at: int, run: NewRun, now: float) -> list[Any]:
-        frames, msg, parent = run.frames, run.message, run.parent
-        flag = compensations_in(run.trace_id, run.data) or Compensations.NONE
-        return scripts.CREATE.args(
-            prefix=self._prefixes[at],
-            trace=run.trace_id,
-            now=now,
-            redispatch=self.redispatch_after,
-            ttl_ms=int(self.ttl * 1000),
-            stream=self._streams[at],
-            blob_grace_ms=int(self.blob_ttl * 1000),
-            blobs=" ".join(frames.blobs) if frames else "",
-            frames=frames.record if frames else b"",
-            value=run.value,
-            **first_step(msg),
-            result=run.result if run.result is not None else b"",
-            **parent_link(parent),
-            pipeline=run.pipeline or "",
-            listed_ms=created_ms(now) if parent is None else "",
-            token=self._token(),
-            compensations=flag.value,
-            deadline="" if run.deadline is None else deadline_text(run.deadline),
-            records=pack_records(run.records),
-            data=[x for kv in run.data.items() for x in kv],
-        )
 
     def _token(self) -> str:
         self._tokens += 1
@@ -280,6 +253,7 @@ class RedisStore(Store, StepParts):
         token = self._token()
         body = message.encode()
         at = self._at(message.trace_id)
+        version, data = self._data.known(message)
         args = scripts.CLAIM.args(
             prefix=self._prefixes[at],
             trace=message.trace_id,
@@ -291,6 +265,7 @@ class RedisStore(Store, StepParts):
             now=time.time(),
             lease=lease,
             token=token,
+            known=version,
         )
         keys = commits.claim_keys(self, at, message)
         r = await self._run_script("CLAIM", args, at=at, keys=keys, writes=False)
@@ -300,7 +275,9 @@ class RedisStore(Store, StepParts):
             raise RefusedMessageError(
                 f"the message of step {message.key!r} of run {message.trace_id!r} is refused: {r[1].decode()}"
             )
-        return claimed(message, token, r)
+        claim, version = claimed(message, token, r, data)
+        self._data.claimed(claim, version)
+        return claim
 
     async def commit(
         self,
@@ -333,9 +310,15 @@ class RedisStore(Store, StepParts):
                 f"{child!r}; nothing was changed",
                 trace_id=child,
             )
-        _, out, taken = reply
+        _, out, taken, version = reply
+        data = self._data.committed(
+            claim, changes, version.decode(), ended=isinstance(transition, (Finish, Fail))
+        )
         return Committed(
-            True, [Message.decode(m) for m in out], bool(ack), commits.read_taken(self, at, taken, take_token)
+            True,
+            [Message.decode(m) for m in out],
+            bool(ack),
+            commits.read_taken(self, at, taken, take_token, (claim.message.trace_id, data)),
         )
 
     async def extend(self, claims: list[Claim], lease: float) -> None:

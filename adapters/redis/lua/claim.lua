@@ -13,6 +13,8 @@
 --   ARGV[8]  now       seconds
 --   ARGV[9]  lease     seconds
 --   ARGV[10] token     the lease's token
+--   ARGV[11] known     the version of the run's data the worker holds ('' for none:
+--                      claim_step, data_cache.py): the data is left out when it is the run's
 -- KEYS: not read (every key is built from P; on a cluster the store declares those it can name: scripts).
 -- The arguments are bound to locals by their names (scripts.Script.preamble).
-return claim_step(prefix, trace, msg, seq, attempt, key, kind, tonumber(now), lease, token)
+return claim_step(prefix, trace, msg, seq, attempt, key, kind, tonumber(now), lease, token, known)

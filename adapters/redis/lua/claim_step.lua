@@ -1,15 +1,20 @@
 -- Fragment: claiming a step (assembled before claim and commit): check the message is the
 -- run's expected transition and take its lease. Returns the claim packed (one msgpack array,
 -- which codec.claimed unpacks: frames, value, init_only, the run's data as a flat list of
--- fields and values, the join's slots or false, blobs, and 1 when the step has kept parts
--- (its hash P:pt:<trace>:<seq>, parts.py) else 0), false for a stale message
+-- fields and values or false when left out (below), the join's slots or false, blobs, 1 when
+-- the step has kept parts (its hash P:pt:<trace>:<seq>, parts.py) else 0, and the version of the
+-- run's data (below)), false for a stale message
 -- (its step was committed, or is another attempt, or the run is gone), or {'refused', why} for
 -- one that names the current step but not as the run expects it (a forged kind, or a timer's
 -- message before its time). A sleeping run that is claimed runs again (and is listed so).
-local function claim_step(P, t, msg, seq, attempt, key, kind, now, lease, token)
+-- A run's data has a version, ``dv|updated``: ``dv`` is the token of the claim whose commit wrote
+-- the run last (of its create, at first), ``updated`` the time of that write, which the commits
+-- of earlier releases also set. ``known``: the version of the run's data the worker holds
+-- (data_cache.py; '' for none): the data is left out when it is the run's.
+local function claim_step(P, t, msg, seq, attempt, key, kind, now, lease, token, known)
   local rk = P..':r:'..t
   local r = redis.call('HMGET', rk, 'status', 'seq', 'attempt', 'key', 'init_pending', 'lease_until', 'frames',
-                       'value', 'kind', 'due', 'blobs', 'ix', 'pipeline')
+                       'value', 'kind', 'due', 'blobs', 'ix', 'pipeline', 'dv', 'updated')
   if not r[1] then return false end
   if r[2] ~= seq or r[3] ~= attempt or r[4] ~= key then return false end
   if r[9] and r[9] ~= kind then
@@ -37,6 +42,8 @@ local function claim_step(P, t, msg, seq, attempt, key, kind, now, lease, token)
   local slots = false
   if kind == '2' then slots = redis.call('LRANGE', P..':js:'..t, 0, -1) end
   local parts_kept = redis.call('EXISTS', P..':pt:'..t..':'..seq)
-  return cmsgpack.pack({r[7] or '', r[8] or '', init_only, redis.call('HGETALL', P..':d:'..t), slots, r[11] or '',
-                        parts_kept})
+  local version = (r[14] and r[14] .. '|' .. (r[15] or '')) or ''
+  local data = false
+  if known == '' or known ~= version then data = redis.call('HGETALL', P..':d:'..t) end
+  return cmsgpack.pack({r[7] or '', r[8] or '', init_only, data, slots, r[11] or '', parts_kept, version})
 end

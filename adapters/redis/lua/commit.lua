@@ -2,7 +2,8 @@
 -- data changes, take the run to its next transition, and (with a stream) acknowledge the
 -- delivery and take the next message. Returns false when the lease is lost, {'need', refs}
 -- for blobs not stored, {'exists', child} for a branch id taken (in those cases only the
--- delivery is acknowledged), else {'ok', messages to publish, taken}.
+-- delivery is acknowledged), else {'ok', messages to publish, taken, the version of the run's
+-- data (claim_step)}.
 --
 -- ARGV, as scripts.COMMIT lays it out (a test holds this list to it), packed: the slots come
 -- as one msgpack array in ARGV[1], which the preamble unpacks into ARGV (scripts.Script.packed):
@@ -116,7 +117,7 @@ local function as_step(body)
   return f
 end
 
-local function take()
+local function take(version)
   for _ = 1, 8 do
     local rep = redis.pcall('XREADGROUP', 'GROUP', group, taker, 'COUNT', 1, 'STREAMS', stream, '>')
     if type(rep) ~= 'table' or rep.err or not rep[1] then return false end
@@ -129,8 +130,10 @@ local function take()
     if not body then return {id, ''} end
     local f = as_step(body)
     if not f then return {id, body} end  -- not a step message: the worker sets it aside
+    -- the next step of this run: the worker knows its data (what it claimed, with the changes)
+    local known = (f[1] == t and version) or ''
     local c = claim_step(P, f[1], body, string.format('%d', f[2]), string.format('%d', f[4]), f[3],
-                         string.format('%d', f[5]), now, take_lease, take_token)
+                         string.format('%d', f[5]), now, take_lease, take_token, known)
     if type(c) == 'table' then return {id, body} end  -- refused: the worker's own claim refuses it too
     if c then return {id, body, c} end  -- c: the claim, packed
     -- no such run here: it may be another bucket's (a message published under another key),
@@ -205,7 +208,7 @@ if compensations ~= '' and lease[8] ~= 'running' and lease[8] ~= compensations t
 end
 redis.call('HDEL', rk, 'lease_token', 'lease_until', 'lease_len', 'lease_msg', 'parked', 'due')
 redis.call('ZREM', P..':leases', t)
-redis.call('HSET', rk, 'updated', updated)
+redis.call('HSET', rk, 'updated', updated, 'dv', token)  -- a new version of its data (claim_step)
 if claim_kind == '2' then redis.call('DEL', P..':j:'..t, P..':js:'..t, P..':ja:'..t, P..':jc:'..t) end
 if parts_seq ~= '' then redis.call('DEL', P..':pt:'..t..':'..parts_seq) end
 local out = {}
@@ -268,7 +271,7 @@ elseif transition == 'fork' then
     local crk = P..':r:'..ct
     redis.call('HSET', crk, 'status', 'running', 'frames', c_frames, 'value', c_value, 'seq', '0',
                'attempt', '0', 'key', c_key, 'kind', '0', 'created', updated, 'updated', updated,
-               'p_trace', t, 'p_seq', join_seq, 'p_index', c_index, 'comp', 'none')
+               'p_trace', t, 'p_seq', join_seq, 'p_index', c_index, 'comp', 'none', 'dv', token .. '/' .. ct)
     set_blobs(P, crk, c_blobs)
     if #data > 0 then redis.call('HSET', P..':d:'..ct, unpack(data)) end
     redis.call('ZADD', P..':runs', now, ct)
@@ -291,6 +294,9 @@ elseif transition == 'fail' then
 else
   return redis.error_reply('unknown transition ' .. transition)
 end
+-- the version of the run's data now (claim_step), which the worker keeps with its data
+local v = redis.call('HMGET', rk, 'dv', 'updated')
+local version = (v[1] and v[1] .. '|' .. (v[2] or '')) or ''
 local taken = false
-if taker ~= '' and stream ~= '' then taken = take() end
-return {'ok', out, taken}
+if taker ~= '' and stream ~= '' then taken = take(version) end
+return {'ok', out, taken, version}

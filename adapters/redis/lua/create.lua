@@ -48,7 +48,8 @@ local created = now
 now, redispatch, ttl_ms = tonumber(now), tonumber(redispatch), tonumber(ttl_ms)
 local pl, ix = pipeline ~= '' and pipeline, listed_ms ~= '' and listed_ms
 local fields = {'frames', frames, 'value', value, 'seq', seq, 'attempt', '0', 'key', key,
-                'kind', kind, 'created', created, 'updated', created, 'ctok', token, 'comp', compensations}
+                'kind', kind, 'created', created, 'updated', created, 'ctok', token, 'dv', token,
+                'comp', compensations}
 if pl then fields[#fields + 1] = 'pipeline'; fields[#fields + 1] = pl end
 if ix then fields[#fields + 1] = 'ix'; fields[#fields + 1] = ix end
 local deadline_at = msg ~= '' and parent_trace == '' and deadline ~= '' and now + tonumber(deadline)
