@@ -26,9 +26,11 @@ $(VENV)/.all: $(VENV)/.core
 demo: $(VENV)/.core  ## run a flow in local mode and print its step tree
 	$(PY) examples/demo.py
 
-# The suite runs on TEST_PROCS processes (pytest-xdist); tests that must not run beside each
-# other's load share a group (pytest.mark.xdist_group), which --dist loadgroup keeps on one.
-TEST_PROCS ?= 0  # one process until the parallel run is shown green on CI: make test TEST_PROCS=3 to try it
+# The suite runs on TEST_PROCS processes (pytest-xdist): most of its time is spent waiting on
+# worker processes, brokers and kills, so more processes than cores; tests that must not run
+# beside each other's load share a group (pytest.mark.xdist_group), which --dist loadgroup
+# keeps on one. make test TEST_PROCS=0 runs it on one process.
+TEST_PROCS ?= 4
 
 test: $(VENV)/.all browser  ## run the whole test suite (the docs site's strict build included)
 	$(PY) -m pytest -n $(TEST_PROCS) --dist loadgroup
