@@ -31,7 +31,8 @@ class Conversation:
     """The messages of a run's conversation through turn ``turns - 1``, the tool-call ids
     they use, and the window of them sent to the model."""
 
-    def __init__(self, ns: str, head: tuple[ChatMessage, ...], goal: ChatMessage) -> None:
+    def __init__(self, key: str, ns: str, head: tuple[ChatMessage, ...], goal: ChatMessage) -> None:
+        self.key = key  #: the run's id and its namespace (a rerun has the namespace of the run it reruns)
         self.ns = ns
         self.turns = 0
         self.nudged: frozenset[int] = frozenset()
@@ -73,8 +74,8 @@ class Conversation:
 
 
 class Conversations:
-    """The conversations read lately (``size``), by the run's namespace. A step takes its
-    run's (``take``: no other step of this process uses it meanwhile) and gives it back."""
+    """The conversations read lately (``size``), by the run and its namespace. A step takes
+    its run's (``take``: no other step of this process uses it meanwhile) and gives it back."""
 
     def __init__(self, size: int = 256) -> None:
         self._size = size
@@ -84,16 +85,17 @@ class Conversations:
     def take(self, ctx: ContextStack, state: dict[str, Any], read: Read) -> Conversation:
         """The conversation of the run of ``state`` through its last turn (``state["step"]``)."""
         ns, step, nudged = state["ns"], state["step"], set(state["nudged"])
+        key = f"{ctx.trace_id} {ns}"
         with self._lock:
-            entry = self._entries.pop(ns, None)
+            entry = self._entries.pop(key, None)
         if entry is None or not entry.fits(step, nudged):
-            entry = Conversation(ns, read(ctx, f"{ns}/head"), ChatMessage.user(state["query"]))
+            entry = Conversation(key, ns, read(ctx, f"{ns}/head"), ChatMessage.user(state["query"]))
         entry.extend(ctx, read, step, nudged)
         return entry
 
     def give(self, entry: Conversation) -> None:
         """``entry`` back, for the run's next turn."""
         with self._lock:
-            self._entries[entry.ns] = entry
+            self._entries[entry.key] = entry
             while len(self._entries) > self._size:
                 self._entries.popitem(last=False)

@@ -111,3 +111,30 @@ def test_an_agent_keeping_no_records_makes_no_request_records(local: dflow.Runti
     agent = ToolCallAgent(f"turns-{next(_names)}", looping(2), [note], model_calls=ModelCalls(recording=None))
     assert agent.run("take notes").result(30).ok
     assert made == []
+
+
+def test_two_runs_of_one_namespace_keep_their_conversations_apart() -> None:
+    """A rerun starts with the data, and so the namespace, of the run it reruns, then writes
+    turns of its own under it: each run's conversation is its own."""
+    from types import SimpleNamespace
+
+    from dflow_agents._conversations import Conversations
+
+    said = {
+        ("a", "ns/head"): (ChatMessage.user("the task"),),
+        ("a", "ns/think/0"): (ChatMessage.assistant("a's turn 0"),),
+        ("a", "ns/observe/0"): (),
+        ("b", "ns/head"): (ChatMessage.user("the task"),),
+        ("b", "ns/think/0"): (ChatMessage.assistant("b's turn 0"),),
+        ("b", "ns/observe/0"): (),
+    }
+
+    def read(ctx: Any, key: str) -> tuple[ChatMessage, ...]:
+        return said[(ctx.trace_id, key)]
+
+    conversations = Conversations()
+    state = {"ns": "ns", "step": 1, "nudged": [], "query": "the task"}
+    for trace in ("a", "b", "a", "b"):
+        entry = conversations.take(SimpleNamespace(trace_id=trace), state, read)  # type: ignore[arg-type]
+        assert [m.content for m in entry.messages] == ["the task", f"{trace}'s turn 0"]
+        conversations.give(entry)
