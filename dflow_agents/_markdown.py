@@ -299,5 +299,5 @@ def _decoded(html: str | bytes, encoding: str | None) -> str:
         return to_unicode(html[len(bom) :], found)
     try:
         return to_unicode(html, html_body_declared_encoding(html) or "cp1252")
-    except LookupError:  # a declared encoding Python does not know
+    except (LookupError, UnicodeError):  # a declared encoding Python does not know, or not a text one
         return to_unicode(html, "cp1252")

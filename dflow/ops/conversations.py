@@ -183,12 +183,15 @@ class RecordedMessages:
 
     def _whole(self, request: Mapping[str, Any], messages: list[Any]) -> dict[str, Any]:
         """``request`` with ``messages`` where its parts were, and its tools where it said they
-        were those before (in the request's own order)."""
+        were those before (in the request's own order; the mark stays when no earlier request
+        here had tools to put back, as when the reading starts after it)."""
         whole: dict[str, Any] = {}
         for k, v in request.items():
             if k == "tools_as_before":
                 if v is True and self.tools is not None:
                     whole["tools"] = self.tools
+                else:
+                    whole[k] = v
                 continue
             whole["messages" if k == "message_parts" else k] = messages if k == "message_parts" else v
         return whole

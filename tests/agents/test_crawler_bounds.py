@@ -186,6 +186,21 @@ def test_a_gzip_bomb_page_is_cut_at_the_byte_budget_without_inflating_it() -> No
     assert peak < 16 * 1024 * 1024, f"reading a 100 KB budget allocated {peak / 1e6:.0f} MB"
 
 
+@pytest.mark.parametrize("resolved", ["idna", "base64", "uu", None])
+def test_a_page_not_in_utf8_whose_meta_charset_python_cannot_decode_text_with_reads_as_windows_1252(
+    resolved: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What w3lib resolves a ``<meta charset>`` to differs between its releases (2.6 keeps to
+    the labels browsers know): here it resolves the page's to a codec Python has but cannot
+    decode text with, or to none."""
+    from dflow_agents import _markdown
+
+    monkeypatch.setattr(_markdown, "html_body_declared_encoding", lambda _: resolved)
+    html = f'<html><head><meta charset="{resolved}"></head><body><p>Caf\u00e9 \u20ac5</p></body></html>'
+    title, markdown, *_ = html_to_markdown(html.encode("cp1252"), "http://x.example/")
+    assert markdown == "Caf\u00e9 \u20ac5", (resolved, title, markdown)
+
+
 def test_charsets_python_cannot_decode_text_with_fall_back_to_utf8() -> None:
     body = "h\u00e9llo w\u00f6rld".encode()
     answers = {

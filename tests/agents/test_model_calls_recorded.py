@@ -307,3 +307,13 @@ def run_of(model: Any) -> dflow.Run:
     run = ToolCallAgent(unique("same"), model, [short_lookup]).run("count")
     assert run.result(30).answer == "done"
     return run
+
+
+def test_a_request_whose_tools_are_those_before_keeps_the_mark_when_no_earlier_tools_were_read() -> None:
+    """A reading that starts after the request that offered the tools (or whose record of it
+    was replaced) cannot put them back: it says they were those before, not that none were."""
+    recorded = dflow.RecordedMessages()
+    call = {"request": {"message_parts": [{"role": "user", "content": "hi"}], "tools_as_before": True}}
+    whole = recorded.rebuilt(call)["request"]
+    assert whole["tools_as_before"] is True and "tools" not in whole
+    assert whole["messages"] == [{"role": "user", "content": "hi"}]
